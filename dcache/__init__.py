@@ -1,0 +1,1 @@
+"""dcache: feature caching for diffusion transformers."""
