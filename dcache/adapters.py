@@ -1,0 +1,164 @@
+"""Model adapters: where a diffusers transformer keeps its blocks and what the blocks take and return.
+
+An adapter is data, not code: per transformer class, the ordered block lists (`ModuleList` attribute paths), the
+argument names that carry the hidden / encoder streams into a block, the order of the block's returned tensors,
+the inner modules that module-level caching may address, and (optionally) how to read the timestep-modulated input
+of the first block (TeaCache's signal). A registry keyed by class name holds the known families; `adapter_for`
+falls back to generic discovery for unknown DiTs and raises an error that shows how to register one.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+HIDDEN = "hidden_states"
+ENCODER = "encoder_hidden_states"
+
+# Names of block children that module-level units may address, in the order they are offered.
+CONVENTIONAL_MODULES = ("attn", "attn1", "attn2", "ff", "ff_context", "mlp", "proj_mlp", "self_attn", "cross_attn",
+                        "ffn", "feed_forward")
+
+# fn(block, bound_arguments) -> tensor: the modulated input of the first block (computed before the block runs).
+ModulatedInputFn = Callable[[nn.Module, dict[str, Any]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class BlockList:
+    """One `ModuleList` of blocks inside the transformer.
+
+    path:    attribute path from the transformer, e.g. "transformer_blocks" or "single_transformer_blocks".
+    hidden:  name of the block-forward argument that carries the image/video tokens [B, L, D].
+    encoder: name of the argument carrying text tokens [B, L_txt, D], or None if the block has no text stream.
+    outputs: what the block returns, in order: HIDDEN / ENCODER, or None for a returned slot that is passed through
+             untouched (e.g. an extra tensor). A block that returns one tensor has outputs=(HIDDEN,).
+    """
+
+    path: str
+    hidden: str = HIDDEN
+    encoder: str | None = ENCODER
+    outputs: tuple[str | None, ...] = (HIDDEN,)
+
+    def __post_init__(self) -> None:
+        if HIDDEN not in self.outputs:
+            raise ValueError(f"BlockList({self.path!r}): outputs={self.outputs} must name {HIDDEN!r} once.")
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """Everything the engine needs to know about one transformer family."""
+
+    model_class: str
+    block_lists: tuple[BlockList, ...]
+    modules: tuple[str, ...] = ()  # inner modules for module-level units; () = discover CONVENTIONAL_MODULES
+    modulated_input: ModulatedInputFn | None = None
+    notes: str = ""
+
+    def blocks(self, transformer: nn.Module) -> list[tuple[int, nn.Module]]:
+        """All blocks in execution order as (list index, block)."""
+        found = []
+        for list_index, spec in enumerate(self.block_lists):
+            for block in _resolve_path(transformer, spec.path):
+                found.append((list_index, block))
+        return found
+
+    def module_names(self, block: nn.Module) -> tuple[str, ...]:
+        names = self.modules or CONVENTIONAL_MODULES
+        return tuple(n for n in names if isinstance(getattr(block, n, None), nn.Module))
+
+
+_REGISTRY: dict[str, Adapter] = {}
+
+
+def register_adapter(adapter: Adapter, *, overwrite: bool = False) -> Adapter:
+    """Register the adapter for `adapter.model_class`. Users call this for their own DiTs."""
+    if adapter.model_class in _REGISTRY and not overwrite:
+        raise ValueError(f"An adapter for {adapter.model_class} is already registered; pass overwrite=True to replace it.")
+    _REGISTRY[adapter.model_class] = adapter
+    return adapter
+
+
+def registered_adapters() -> dict[str, Adapter]:
+    _load_builtin_families()
+    return dict(_REGISTRY)
+
+
+def adapter_for(transformer: nn.Module) -> Adapter:
+    """The registered adapter of this transformer's class (walking its MRO), else generic discovery."""
+    _load_builtin_families()
+    for cls in type(transformer).__mro__:
+        if cls.__name__ in _REGISTRY:
+            adapter = _REGISTRY[cls.__name__]
+            _check_paths(transformer, adapter)
+            return adapter
+    return discover_adapter(transformer)
+
+
+def discover_adapter(transformer: nn.Module) -> Adapter:
+    """Generic discovery: top-level `ModuleList`s whose children take `hidden_states` and return it first or alone.
+
+    Works for DiTs whose blocks take `hidden_states` (and optionally `encoder_hidden_states`) and return either one
+    tensor or a tuple whose order follows the argument order. Anything else needs an explicit adapter.
+    """
+    lists = []
+    for name, child in transformer.named_children():
+        if not isinstance(child, nn.ModuleList) or len(child) == 0:
+            continue
+        params = inspect.signature(child[0].forward).parameters
+        if HIDDEN not in params:
+            continue
+        encoder = ENCODER if ENCODER in params else None
+        lists.append(BlockList(name, encoder=encoder, outputs=(HIDDEN,) if encoder is None else (HIDDEN, ENCODER)))
+    if not lists:
+        raise UnsupportedModelError(transformer)
+    # Unknown tuple order is verified at run time by shape (engine); a mismatch raises UnsupportedModelError.
+    return Adapter(model_class=type(transformer).__name__, block_lists=tuple(lists), notes="generic discovery")
+
+
+class UnsupportedModelError(TypeError):
+    def __init__(self, transformer: nn.Module, reason: str = ""):
+        name = type(transformer).__name__
+        lists = [n for n, c in transformer.named_children() if isinstance(c, nn.ModuleList)]
+        super().__init__(
+            f"dcache does not know where the transformer blocks of {name} are{': ' + reason if reason else ''}. "
+            f"Its ModuleLists are {lists or 'none'}. Register an adapter before calling dcache.apply:\n"
+            f"    from dcache.adapters import Adapter, BlockList, register_adapter\n"
+            f"    register_adapter(Adapter('{name}', block_lists=(BlockList('<list attribute>', "
+            f"outputs=('encoder_hidden_states', 'hidden_states')),)))\n"
+            f"where `outputs` names what each block returns, in order."
+        )
+
+
+def _resolve_path(root: nn.Module, path: str) -> nn.ModuleList:
+    obj: Any = root
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            break
+    if not isinstance(obj, nn.ModuleList):
+        raise UnsupportedModelError(root, f"adapter path {path!r} is not a ModuleList")
+    return obj
+
+
+def _check_paths(transformer: nn.Module, adapter: Adapter) -> None:
+    for spec in adapter.block_lists:
+        _resolve_path(transformer, spec.path)
+
+
+_BUILTINS_LOADED = False
+
+
+def _load_builtin_families() -> None:
+    # The per-family data lives in dcache/families.py; imported lazily so users can register first.
+    global _BUILTINS_LOADED
+    if not _BUILTINS_LOADED:
+        _BUILTINS_LOADED = True
+        from . import families  # noqa: F401  (registers on import)
+
+
+__all__ = ["HIDDEN", "ENCODER", "BlockList", "Adapter", "register_adapter", "registered_adapters", "adapter_for",
+           "discover_adapter", "UnsupportedModelError"]
