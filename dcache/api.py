@@ -1,0 +1,110 @@
+"""`dcache.apply`: one call to put a caching method on a pipeline or a transformer."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .adapters import adapter_for
+from .config import MethodConfig
+from .engine import Engine
+from .handle import Handle
+from .methods import config_for
+from .plan import Plan, PlanError, PlanSchedule
+from .schedule import Schedule
+
+DEFAULT_METHOD = "magcache"
+
+
+def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLike = DEFAULT_METHOD, *,
+          num_steps: int | None = None, count_flops: bool = True, **overrides: Any) -> Handle:
+    """Hook a caching method into a diffusers pipeline (or a bare transformer) and return its Handle.
+
+    method:    a method name ("magcache", "fbcache", ...), a preset name, a plan file path (*.json), a config
+               object, a Plan, or a Schedule instance.
+    num_steps: transformer-only use: the number of denoising steps (a pipeline's scheduler tells it otherwise).
+    overrides: config fields, e.g. apply(pipe, "magcache", threshold=0.1).
+    """
+    pipeline, transformer = _split_target(target)
+    if getattr(transformer, "_dcache_engine", None) is not None:
+        raise RuntimeError(f"dcache is already applied to this {type(transformer).__name__}; call handle.remove() "
+                           f"on the first handle before applying another method.")
+    schedule, name, config = _resolve_schedule(method, overrides, transformer)
+    engine = Engine(transformer, adapter_for(transformer), schedule, scheduler=None, pipeline=pipeline,
+                    num_steps=num_steps, count_flops=count_flops)
+    if isinstance(schedule, PlanSchedule):
+        _check_plan_fits(schedule.plan, engine)
+    transformer._dcache_engine = engine
+    return Handle(engine, name, config)
+
+
+def _split_target(target: Any) -> tuple[Any, nn.Module]:
+    if isinstance(target, nn.Module) and not hasattr(target, "scheduler"):
+        return None, target
+    transformer = getattr(target, "transformer", None)
+    if isinstance(transformer, nn.Module):
+        return target, transformer
+    raise TypeError(f"dcache.apply needs a diffusers pipeline with a `.transformer` or a transformer module, got "
+                    f"{type(target).__name__}. UNet pipelines are not supported: dcache caches transformer blocks.")
+
+
+def _resolve_schedule(method: Any, overrides: dict, transformer: nn.Module) -> tuple[Schedule, str, dict]:
+    if isinstance(method, Schedule):
+        if overrides:
+            raise ValueError(f"overrides {sorted(overrides)} cannot be applied to a Schedule instance; configure it "
+                             f"before passing it.")
+        return method, method.name, method.config_dict()
+    if isinstance(method, Plan):
+        return _plan_schedule(method, overrides)
+    if isinstance(method, MethodConfig):
+        config = type(method).with_overrides(**{**method.__dict__, **overrides}) if overrides else method
+        return config.build(transformer), config.method, config.to_dict()
+    if isinstance(method, (str, os.PathLike)):
+        text = str(method)
+        if text.endswith(".json") or os.path.sep in text or Path(text).is_file():
+            return _from_file(Path(text), overrides, transformer)
+        config = config_for(text, **overrides)
+        return config.build(transformer), text, config.to_dict()
+    raise TypeError(f"method must be a name, a plan path, a config, a Plan or a Schedule, not {type(method).__name__}.")
+
+
+def _plan_schedule(plan: Plan, overrides: dict) -> tuple[Schedule, str, dict]:
+    if overrides:
+        raise ValueError(f"a plan replays fixed decisions; overrides {sorted(overrides)} do not apply to it.")
+    return PlanSchedule(plan), f"plan:{plan.provenance.get('method', 'static')}", {"plan": plan.provenance}
+
+
+def _from_file(path: Path, overrides: dict, transformer: nn.Module) -> tuple[Schedule, str, dict]:
+    if not path.is_file():
+        raise PlanError(f"plan/config file {str(path)!r} does not exist.")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PlanError(f"{str(path)!r} is not valid JSON ({exc}); the file is corrupted or truncated.") from None
+    if isinstance(data, dict) and data.get("format") == "dcache.plan":
+        return _plan_schedule(Plan.from_dict(data, source=f"plan file {str(path)!r}"), overrides)
+    if isinstance(data, dict) and "method" in data:
+        from .methods import methods
+
+        cls = methods().get(data["method"])
+        if cls is None:
+            raise ValueError(f"{str(path)!r} is a config for unknown method {data['method']!r}.")
+        config = cls.from_dict({**data, **overrides})
+        return config.build(transformer), config.method, config.to_dict()
+    raise PlanError(f"{str(path)!r} is neither a dcache plan nor a method config.")
+
+
+def _check_plan_fits(plan: Plan, engine: Engine) -> None:
+    from collections import Counter
+
+    layout = Counter(s.list_index for s in engine.blocks)
+    try:
+        plan.check_model(type(engine.transformer).__name__,
+                         [layout[i] for i in range(len(engine.adapter.block_lists))], engine.units)
+    except PlanError:
+        engine.remove()
+        raise

@@ -1,0 +1,571 @@
+"""The hook engine: executes a schedule's actions on a diffusers transformer, one call at a time.
+
+Hooks (diffusers `HookRegistry`, name "dcache", removable, signature-preserving):
+  * transformer: opens/closes a call (step, branch), listens to diffusers' `cache_context` names;
+  * every block: COMPUTE / REUSE / FORECAST of the stack segment or of the block itself;
+  * inner modules (MODULE granularity only): COMPUTE / REUSE / FORECAST of the module output.
+The scheduler *instance* is wrapped (set_timesteps: new generation; step: next step index).
+
+Stack reuse without rewriting any forward: the middle blocks of each block list form a segment; on REUSE the
+first middle block of a list returns `input + cached segment residual` and the other middle blocks pass their
+input through untouched (no compute), probe (front) and tail (back) blocks always run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.hooks.hooks import StateManager
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from dcache.kernels import rel_l1_stats, residual_apply, residual_capture
+
+from .actions import POST_SIGNALS, PRE_SIGNALS, Action, Granularity, Signal
+from .adapters import Adapter, BlockList
+from .flops import FlopBook
+from .generation import CallRecord, GenerationRecord, StepTracker, timestep_value
+from .schedule import CallContext, GenerationInfo, Schedule, normalize_actions
+from .state import BranchState, UnitHistory
+from .streams import StreamSlots, bind_arguments
+
+HOOK_NAME = "dcache"
+_EPS = 1e-12
+
+
+@dataclass
+class BlockSlot:
+    index: int  # global execution order
+    list_index: int
+    block: nn.Module
+    spec: BlockList
+    slots: StreamSlots
+    role: str = "middle"  # "probe" | "middle" | "tail" (STACK granularity)
+    segment_first: bool = False
+    segment_last: bool = False
+    modules: tuple[str, ...] = ()
+
+
+@dataclass
+class CallState:
+    record: GenerationRecord
+    step: int
+    branch: str
+    call_index: int
+    timestep: Any
+    bstate: BranchState
+    actions: str | None = None
+    pre: dict[Signal, torch.Tensor] = field(default_factory=dict)
+    stack_input: torch.Tensor | None = None
+    stack_output: torch.Tensor | None = None
+    segment_inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+    probe_residual: torch.Tensor | None = None
+    signal_values: dict[str, float] = field(default_factory=dict)
+    flops_total: float = 0.0
+    flops_computed: float = 0.0
+
+
+class Engine:
+    def __init__(self, transformer: nn.Module, adapter: Adapter, schedule: Schedule, *,
+                 scheduler: Any = None, pipeline: Any = None, num_steps: int | None = None,
+                 count_flops: bool = True):
+        self.transformer = transformer
+        self.adapter = adapter
+        self.schedule = schedule
+        self.pipeline = pipeline
+        self.tracker = StepTracker(num_steps)
+        self.flops = FlopBook(count_flops)
+        self.granularity = Granularity(schedule.granularity)
+        self.wanted = frozenset(Signal(s) for s in schedule.signals)
+        self.order = int(schedule.forecast_order)
+        self.blocks = self._layout_blocks()
+        self.units = self._unit_names()
+        self.module_unit: dict[tuple[int, str], int] = {}
+        if self.granularity is Granularity.MODULE:
+            self.module_unit = {(b, m): i for i, (b, m) in enumerate(self._module_pairs())}
+        self.decision_block = schedule.probe_blocks if self.granularity is Granularity.STACK else 0
+        self.record: GenerationRecord | None = None
+        self.generations = 0
+        self.branches: dict[str, BranchState] = {}
+        self.call: CallState | None = None
+        self.peak_cache_bytes = 0
+        self._hooked_scheduler: Any = None
+        self._removed = False
+        self._install()
+
+    # ------------------------------------------------------------------------------------------------ layout
+    def _layout_blocks(self) -> list[BlockSlot]:
+        slots: list[BlockSlot] = []
+        slot_cache: dict[tuple[type, int], StreamSlots] = {}
+        for list_index, block in self.adapter.blocks(self.transformer):
+            spec = self.adapter.block_lists[list_index]
+            key = (type(block), list_index)
+            if key not in slot_cache:
+                slot_cache[key] = StreamSlots.for_block(block, spec)
+            slots.append(BlockSlot(len(slots), list_index, block, spec, slot_cache[key],
+                                   modules=self.adapter.module_names(block)))
+        n = len(slots)
+        if n == 0:
+            raise ValueError(f"{type(self.transformer).__name__} has no blocks in {self.adapter.block_lists}; "
+                             f"nothing to cache.")
+        fn, bn = int(self.schedule.probe_blocks), int(self.schedule.tail_blocks)
+        if self.granularity is Granularity.STACK:
+            if fn < 0 or bn < 0 or fn + bn >= n:
+                raise ValueError(f"probe_blocks={fn} and tail_blocks={bn} leave no block to cache in a model with "
+                                 f"{n} blocks; use probe_blocks + tail_blocks <= {n - 1}.")
+            for s in slots:
+                s.role = "probe" if s.index < fn else "tail" if s.index >= n - bn else "middle"
+            middle = [s for s in slots if s.role == "middle"]
+            for li in {s.list_index for s in middle}:
+                members = [s for s in middle if s.list_index == li]
+                members[0].segment_first = True
+                members[-1].segment_last = True
+        elif fn or bn:
+            raise ValueError(f"probe_blocks/tail_blocks apply to STACK granularity only, not {self.granularity.value}.")
+        return slots
+
+    def _module_pairs(self) -> list[tuple[int, str]]:
+        return [(s.index, m) for s in self.blocks for m in s.modules]
+
+    def _unit_names(self) -> tuple[str, ...]:
+        if self.granularity is Granularity.STACK:
+            return ("stack",)
+        if self.granularity is Granularity.BLOCK:
+            return tuple(f"b{s.index}" for s in self.blocks)
+        return tuple(f"b{b}.{m}" for b, m in self._module_pairs())
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def _install(self) -> None:
+        HookRegistry.check_if_exists_or_initialize(self.transformer).register_hook(_TransformerHook(self), HOOK_NAME)
+        for slot in self.blocks:
+            HookRegistry.check_if_exists_or_initialize(slot.block).register_hook(_BlockHook(self, slot), HOOK_NAME)
+            if self.granularity is Granularity.MODULE:
+                for name in slot.modules:
+                    module = getattr(slot.block, name)
+                    HookRegistry.check_if_exists_or_initialize(module).register_hook(
+                        _ModuleHook(self, self.module_unit[(slot.index, name)]), HOOK_NAME)
+        self._hook_scheduler()
+
+    def _current_scheduler(self) -> Any:
+        return getattr(self.pipeline, "scheduler", None) if self.pipeline is not None else None
+
+    def _hook_scheduler(self) -> None:
+        scheduler = self._current_scheduler()
+        if scheduler is None or scheduler is self._hooked_scheduler:
+            return
+        self._unhook_scheduler()
+        set_timesteps, step = scheduler.set_timesteps, scheduler.step
+
+        def wrapped_set_timesteps(*args, **kwargs):
+            out = set_timesteps(*args, **kwargs)
+            self._on_set_timesteps(scheduler)
+            return out
+
+        def wrapped_step(*args, **kwargs):
+            out = step(*args, **kwargs)
+            if self.tracker.on_scheduler_step():
+                self._finish_generation()
+            return out
+
+        scheduler.set_timesteps, scheduler.step = wrapped_set_timesteps, wrapped_step
+        self._hooked_scheduler = scheduler
+
+    def _unhook_scheduler(self) -> None:
+        scheduler = self._hooked_scheduler
+        if scheduler is not None:
+            for name in ("set_timesteps", "step"):
+                scheduler.__dict__.pop(name, None)
+        self._hooked_scheduler = None
+
+    def remove(self) -> None:
+        if self._removed:
+            return
+        self._finish_generation()
+        HookRegistry.check_if_exists_or_initialize(self.transformer).remove_hook(HOOK_NAME, recurse=True)
+        self._unhook_scheduler()
+        self.branches.clear()
+        self._removed = True
+
+    # ------------------------------------------------------------------------------------------------ generations
+    def _on_set_timesteps(self, scheduler: Any) -> None:
+        self._finish_generation()
+        ts = getattr(scheduler, "timesteps", None)
+        timesteps = tuple(float(t) for t in ts.tolist()) if isinstance(ts, torch.Tensor) else None
+        self.tracker.on_set_timesteps(timesteps)
+        self._start_generation(self.tracker.record)
+
+    def _start_generation(self, record: GenerationRecord) -> None:
+        self.record = record
+        self.generations += 1
+        self.branches = {}
+        self.schedule.reset(GenerationInfo(num_steps=record.num_steps, timesteps=record.timesteps, units=self.units,
+                                           model_class=type(self.transformer).__name__, num_blocks=len(self.blocks)))
+
+    def _finish_generation(self) -> None:
+        """Flush pending post-call signals into the record (one sync) and free every cached tensor."""
+        rec = self.record
+        if rec is None:
+            return
+        for bstate in self.branches.values():
+            self._sync_post(bstate, rec)
+        self.peak_cache_bytes = max(self.peak_cache_bytes, self._cache_bytes())
+        self.branches = {}
+        rec.finished = True
+
+    def _cache_bytes(self) -> int:
+        return sum(b.nbytes for b in self.branches.values())
+
+    # ------------------------------------------------------------------------------------------------ calls
+    def begin_call(self, args: tuple, kwargs: dict) -> None:
+        self._hook_scheduler()
+        timestep = kwargs.get("timestep", kwargs.get("timesteps"))
+        if timestep is None and self.tracker.scheduler_driven is False:
+            timestep = next((a for a in args[1:] if isinstance(a, torch.Tensor) and a.ndim <= 1), None)
+        record, new = self.tracker.begin_call(timestep)
+        if new or record is not self.record:
+            if self.record is not record:
+                self._finish_generation()
+            self._start_generation(record)
+        branch = self.tracker.branch_name(record)
+        bstate = self.branches.get(branch)
+        if bstate is None:
+            bstate = self.branches[branch] = BranchState()
+        self.call = CallState(record, record.step, branch, len(record.calls), timestep, bstate)
+
+    def end_call(self) -> None:
+        call, self.call = self.call, None
+        if call is None or call.actions is None:
+            return
+        rec = call.record
+        signals = dict(call.signal_values, flops_total=call.flops_total, flops_computed=call.flops_computed)
+        entry = CallRecord(call.step, call.branch, call.actions, signals)
+        rec.calls.append(entry)
+        if call.actions == Action.COMPUTE.value * len(call.actions):
+            call.bstate.last_compute_step = call.step
+            self._measure_post(call)
+            call.bstate.pending_call = entry
+        self.peak_cache_bytes = max(self.peak_cache_bytes, self._cache_bytes())
+
+    def _decide(self, call: CallState) -> None:
+        bstate = call.bstate
+        values = self._sync_signals(call)
+        timesteps = call.record.timesteps
+        timestep = timesteps[call.step] if timesteps and call.step < len(timesteps) else None
+        ctx = CallContext(step=call.step, num_steps=call.record.num_steps, branch=call.branch,
+                          call_index=call.call_index, timestep=timestep, signals=values,
+                          last_compute_step=bstate.last_compute_step)
+        call.signal_values = {k.value: v for k, v in values.items() if k in PRE_SIGNALS}
+        row = normalize_actions(self.schedule.decide(ctx), len(self.units))
+        call.actions = self._feasible(row, bstate)
+
+    def _feasible(self, row: str, bstate: BranchState) -> str:
+        """Force COMPUTE where a unit has nothing cached yet in this branch (e.g. first call, new shapes)."""
+        if Action.COMPUTE.value * len(row) == row:
+            return row
+        chars = list(row)
+        for i, a in enumerate(chars):
+            if a == Action.COMPUTE.value:
+                continue
+            if self.granularity is Granularity.STACK:
+                ok = bool(bstate.units) and all(bstate.units.get(("seg", s.list_index)) is not None
+                                                 for s in self.blocks if s.segment_first)
+            else:
+                hist = bstate.units.get(i)
+                ok = hist is not None and hist.tables is not None
+            if not ok:
+                chars[i] = Action.COMPUTE.value
+        return "".join(chars)
+
+    # ------------------------------------------------------------------------------------------------ signals
+    def _sync_signals(self, call: CallState) -> dict[Signal, float]:
+        """One host transfer for everything the schedule reads this call (pre signals + pending post signals)."""
+        bstate = call.bstate
+        names: list[str] = []
+        tensors: list[torch.Tensor] = []
+        for sig, t in call.pre.items():
+            names.append(sig.value)
+            tensors.append(t.reshape(-1).float())
+        for name, t in bstate.pending_post.items():
+            names.append(name)
+            tensors.append(t.reshape(-1).float())
+        if not tensors:
+            return {Signal(k): v for k, v in bstate.post_values.items()}
+        flat = torch.cat([t.to(tensors[0].device) for t in tensors]).tolist()
+        values: dict[str, float] = {}
+        i = 0
+        for name, t in zip(names, tensors):
+            n = t.numel()
+            chunk = flat[i:i + n]
+            i += n
+            values[name] = chunk[0] / max(chunk[1], _EPS) if n == 2 else chunk[0]
+        post = {k: v for k, v in values.items() if k in bstate.pending_post}
+        if post:
+            bstate.post_values = post
+            bstate.pending_post = {}
+            if bstate.pending_call is not None:
+                bstate.pending_call.signals.update(post)
+        merged = dict(bstate.post_values)
+        merged.update(values)
+        return {Signal(k): v for k, v in merged.items()}
+
+    def _sync_post(self, bstate: BranchState, rec: GenerationRecord) -> None:
+        if not bstate.pending_post:
+            return
+        values = {k: (v.reshape(-1).float().tolist()) for k, v in bstate.pending_post.items()}
+        post = {k: (v[0] / max(v[1], _EPS) if len(v) == 2 else v[0]) for k, v in values.items()}
+        bstate.post_values = post
+        bstate.pending_post = {}
+        if bstate.pending_call is not None:  # calibration reads these from the record
+            bstate.pending_call.signals.update(post)
+
+    def _on_stack_input(self, call: CallState, slot: BlockSlot, hidden: torch.Tensor, args: tuple,
+                        kwargs: dict) -> None:
+        call.stack_input = hidden
+        bstate = call.bstate
+        if call.record.input_shape is None:
+            call.record.input_shape = tuple(hidden.shape)
+        if Signal.MODULATED_REL_L1 in self.wanted:
+            fn = self.adapter.modulated_input
+            mod = fn(slot.block, bind_arguments(slot.block, args, kwargs)) if fn is not None else hidden
+            if bstate.prev_modulated is not None and bstate.prev_modulated.shape == mod.shape:
+                call.pre[Signal.MODULATED_REL_L1] = rel_l1_stats(mod, bstate.prev_modulated)
+            bstate.prev_modulated = mod.detach()
+        if Signal.INPUT_DELTA in self.wanted:
+            if bstate.prev_input is not None and bstate.prev_input.shape == hidden.shape:
+                call.pre[Signal.INPUT_DELTA] = (hidden - bstate.prev_input).abs().mean()
+            bstate.prev_input = hidden.detach()
+
+    def _on_probe_output(self, call: CallState, hidden_out: torch.Tensor) -> None:
+        bstate = call.bstate
+        stack_in = call.stack_input
+        if stack_in is None or stack_in.shape != hidden_out.shape:
+            return
+        residual = hidden_out - stack_in
+        call.probe_residual = residual
+        if Signal.PROBE_REL_L1 in self.wanted and bstate.probe_ref is not None \
+                and bstate.probe_ref.shape == residual.shape:
+            call.pre[Signal.PROBE_REL_L1] = rel_l1_stats(residual, bstate.probe_ref)
+        if Signal.FORECAST_ERROR in self.wanted and bstate.probe_history is not None \
+                and bstate.probe_history.filled > 1 and bstate.probe_history.matches([residual]):
+            predicted = bstate.probe_history.forecast(call.step)[0]
+            call.pre[Signal.FORECAST_ERROR] = rel_l1_stats(residual, predicted)
+
+    def _after_probe_decision(self, call: CallState) -> None:
+        """Probe references refresh only on computed calls (FBCache semantics: the diff accumulates since)."""
+        residual = call.probe_residual
+        if residual is None or call.actions is None or "C" not in call.actions[:1]:
+            return
+        bstate = call.bstate
+        if Signal.PROBE_REL_L1 in self.wanted:
+            bstate.probe_ref = residual.detach()
+        if Signal.FORECAST_ERROR in self.wanted:
+            if bstate.probe_history is None:
+                bstate.probe_history = UnitHistory(max(self.order, 1))
+            bstate.probe_history.update([residual], call.step)
+
+    def _measure_post(self, call: CallState) -> None:
+        wanted = self.wanted & POST_SIGNALS
+        x, v = call.stack_input, call.stack_output
+        if not wanted or x is None or v is None:
+            return
+        bstate = call.bstate
+        if v.shape != x.shape:  # hidden stream changed length across lists: compare the image (tail) tokens
+            x = x[:, -v.shape[1]:] if x.shape[1] > v.shape[1] else x
+            if v.shape != x.shape:
+                return
+        residual = v - x
+        pending: dict[str, torch.Tensor] = {}
+        prev_r = bstate.residual_at_compute
+        if ({Signal.RESIDUAL_NORM_RATIO, Signal.RESIDUAL_REL_L1} & wanted) and prev_r is not None \
+                and prev_r.shape == residual.shape:
+            _, stats = residual_capture(v, x, prev=prev_r)
+            # stats = [sum|r-prev|, sum|prev|, sum r^2, sum prev^2, mean token norm ratio]
+            if Signal.RESIDUAL_NORM_RATIO in wanted:
+                pending[Signal.RESIDUAL_NORM_RATIO.value] = stats[4:5]
+            if Signal.RESIDUAL_REL_L1 in wanted:
+                pending[Signal.RESIDUAL_REL_L1.value] = stats[0:2]
+        if Signal.OUTPUT_DELTA in wanted and bstate.output_at_compute is not None \
+                and bstate.output_at_compute.shape == v.shape:
+            pending[Signal.OUTPUT_DELTA.value] = (v - bstate.output_at_compute).abs().mean().reshape(1)
+        if Signal.INPUT_DELTA_COMPUTED in wanted and bstate.input_at_compute is not None \
+                and bstate.input_at_compute.shape == x.shape:
+            pending[Signal.INPUT_DELTA_COMPUTED.value] = (x - bstate.input_at_compute).abs().mean().reshape(1)
+        if Signal.OUTPUT_MEAN in wanted:
+            pending[Signal.OUTPUT_MEAN.value] = v.abs().mean().reshape(1)
+        bstate.residual_at_compute = residual.detach()
+        bstate.input_at_compute = x.detach()
+        bstate.output_at_compute = v.detach()
+        bstate.pending_post = pending
+
+    # ------------------------------------------------------------------------------------------------ blocks
+    def run_block(self, slot: BlockSlot, forward: Callable, args: tuple, kwargs: dict) -> Any:
+        call = self.call
+        if call is None:  # a block called outside a transformer forward: not ours to cache
+            return forward(*args, **kwargs)
+        hidden, encoder = slot.slots.read(args, kwargs)
+        if slot.index == 0:
+            self._on_stack_input(call, slot, hidden, args, kwargs)
+        if call.actions is None and slot.index == self.decision_block:
+            self._decide(call)
+            if self.granularity is Granularity.STACK:
+                self._after_probe_decision(call)
+        shape = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else ()
+        cost = self.flops.cost(slot.index, shape)
+        if self.granularity is Granularity.STACK:
+            out = self._run_stack_block(call, slot, forward, args, kwargs, hidden, encoder, shape)
+        elif self.granularity is Granularity.BLOCK:
+            out = self._run_unit_block(call, slot, forward, args, kwargs, hidden, encoder, shape)
+        else:
+            out = self._compute(call, slot, forward, args, kwargs, shape)
+        if cost is None:
+            cost = self.flops.cost(slot.index, shape)
+        call.flops_total += cost or 0.0
+        if slot.index == len(self.blocks) - 1:
+            call.stack_output = slot.slots.split_output(out)[0]
+        return out
+
+    def _compute(self, call: CallState, slot: BlockSlot, forward: Callable, args: tuple, kwargs: dict,
+                 shape: tuple) -> Any:
+        with self.flops.measure(slot.index, shape):
+            out = forward(*args, **kwargs)
+        call.flops_computed += self.flops.cost(slot.index, shape) or 0.0  # MODULE: skipped modules subtract
+        return out
+
+    def _run_stack_block(self, call, slot, forward, args, kwargs, hidden, encoder, shape):
+        if slot.role != "middle":
+            out = self._compute(call, slot, forward, args, kwargs, shape)
+            if slot.role == "probe" and slot.index == self.decision_block - 1:
+                self._on_probe_output(call, slot.slots.split_output(out)[0])
+            return out
+        action = call.actions[0]
+        key = ("seg", slot.list_index)
+        if action == Action.COMPUTE.value:
+            if slot.segment_first:
+                call.segment_inputs[slot.list_index] = (hidden, encoder)
+            out = self._compute(call, slot, forward, args, kwargs, shape)
+            if slot.segment_last and self.schedule.may_reuse(call.branch, 0):
+                seg_h, seg_e = call.segment_inputs.pop(slot.list_index)
+                out_h, out_e = slot.slots.split_output(out)
+                self._store(call, key, [out_h, out_e], [seg_h, seg_e])
+            return out
+        if not slot.segment_first:
+            return slot.slots.make_output(hidden, encoder)  # skipped: the segment residual was applied already
+        hist = call.bstate.units[key]
+        return self._apply_cached(slot, hist, action, call.step, hidden, encoder)
+
+    def _run_unit_block(self, call, slot, forward, args, kwargs, hidden, encoder, shape):
+        action = call.actions[slot.index]
+        if action == Action.COMPUTE.value:
+            out = self._compute(call, slot, forward, args, kwargs, shape)
+            if self.schedule.may_reuse(call.branch, slot.index):
+                out_h, out_e = slot.slots.split_output(out)
+                self._store(call, slot.index, [out_h, out_e], [hidden, encoder])
+            return out
+        return self._apply_cached(slot, call.bstate.units[slot.index], action, call.step, hidden, encoder)
+
+    def _store(self, call: CallState, key: Any, outs: list, ins: list) -> None:
+        """Cache residual = out - in per stream (hidden, encoder), reusing the old buffer in place when possible."""
+        hist = call.bstate.history(key, self.order)
+        previous = hist.reuse() if self.order == 0 and hist.tables is not None else []
+        residuals = []
+        for i, (o, x) in enumerate(zip(outs, ins)):
+            if o is None or x is None or not isinstance(o, torch.Tensor):
+                continue
+            if o.shape != x.shape:  # stream changed length inside the segment: keep the tail tokens (image)
+                x = x[:, -o.shape[1]:] if x.ndim >= 2 and x.shape[1] > o.shape[1] else x
+            buffer = previous[len(residuals)] if len(previous) > len(residuals) else None
+            if buffer is not None and (buffer.shape != o.shape or buffer.dtype != o.dtype):
+                buffer = None
+            residual, _ = residual_capture(o, x, buffer=buffer)
+            residuals.append(residual)
+        hist.update(residuals, call.step)
+
+    def _apply_cached(self, slot: BlockSlot, hist: UnitHistory, action: str, step: int,
+                      hidden: torch.Tensor, encoder: torch.Tensor | None) -> Any:
+        cached = hist.read(action == Action.FORECAST.value, step)
+        out_h = residual_apply(hidden, cached[0])
+        out_e = encoder
+        if encoder is not None and len(cached) > 1:
+            out_e = residual_apply(encoder, cached[1])
+        return slot.slots.make_output(out_h, out_e)
+
+    # ------------------------------------------------------------------------------------------------ modules
+    def run_module(self, unit: int, forward: Callable, args: tuple, kwargs: dict) -> Any:
+        call = self.call
+        if call is None or call.actions is None:
+            return forward(*args, **kwargs)
+        action = call.actions[unit]
+        shape_key = ("m", unit)
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else next(
+            (v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+        shape = tuple(first.shape) if first is not None else ()
+        if action == Action.COMPUTE.value:
+            with self.flops.measure(shape_key, shape):
+                out = forward(*args, **kwargs)
+            call.flops_computed += self.flops.cost(shape_key, shape) or 0.0
+            if self.schedule.may_reuse(call.branch, unit):
+                leaves, spec = tree_flatten(out)
+                hist = call.bstate.history(unit, self.order)
+                hist.update([t for t in leaves if isinstance(t, torch.Tensor)], call.step)
+                hist.spec = spec  # type: ignore[attr-defined]
+                hist.is_tensor = [isinstance(t, torch.Tensor) for t in leaves]  # type: ignore[attr-defined]
+            return out
+        call.flops_computed -= self.flops.cost(shape_key, shape) or 0.0
+        hist = call.bstate.units[unit]
+        tensors = iter(hist.read(action == Action.FORECAST.value, call.step))
+        leaves = [next(tensors) if is_t else None for is_t in hist.is_tensor]  # type: ignore[attr-defined]
+        return tree_unflatten(leaves, hist.spec)  # type: ignore[attr-defined]
+
+
+class _ContextListener(StateManager):
+    """Receives diffusers' `cache_context(name)` (set on every stateful hook's StateManager)."""
+
+    def __init__(self, tracker: StepTracker):
+        super().__init__(dict)
+        self._tracker = tracker
+
+    def set_context(self, context: Any) -> None:
+        self._tracker.context_name = None if context is None else getattr(context, "name", context)
+
+
+class _TransformerHook(ModelHook):
+    _is_stateful = True
+
+    def __init__(self, engine: Engine):
+        super().__init__()
+        self.engine = engine
+        self.context_listener = _ContextListener(engine.tracker)
+
+    def new_forward(self, module: nn.Module, *args, **kwargs):
+        self.engine.begin_call(args, kwargs)
+        try:
+            out = self.fn_ref.original_forward(*args, **kwargs)
+        except BaseException:
+            self.engine.call = None
+            raise
+        self.engine.end_call()
+        return out
+
+    def reset_state(self, module: nn.Module) -> nn.Module:
+        return module
+
+
+class _BlockHook(ModelHook):
+    def __init__(self, engine: Engine, slot: BlockSlot):
+        super().__init__()
+        self.engine, self.slot = engine, slot
+
+    def new_forward(self, module: nn.Module, *args, **kwargs):
+        return self.engine.run_block(self.slot, self.fn_ref.original_forward, args, kwargs)
+
+
+class _ModuleHook(ModelHook):
+    def __init__(self, engine: Engine, unit: int):
+        super().__init__()
+        self.engine, self.unit = engine, unit
+
+    def new_forward(self, module: nn.Module, *args, **kwargs):
+        return self.engine.run_module(self.unit, self.fn_ref.original_forward, args, kwargs)

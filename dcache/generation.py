@@ -1,0 +1,125 @@
+"""Generation records: which step and branch each transformer call belongs to, and every decision taken.
+
+Step tracking, in order of preference:
+  1. pipeline use: the engine wraps the scheduler *instance*'s `set_timesteps` (a new record starts, the number of
+     steps and the timesteps are known) and `step` (the step index advances);
+  2. transformer-only use: a call whose timestep differs from the previous call's starts a new step; a timestep
+     that goes back up (noisier), or a step count that reaches `num_steps`, starts a new record.
+Branch: the diffusers `cache_context` name when the pipeline sets one, else the call's order within its step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .actions import Signal
+
+
+@dataclass
+class CallRecord:
+    step: int
+    branch: str
+    actions: str  # one character per unit
+    signals: dict[str, float] = field(default_factory=dict)  # filled when flushed (one host sync per call at most)
+
+
+@dataclass
+class GenerationRecord:
+    num_steps: int | None
+    timesteps: tuple[float, ...] | None
+    calls: list[CallRecord] = field(default_factory=list)
+    step: int = 0
+    calls_in_step: int = 0
+    last_timestep: float | None = None
+    finished: bool = False
+    input_shape: tuple[int, ...] | None = None  # hidden states entering the first block, for plans and stats
+
+    def branches(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for call in self.calls:
+            seen.setdefault(call.branch, None)
+        return list(seen)
+
+
+def timestep_value(timestep: Any) -> float | None:
+    """A python float for a scalar (or uniform per-sample) timestep, None if it varies per token/frame.
+
+    Costs one host sync per call; only used in transformer-only mode, where no scheduler tells the step.
+    """
+    if timestep is None:
+        return None
+    if isinstance(timestep, (int, float)):
+        return float(timestep)
+    if isinstance(timestep, torch.Tensor):
+        flat = timestep.detach().reshape(-1)
+        return float(flat[0]) if flat.numel() else None
+    return None
+
+
+class StepTracker:
+    """Owns the current generation record and maps each call to (step, branch)."""
+
+    def __init__(self, num_steps: int | None = None):
+        self.fixed_num_steps = num_steps
+        self.record: GenerationRecord | None = None
+        self.records_started = 0
+        self.scheduler_driven = False
+        self.context_name: str | None = None
+
+    # -- pipeline (scheduler) events --------------------------------------------------------------------------
+    def on_set_timesteps(self, timesteps: tuple[float, ...] | None) -> None:
+        self.scheduler_driven = True
+        self.record = GenerationRecord(num_steps=len(timesteps) if timesteps else self.fixed_num_steps,
+                                       timesteps=timesteps)
+        self.records_started += 1
+
+    def on_scheduler_step(self) -> bool:
+        """Advance one step; True when the generation just finished."""
+        rec = self.record
+        if rec is None:
+            return False
+        rec.step += 1
+        rec.calls_in_step = 0
+        if rec.num_steps is not None and rec.step >= rec.num_steps:
+            rec.finished = True
+            return True
+        return False
+
+    # -- transformer calls ---------------------------------------------------------------------------------------
+    def begin_call(self, timestep: Any) -> tuple[GenerationRecord, bool]:
+        """Place a transformer call; returns (record, started_new_record)."""
+        new = False
+        rec = self.record
+        if not self.scheduler_driven:
+            t = timestep_value(timestep)
+            if rec is None or rec.finished:
+                rec, new = self._new_transformer_only_record(), True
+            elif t is not None and rec.last_timestep is not None and t != rec.last_timestep:
+                goes_up = t > rec.last_timestep
+                rec.step += 1
+                rec.calls_in_step = 0
+                if goes_up or (rec.num_steps is not None and rec.step >= rec.num_steps):
+                    rec, new = self._new_transformer_only_record(), True
+            rec.last_timestep = t
+        elif rec is None or rec.finished:
+            # A call outside set_timesteps/step bookkeeping (e.g. a second pipeline run without set_timesteps).
+            rec, new = self._new_transformer_only_record(), True
+            self.scheduler_driven = False
+            rec.last_timestep = timestep_value(timestep)
+        return rec, new
+
+    def branch_name(self, rec: GenerationRecord) -> str:
+        name = self.context_name if self.context_name is not None else f"call{rec.calls_in_step}"
+        rec.calls_in_step += 1
+        return name
+
+    def _new_transformer_only_record(self) -> GenerationRecord:
+        self.record = GenerationRecord(num_steps=self.fixed_num_steps, timesteps=None)
+        self.records_started += 1
+        return self.record
+
+
+__all__ = ["CallRecord", "GenerationRecord", "StepTracker", "timestep_value", "Signal"]

@@ -1,0 +1,216 @@
+"""Plans: the per-step x per-unit action table of a generation, as a versioned JSON file, and its replay.
+
+File format (version 1):
+{
+  "format": "dcache.plan", "version": 1,
+  "model_class": "FluxTransformer2DModel", "block_layout": [2, 6],      # blocks per block list
+  "granularity": "stack", "units": ["stack"], "probe_blocks": 1, "tail_blocks": 0, "forecast_order": 0,
+  "num_steps": 28, "scheduler": "FlowMatchEulerDiscreteScheduler", "resolution": [1, 64, 128],
+  "interpolate_steps": false,                # allow nearest-step interpolation to another step count
+  "actions": {"cond": ["C", "R", ...], "uncond": [...]},   # one row per step, one character per unit
+  "extras": {...},                           # method data (e.g. per-step coefficients)
+  "provenance": {"method": ..., "config": ..., "quality": ..., "created": ...}
+}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .actions import ACTION_CHARS, Action, Granularity
+from .schedule import CallContext, GenerationInfo, Schedule
+
+PLAN_FORMAT = "dcache.plan"
+PLAN_VERSION = 1
+
+
+class PlanError(ValueError):
+    """A plan file that cannot be used as asked; the message says why and what to do."""
+
+
+@dataclass
+class Plan:
+    model_class: str
+    block_layout: list[int]
+    granularity: str
+    units: list[str]
+    num_steps: int
+    actions: dict[str, list[str]]
+    probe_blocks: int = 0
+    tail_blocks: int = 0
+    forecast_order: int = 0
+    scheduler: str | None = None
+    resolution: list[int] | None = None
+    interpolate_steps: bool = False
+    extras: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    version: int = PLAN_VERSION
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        try:
+            Granularity(self.granularity)
+        except ValueError:
+            raise PlanError(f"plan granularity {self.granularity!r} is not one of "
+                            f"{[g.value for g in Granularity]}.") from None
+        if self.num_steps < 1:
+            raise PlanError(f"plan num_steps={self.num_steps} must be >= 1.")
+        if not self.actions:
+            raise PlanError("plan has no action rows; export one with handle.plan() after a generation.")
+        for branch, rows in self.actions.items():
+            if len(rows) != self.num_steps:
+                raise PlanError(f"plan branch {branch!r} has {len(rows)} rows but num_steps={self.num_steps}; "
+                                f"the file is truncated or edited by hand.")
+            for i, row in enumerate(rows):
+                if len(row) != len(self.units) or not set(row) <= ACTION_CHARS:
+                    raise PlanError(f"plan branch {branch!r} step {i}: row {row[:40]!r} must have {len(self.units)} "
+                                    f"characters from 'C', 'R', 'F'.")
+                if i == 0 and set(row) != {Action.COMPUTE.value}:
+                    raise PlanError(f"plan branch {branch!r}: step 0 must compute every unit (nothing is cached "
+                                    f"yet), got {row[:40]!r}.")
+
+    def check_model(self, model_class: str, block_layout: list[int], units: tuple[str, ...]) -> None:
+        if model_class != self.model_class:
+            raise PlanError(f"this plan was made for {self.model_class} but the model is {model_class}; "
+                            f"make a plan for this model (dcache calibrate / dcache search, or handle.plan()).")
+        if list(block_layout) != list(self.block_layout):
+            raise PlanError(f"this plan expects block lists of sizes {self.block_layout} but the model has "
+                            f"{list(block_layout)} (another variant of {model_class}); make a plan for this model.")
+        if tuple(units) != tuple(self.units):
+            raise PlanError(f"this plan addresses {len(self.units)} units but the model exposes {len(units)} at "
+                            f"{self.granularity} granularity; make a plan for this model.")
+
+    # ------------------------------------------------------------------------------------------------ rows
+    def row(self, step: int, branch: str, num_steps: int | None) -> str:
+        rows = self._rows_for(branch)
+        n = num_steps if num_steps is not None else self.num_steps
+        if n != self.num_steps:
+            if not self.interpolate_steps:
+                raise PlanError(f"this plan was made for {self.num_steps} steps but the pipeline runs {n}; run with "
+                                f"num_inference_steps={self.num_steps}, or save the plan with interpolate_steps=True "
+                                f"to map steps to the nearest planned step.")
+            rows = nearest_interp(rows, n)
+        if step >= len(rows):
+            raise PlanError(f"step {step} is past the plan's {len(rows)} steps; the pipeline ran more steps than "
+                            f"planned (num_inference_steps={len(rows)} expected).")
+        return rows[step]
+
+    def _rows_for(self, branch: str) -> list[str]:
+        if branch in self.actions:
+            return self.actions[branch]
+        if len(self.actions) == 1:  # a single-branch plan serves every branch
+            return next(iter(self.actions.values()))
+        raise PlanError(f"this plan has branches {sorted(self.actions)} but the call is branch {branch!r}; "
+                        f"record the plan with the same guidance / CFG mode it is replayed with.")
+
+    def compute_ratio(self) -> float:
+        cells = [c for rows in self.actions.values() for row in rows for c in row]
+        return sum(c == Action.COMPUTE.value for c in cells) / max(len(cells), 1)
+
+    # ------------------------------------------------------------------------------------------------ files
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {"format": PLAN_FORMAT, **d}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return atomic_write_text(path, self.to_json())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "plan") -> "Plan":
+        if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+            raise PlanError(f"{source} is not a dcache plan (missing \"format\": \"{PLAN_FORMAT}\").")
+        version = data.get("version")
+        if version != PLAN_VERSION:
+            raise PlanError(f"{source} has plan version {version!r}; this dcache reads version {PLAN_VERSION}. "
+                            f"Upgrade dcache or re-export the plan.")
+        fields = {k: v for k, v in data.items() if k != "format"}
+        known = set(cls.__dataclass_fields__)
+        unknown = set(fields) - known
+        if unknown:
+            raise PlanError(f"{source} has unknown fields {sorted(unknown)}; it was written by another version.")
+        try:
+            return cls(**fields)
+        except TypeError as exc:
+            raise PlanError(f"{source} is incomplete: {exc}.") from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        path = Path(path)
+        if not path.is_file():
+            raise PlanError(f"plan file {str(path)!r} does not exist.")
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise PlanError(f"plan file {str(path)!r} is not valid JSON ({exc}); it is corrupted or truncated, "
+                            f"re-export it.") from None
+        return cls.from_dict(data, source=f"plan file {str(path)!r}")
+
+
+def nearest_interp(rows: list[Any], n: int) -> list[Any]:
+    """MagCache's nearest interpolation: idx = round(arange(n) * (len-1)/(n-1)); n == 1 keeps the last entry."""
+    if n == 1:
+        return [rows[-1]]
+    scale = (len(rows) - 1) / (n - 1)
+    return [rows[int(round(i * scale))] for i in range(n)]
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write via a temporary file in the same folder and os.replace: readers never see a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+class PlanSchedule(Schedule):
+    """Static replay of a Plan: no signals, no host syncs."""
+
+    signals = frozenset()
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.granularity = Granularity(plan.granularity)
+        self.probe_blocks = plan.probe_blocks
+        self.tail_blocks = plan.tail_blocks
+        self.forecast_order = plan.forecast_order
+        self.name = f"plan:{plan.provenance.get('method', 'static')}"
+        self._reused_units: dict[str, set[int]] = {
+            b: {i for row in rows for i, c in enumerate(row) if c != Action.COMPUTE.value}
+            for b, rows in plan.actions.items()}
+
+    def reset(self, generation: GenerationInfo) -> None:
+        if generation.num_steps is not None and generation.num_steps != self.plan.num_steps \
+                and not self.plan.interpolate_steps:
+            self.plan.row(0, next(iter(self.plan.actions)), generation.num_steps)  # raises the teaching error
+
+    def decide(self, ctx: CallContext) -> str:
+        return self.plan.row(ctx.step, ctx.branch, ctx.num_steps)
+
+    def may_reuse(self, branch: str, unit: int) -> bool:
+        reused = self._reused_units.get(branch)
+        if reused is None:
+            return True
+        return unit in reused
+
+    def config_dict(self) -> dict:
+        return {"name": self.name, "plan_provenance": self.plan.provenance}

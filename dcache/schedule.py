@@ -1,0 +1,85 @@
+"""The one interface between the engine (mechanism) and a caching method (policy).
+
+A schedule sees numbers, never modules: the engine tells it where the generation is (`GenerationInfo`,
+`CallContext`) and the signals it asked for; it answers with one action character per unit of the call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .actions import Action, Granularity, Signal
+
+
+@dataclass(frozen=True)
+class GenerationInfo:
+    """What is known when a generation starts (one pipeline call, or one run of steps in transformer-only use)."""
+
+    num_steps: int | None  # None when neither the scheduler nor the user told (transformer-only without num_steps)
+    timesteps: tuple[float, ...] | None
+    units: tuple[str, ...]  # unit names in the order of an action row
+    model_class: str
+    num_blocks: int
+
+
+@dataclass
+class CallContext:
+    """One transformer call, as the schedule sees it at its decision point."""
+
+    step: int  # scheduler step index, 0 = noisiest
+    num_steps: int | None
+    branch: str  # "cond", "uncond", "cond_uncond" (from diffusers' cache_context) or "call0", "call1", ...
+    call_index: int  # index of this call in the generation (all branches)
+    timestep: float | None
+    signals: dict[Signal, float] = field(default_factory=dict)  # measured this call (pre) + last compute (post)
+    last_compute_step: int | None = None  # last step at which this branch computed its stack/first unit
+
+
+class Schedule:
+    """Base class of every caching policy.
+
+    Subclasses set the class attributes that shape the engine's work and implement `decide`.
+      granularity:    which units the action rows address.
+      signals:        the signals `decide` reads (nothing else is measured).
+      probe_blocks:   STACK granularity: front blocks that always compute (Fn); their residual is PROBE_REL_L1.
+      tail_blocks:    STACK granularity: back blocks that always compute (Bn).
+      forecast_order: Taylor order kept for FORECAST (0 = plain reuse history only).
+    """
+
+    granularity: Granularity = Granularity.STACK
+    signals: frozenset[Signal] = frozenset()
+    probe_blocks: int = 0
+    tail_blocks: int = 0
+    forecast_order: int = 0
+    name: str = "schedule"
+
+    def reset(self, generation: GenerationInfo) -> None:
+        """A new generation starts: forget all per-generation state."""
+
+    def decide(self, ctx: CallContext) -> str | Action | Sequence[Action]:
+        """Actions for the units of this call: a string of action characters, one Action for all, or a sequence."""
+        raise NotImplementedError
+
+    def may_reuse(self, branch: str, unit: int) -> bool:
+        """False if this unit is never reused/forecast in this branch (the engine then keeps no cache for it)."""
+        return True
+
+    def config_dict(self) -> dict:
+        """Provenance written into exported plans."""
+        return {"name": self.name}
+
+
+def normalize_actions(decision: str | Action | Sequence[Action], num_units: int) -> str:
+    """Turn a schedule's answer into a row string of exactly `num_units` action characters."""
+    if isinstance(decision, Action):
+        return decision.value * num_units
+    row = decision if isinstance(decision, str) else "".join(Action(a).value for a in decision)
+    if len(row) == 1 and num_units > 1:
+        row = row * num_units
+    if len(row) != num_units or not set(row) <= {a.value for a in Action}:
+        raise ValueError(
+            f"A schedule returned actions {row[:40]!r} (length {len(row)}) but this call has {num_units} units; "
+            f"return one character per unit from 'C' (compute), 'R' (reuse), 'F' (forecast)."
+        )
+    return row

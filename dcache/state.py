@@ -1,0 +1,102 @@
+"""Cache state of one generation: per branch, per unit, the cached tensors and their forecast history.
+
+A unit's history is a Taylor table per cached tensor: d_0 is the value at the last computed step, d_k its k-th
+finite difference divided by the step distance. REUSE returns d_0; FORECAST evaluates
+    y(step) = sum_k d_k * (step - last_step)^k / k!
+With order 0 the table is the tensor itself (no copy). Memory is bounded: (order + 1) tensors per cached unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dcache.kernels import taylor_forecast, taylor_update
+
+
+
+class UnitHistory:
+    """Cached tensors of one unit in one branch (e.g. the [hidden, encoder] residuals of a block)."""
+
+    def __init__(self, order: int):
+        self.order = order
+        self.tables: list[torch.Tensor] | None = None
+        self.filled = 0
+        self.last_step: int | None = None
+
+    def update(self, tensors: list[torch.Tensor], step: int) -> None:
+        if self.order == 0:
+            self.tables = [t.detach() for t in tensors]
+        else:
+            if self.tables is None or [t.shape for t in self.tables] != [(self.order + 1, *x.shape) for x in tensors]:
+                self.tables = [x.new_zeros((self.order + 1, *x.shape)) for x in tensors]
+                self.filled = 0
+                self.last_step = None
+            dist = float(step - self.last_step) if self.last_step is not None else 1.0
+            new_filled = self.filled
+            for table, x in zip(self.tables, tensors):
+                new_filled = taylor_update(table, x.detach(), max(dist, 1.0), self.filled)
+            self.filled = new_filled
+        if self.order == 0:
+            self.filled = 1
+        self.last_step = step
+
+    def reuse(self) -> list[torch.Tensor]:
+        if self.order == 0:
+            return list(self.tables or [])
+        return [table[0] for table in self.tables or []]
+
+    def forecast(self, step: int) -> list[torch.Tensor]:
+        if self.order == 0 or self.filled <= 1:
+            return self.reuse()
+        ahead = float(step - (self.last_step or 0))
+        return [taylor_forecast(table, ahead, self.filled) for table in self.tables or []]
+
+    def read(self, forecast: bool, step: int) -> list[torch.Tensor]:
+        return self.forecast(step) if forecast else self.reuse()
+
+    def matches(self, tensors: list[torch.Tensor | None]) -> bool:
+        if self.tables is None:
+            return False
+        cached = self.reuse()
+        return len(cached) == len(tensors) and all(
+            t is None or (c.shape == t.shape and c.device == t.device) for c, t in zip(cached, tensors))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tables or [])
+
+
+@dataclass
+class BranchState:
+    """Everything one branch (cond / uncond / ...) keeps across the steps of one generation."""
+
+    units: dict[Any, UnitHistory] = field(default_factory=dict)  # stack segments, blocks or modules
+    last_compute_step: int | None = None
+    # Signal references (only kept when a signal needs them).
+    prev_modulated: torch.Tensor | None = None
+    probe_ref: torch.Tensor | None = None
+    probe_history: UnitHistory | None = None
+    prev_input: torch.Tensor | None = None
+    input_at_compute: torch.Tensor | None = None
+    output_at_compute: torch.Tensor | None = None
+    residual_at_compute: torch.Tensor | None = None
+    pending_post: dict[str, torch.Tensor] = field(default_factory=dict)  # measured after a computed call
+    post_values: dict[str, float] = field(default_factory=dict)  # last synced post signals
+    pending_call: Any = None  # the CallRecord the pending post signals belong to
+
+    def history(self, key: Any, order: int) -> UnitHistory:
+        hist = self.units.get(key)
+        if hist is None:
+            hist = self.units[key] = UnitHistory(order)
+        return hist
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.prev_modulated, self.probe_ref, self.prev_input, self.input_at_compute,
+                   self.output_at_compute, self.residual_at_compute]
+        extra = sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        probe = self.probe_history.nbytes if self.probe_history is not None else 0
+        return sum(h.nbytes for h in self.units.values()) + extra + probe

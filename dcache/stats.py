@@ -1,0 +1,70 @@
+"""What a generation cost: units computed / reused / forecast per step and branch, and the ideal speed-up."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .actions import Action
+from .generation import GenerationRecord
+
+
+@dataclass
+class Stats:
+    method: str
+    granularity: str
+    generations: int
+    num_steps: int | None
+    branches: list[str]
+    calls: int
+    units_per_call: int
+    units_computed: int
+    units_reused: int
+    units_forecast: int
+    calls_fully_computed: int  # calls where every unit ran ("steps computed")
+    blocks_per_call: int
+    block_flops_total: float  # block FLOPs an uncached generation would spend
+    block_flops_computed: float  # block FLOPs actually spent
+    compute_ratio: float  # computed / total block FLOPs (1.0 = nothing saved)
+    ideal_speedup: float  # 1 / compute_ratio
+    cache_bytes: int  # peak bytes held by cached tensors
+    per_step: list[dict[str, str]] = field(default_factory=list)  # per step: {branch: action row}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    def __str__(self) -> str:
+        return (f"dcache[{self.method}] {self.calls_fully_computed}/{self.calls} calls fully computed, units "
+                f"{self.units_computed} computed / {self.units_reused} reused / {self.units_forecast} forecast; "
+                f"compute ratio {self.compute_ratio:.3f} -> ideal speed-up {self.ideal_speedup:.2f}x; "
+                f"cache {self.cache_bytes / 2**20:.2f} MiB")
+
+
+def stats_from_record(rec: GenerationRecord | None, *, method: str, granularity: str, generations: int,
+                      units_per_call: int, blocks_per_call: int, cache_bytes: int) -> Stats:
+    calls = rec.calls if rec is not None else []
+    cells = "".join(c.actions for c in calls)
+    total = sum(c.signals.get("flops_total", 0.0) for c in calls)
+    computed = sum(c.signals.get("flops_computed", 0.0) for c in calls)
+    if total <= 0:  # FLOP counting disabled: fall back to unit counts
+        total, computed = float(len(cells)), float(cells.count(Action.COMPUTE.value))
+    ratio = computed / total if total > 0 else 1.0
+    per_step: list[dict[str, str]] = []
+    for c in calls:
+        while len(per_step) <= c.step:
+            per_step.append({})
+        per_step[c.step][c.branch] = c.actions
+    return Stats(
+        method=method, granularity=granularity, generations=generations,
+        num_steps=rec.num_steps if rec is not None else None, branches=rec.branches() if rec is not None else [],
+        calls=len(calls), units_per_call=units_per_call,
+        units_computed=cells.count(Action.COMPUTE.value), units_reused=cells.count(Action.REUSE.value),
+        units_forecast=cells.count(Action.FORECAST.value),
+        calls_fully_computed=sum(set(c.actions) == {Action.COMPUTE.value} for c in calls),
+        blocks_per_call=blocks_per_call, block_flops_total=total, block_flops_computed=computed,
+        compute_ratio=ratio, ideal_speedup=1.0 / ratio if ratio > 0 else float("inf"),
+        cache_bytes=cache_bytes, per_step=per_step)

@@ -1,0 +1,64 @@
+"""FBCache / DBCache (ALGORITHMS.md §3): probe blocks decide, the middle of the stack is reused.
+
+The first `probe_blocks` (Fn) blocks always run; their residual r_F is compared with the one stored at the last
+computed call of the branch: relL1 = mean|r_F - r_ref| / mean|r_ref|. Below `threshold` the middle blocks are
+replaced by the cached middle residual; `tail_blocks` (Bn) always run on the result. FBCache is Fn=1, Bn=0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob
+from dcache import register_method
+
+
+@register_method
+@dataclass(frozen=True)
+class FBCacheConfig(MethodConfig):
+    method = "fbcache"
+    threshold: float = knob(0.08, low=0.0, high=10.0, doc="relative L1 change of the probe residual below which "
+                                                           "the middle blocks are reused")
+    probe_blocks: int = knob(1, low=1, high=1000, doc="Fn: front blocks always computed; their residual is the "
+                                                       "signal")
+    tail_blocks: int = knob(0, low=0, high=1000, doc="Bn: back blocks always computed on the reused state")
+    warmup_steps: int = knob(1, low=0, high=10_000, doc="first steps always computed")
+    max_continuous_cached: int = knob(-1, low=-1, high=10_000, doc="force a compute after this many reused steps "
+                                                                    "in a row (-1 = no limit)")
+    max_cached_steps: int = knob(-1, low=-1, high=10_000, doc="most reused steps per generation (-1 = no limit)")
+
+    def build(self, model: nn.Module) -> Schedule:
+        return FBCacheSchedule(self)
+
+
+class FBCacheSchedule(Schedule):
+    granularity = Granularity.STACK
+    signals = frozenset({Signal.PROBE_REL_L1})
+
+    def __init__(self, config: FBCacheConfig):
+        self.config = config
+        self.probe_blocks, self.tail_blocks = config.probe_blocks, config.tail_blocks
+        self.name = config.method
+        self._run: dict[str, list[int]] = {}
+
+    def reset(self, generation: GenerationInfo) -> None:
+        self._run = {}
+
+    def decide(self, ctx: CallContext) -> Action:
+        c = self.config
+        run = self._run.setdefault(ctx.branch, [0, 0])  # consecutive reused, total reused
+        diff = ctx.signals.get(Signal.PROBE_REL_L1)
+        reuse = (ctx.step >= c.warmup_steps and diff is not None and diff < c.threshold
+                 and (c.max_continuous_cached < 0 or run[0] < c.max_continuous_cached)
+                 and (c.max_cached_steps < 0 or run[1] < c.max_cached_steps))
+        if reuse:
+            run[0] += 1
+            run[1] += 1
+            return Action.REUSE
+        run[0] = 0
+        return Action.COMPUTE
+
+    def config_dict(self) -> dict:
+        return self.config.to_dict()

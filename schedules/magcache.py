@@ -1,0 +1,98 @@
+"""MagCache (ALGORITHMS.md §1): skip steps while the accumulated magnitude-ratio error stays under a budget.
+
+Per branch s (cond / uncond keep separate accumulators and residuals):
+    for step i >= retain (= int(retention_ratio * N + 0.5)):
+        acc_ratio *= gamma_i;  acc_steps += 1;  acc_err += |1 - acc_ratio|
+        reuse the cached stack residual if acc_err <= threshold and acc_steps <= max_skip_steps
+        else reset (acc_ratio, acc_steps, acc_err) = (1, 0, 0) and compute
+gamma_i = mean_tokens ||R_i|| / ||R_{i-1}|| is a per-model curve calibrated once (`dcache calibrate`); it is
+nearest-interpolated to other step counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
+from dcache.plan import nearest_interp
+
+from .tables import known_identities, lookup_table, model_identity
+
+
+@register_method
+@dataclass(frozen=True)
+class MagCacheConfig(MethodConfig):
+    method = "magcache"
+    threshold: float = knob(0.06, low=0.0, high=100.0, doc="error budget E: accumulated |1 - prod(gamma)| allowed "
+                                                             "while reusing")
+    max_skip_steps: int = knob(3, low=0, high=10_000, doc="K: most consecutive reused steps")
+    retention_ratio: float = knob(0.2, low=0.0, high=1.0, doc="R: fraction of the first steps always computed")
+    ratios: tuple | None = knob(None, types=(tuple, list), doc="calibrated gamma per step (cond / single branch); "
+                                                                "None = the model's registered table")
+    ratios_uncond: tuple | None = knob(None, types=(tuple, list), doc="gamma per step for the uncond branch")
+    probe_blocks: int = knob(0, low=0, high=1000, doc="front blocks always computed")
+    tail_blocks: int = knob(0, low=0, high=1000, doc="back blocks always computed")
+
+    def check(self) -> None:
+        for name in ("ratios", "ratios_uncond"):
+            table = getattr(self, name)
+            if table is not None and (len(table) < 1 or any(not isinstance(g, (int, float)) or g <= 0
+                                                            for g in table)):
+                raise self.invalid(name, table, "a non-empty list of positive magnitude ratios")
+
+    def build(self, model: nn.Module) -> Schedule:
+        ratios, uncond = self.ratios, self.ratios_uncond
+        if ratios is None:
+            table = lookup_table("magcache", model)
+            if table is None:
+                raise ValueError(
+                    f"MagCache needs calibrated magnitude ratios for {model_identity(model)}, and none is registered "
+                    f"(known: {known_identities('magcache') or 'none'}). Calibrate once with "
+                    f"`dcache calibrate --model <model> --method magcache` and pass the file as --cache, or pass "
+                    f"ratios=[...] (and ratios_uncond=[...] for split CFG).")
+            ratios, uncond = table.get("cond"), table.get("uncond")
+        return MagCacheSchedule(self, tuple(ratios), tuple(uncond) if uncond else None)
+
+
+class MagCacheSchedule(Schedule):
+    granularity = Granularity.STACK
+
+    def __init__(self, config: MagCacheConfig, ratios: tuple, ratios_uncond: tuple | None):
+        self.config = config
+        self.ratios, self.ratios_uncond = ratios, ratios_uncond
+        self.probe_blocks, self.tail_blocks = config.probe_blocks, config.tail_blocks
+        self.name = "magcache"
+        self._state: dict[str, list[float]] = {}
+        self._curves: dict[str, list[float]] = {}
+
+    def reset(self, generation: GenerationInfo) -> None:
+        self._state = {}
+        self._curves = {}
+        self._num_steps = generation.num_steps
+
+    def _curve(self, branch: str, num_steps: int) -> list[float]:
+        curve = self._curves.get(branch)
+        if curve is None:
+            table = self.ratios_uncond if (branch == "uncond" and self.ratios_uncond) else self.ratios
+            curve = self._curves[branch] = list(table) if len(table) == num_steps else nearest_interp(list(table),
+                                                                                                      num_steps)
+        return curve
+
+    def decide(self, ctx: CallContext) -> Action:
+        n = ctx.num_steps or len(self.ratios)
+        retain = int(self.config.retention_ratio * n + 0.5)
+        acc = self._state.setdefault(ctx.branch, [1.0, 0.0, 0.0])  # acc_ratio, acc_steps, acc_err
+        if ctx.step < max(retain, 1) or ctx.step >= n:
+            return Action.COMPUTE
+        acc[0] *= self._curve(ctx.branch, n)[ctx.step]
+        acc[1] += 1
+        acc[2] += abs(1.0 - acc[0])
+        if acc[2] <= self.config.threshold and acc[1] <= self.config.max_skip_steps:
+            return Action.REUSE
+        acc[:] = [1.0, 0.0, 0.0]
+        return Action.COMPUTE
+
+    def config_dict(self) -> dict:
+        return self.config.to_dict()
