@@ -19,9 +19,13 @@ _TABLES: dict[tuple[str, str, str], Any] = {}
 
 def model_identity(model: nn.Module) -> str:
     """'Class(k=v,...)' from the size-deciding config values."""
-    config = getattr(model, "config", {}) or {}
+    return identity_from_config(type(model).__name__, dict(getattr(model, "config", {}) or {}))
+
+
+def identity_from_config(class_name: str, config: dict) -> str:
+    """The identity of a model from its class name and config dict (e.g. a config.json, no weights needed)."""
     parts = [f"{k}={config[k]}" for k in _SIZE_KEYS if k in config]
-    return f"{type(model).__name__}({','.join(parts)})"
+    return f"{class_name}({','.join(parts)})"
 
 
 def register_table(kind: str, identity: str, table: Any, *, variant: str = "default") -> None:
