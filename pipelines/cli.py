@@ -1,0 +1,90 @@
+"""The `dcache` command line: generate, methods, support (and the commands other packages add)."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="dcache: feature caching for diffusion transformers in diffusers pipelines.")
+
+
+def _parse_overrides(pairs: list[str]) -> dict:
+    """--set key=value (value parsed as JSON when it can be: numbers, lists, true/false)."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise typer.BadParameter(f"--set {pair!r} must look like key=value, e.g. --set threshold=0.1")
+        key, value = pair.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _fail(exc: Exception) -> None:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def generate(
+    model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
+    prompt: Optional[str] = typer.Option(None, help="prompt; for the tiny model, class labels like '3' or '0,1,2'"),
+    cache: str = typer.Option("magcache", help="method name, preset, or plan/config JSON file"),
+    steps: Optional[int] = typer.Option(None, help="number of inference steps (pipeline default if unset)"),
+    seed: int = typer.Option(0, help="random seed (same for the uncached and cached runs)"),
+    guidance: Optional[float] = typer.Option(None, help="guidance scale (pipeline default if unset)"),
+    out: str = typer.Option("dcache-out", help="output folder for grid.png / videos, stats.json, plan.json"),
+    repeats: int = typer.Option(3, help="timed repeats per variant (after one warm-up)"),
+    device: str = typer.Option("cpu", help="cpu, cuda, cuda:1, ..."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
+    height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
+    set_: list[str] = typer.Option([], "--set", help="method config override key=value (repeatable)"),
+) -> None:
+    """Run uncached and cached on the same seeds; write a grid and stats; print the speed-up and PSNR."""
+    from .generate import format_summary, generate as run
+
+    prompts = None
+    if prompt is not None:
+        prompts = [p.strip() for p in prompt.split(",")] if (model in (None, "tiny")) else [prompt]
+    try:
+        result = run(model=model, prompts=prompts, cache=cache, steps=steps, seed=seed, guidance=guidance, out=out,
+                     repeats=repeats, device=device, dtype=dtype, height=height, width=width,
+                     overrides=_parse_overrides(set_))
+    except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
+        _fail(exc)
+        return
+    typer.echo(format_summary(result.summary))
+    typer.echo(f"wrote        {result.out_dir}/ (grid.png or videos, stats.json, plan.json)")
+
+
+@app.command()
+def methods() -> None:
+    """List the caching methods and presets."""
+    import dcache
+
+    for name, cls in sorted(dcache.methods().items()):
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        typer.echo(f"{name:16s} {doc}")
+    for name, preset in sorted(dcache.presets().items()):
+        typer.echo(f"{name:16s} preset of {preset.method} {preset.overrides} {preset.doc}")
+
+
+@app.command()
+def support() -> None:
+    """Print which diffusers transformer classes dcache supports."""
+    from dcache.support_matrix import render_markdown
+
+    typer.echo(render_markdown())
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

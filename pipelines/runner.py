@@ -1,0 +1,117 @@
+"""Load any supported pipeline (the bundled tiny model, a hub id or a local folder) and run it reproducibly.
+
+`GenerationJob` hides the difference between the tiny class-conditional model (labels) and text-to-image/video
+pipelines (prompts); every run returns images as a float tensor [N, C, H, W] in [0, 1] (videos: [N*F, C, H, W]).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+TINY = "tiny"
+
+
+@dataclass
+class GenerationJob:
+    pipe: Any
+    is_tiny: bool
+    prompts: list[str] = field(default_factory=list)
+    steps: int | None = None
+    guidance: float | None = None
+    seed: int = 0
+    height: int | None = None
+    width: int | None = None
+    extra: dict = field(default_factory=dict)
+    frames_per_sample: int = 0  # > 0 after a video generation
+
+    def __call__(self) -> torch.Tensor:
+        """One generation with fixed seeds; returns images [N, C, H, W] float in [0, 1] on the CPU."""
+        generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        kwargs: dict[str, Any] = dict(self.extra)
+        if self.steps is not None:
+            kwargs["num_inference_steps"] = self.steps
+        if self.guidance is not None:
+            kwargs["guidance_scale"] = self.guidance
+        if self.is_tiny:
+            out = self.pipe(labels=[int(p) for p in self.prompts], generator=generator, output_type="pt", **kwargs)
+            return out.images.detach().float().cpu()
+        if self.height:
+            kwargs["height"] = self.height
+        if self.width:
+            kwargs["width"] = self.width
+        out = self.pipe(prompt=self.prompts, generator=generator, output_type="np", **kwargs)
+        frames = getattr(out, "frames", None)
+        if frames is not None:  # video: [N, F, H, W, C]
+            arr = np.asarray(frames, dtype=np.float32)
+            self.frames_per_sample = arr.shape[1]
+            return torch.from_numpy(arr.reshape(-1, *arr.shape[-3:])).permute(0, 3, 1, 2).contiguous()
+        arr = np.asarray(out.images, dtype=np.float32)  # [N, H, W, C]
+        return torch.from_numpy(arr).permute(0, 3, 1, 2).contiguous()
+
+
+def load_pipeline(model: str | None, *, device: str = "cpu", dtype: str = "float32") -> tuple[Any, bool]:
+    """(pipeline, is_tiny). `model` None / "tiny" = the bundled model; else a hub id or a local folder."""
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+    if torch_dtype is None:
+        raise ValueError(f"--dtype {dtype!r} is not one of float32, bfloat16, float16.")
+    from .bundled import load_tiny_pipeline
+    from .tiny_pipeline import DigitFlowPipeline
+
+    if model in (None, "", TINY):
+        return load_tiny_pipeline(device=device, dtype=torch_dtype), True
+    path = Path(model)
+    if path.is_dir():
+        index = path / "model_index.json"
+        if not index.is_file():
+            raise ValueError(f"{model!r} is a folder without model_index.json; pass a diffusers pipeline folder "
+                             f"(saved with save_pretrained) or a hub id.")
+        if json.loads(index.read_text()).get("_class_name") == DigitFlowPipeline.__name__:
+            return DigitFlowPipeline.from_pretrained(str(path), torch_dtype=torch_dtype).to(device), True
+    elif path.suffix or model.count("/") != 1:
+        raise ValueError(f"--model {model!r} is neither an existing folder nor a hub id like 'org/name'.")
+    from diffusers import DiffusionPipeline
+
+    try:
+        pipe = DiffusionPipeline.from_pretrained(model, torch_dtype=torch_dtype)
+    except Exception as exc:  # network, auth, missing files: say what to do
+        raise RuntimeError(f"could not load {model!r} with diffusers ({type(exc).__name__}: {exc}). Check the id, "
+                           f"your network / HF token, or pass a local folder.") from exc
+    return pipe.to(device), False
+
+
+def timed_runs(job: GenerationJob, repeats: int, warmup: int = 1) -> tuple[torch.Tensor, list[float]]:
+    """Run `warmup + repeats` times; returns the last images and the per-repeat seconds (device-synchronised)."""
+    images = None
+    for _ in range(warmup):
+        images = job()
+    seconds = []
+    for _ in range(max(repeats, 1)):
+        _sync()
+        start = time.perf_counter()
+        images = job()
+        _sync()
+        seconds.append(time.perf_counter() - start)
+    return images, seconds
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR in dB of images in [0, 1] (inf when identical)."""
+    mse = torch.mean((a.double() - b.double()) ** 2).item()
+    return float("inf") if mse == 0 else 10.0 * float(np.log10(1.0 / mse))
