@@ -1,0 +1,122 @@
+"""Backend switch for the fused cache ops: Triton kernels on CUDA, plain torch elsewhere.
+
+Every public op in `dcache.kernels` asks `resolve(tensor)` which implementation to run:
+
+    Backend.AUTO    Triton when the tensor is on CUDA and triton imports, torch otherwise (the default)
+    Backend.TORCH   always the plain-torch `<op>_reference`
+    Backend.TRITON  always the Triton kernel; on CPU this needs TRITON_INTERPRET=1 (the slow
+                    interpreter the tests use), anywhere else it is an error that says so
+
+    with use_backend("torch"):        # or set_backend(Backend.TORCH) for the whole process
+        out = residual_apply(hidden, residual)
+
+Triton is imported lazily (on the first Triton launch or availability check) and optionally:
+`import dcache.kernels` works without triton installed, and then everything runs on torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+
+import torch
+
+
+class Backend(str, Enum):
+    AUTO = "auto"
+    TORCH = "torch"
+    TRITON = "triton"
+
+
+_backend = Backend.AUTO  # process-wide choice; use_backend() swaps it and restores it
+
+
+def _as_backend(b: Backend | str) -> Backend:
+    try:
+        return Backend(b.lower() if isinstance(b, str) and not isinstance(b, Backend) else b)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in Backend)
+        raise ValueError(
+            f"unknown kernel backend {b!r}; use one of {allowed} (or dcache.kernels.Backend.<NAME>)"
+        ) from None
+
+
+def set_backend(b: Backend | str) -> None:
+    """Select the implementation for all dcache.kernels ops in this process."""
+    global _backend
+    _backend = _as_backend(b)
+
+
+def get_backend() -> Backend:
+    return _backend
+
+
+@contextmanager
+def use_backend(b: Backend | str) -> Iterator[Backend]:
+    """`with use_backend("torch"): ...` runs the block on that backend, then restores the previous one."""
+    global _backend
+    previous, _backend = _backend, _as_backend(b)
+    try:
+        yield _backend
+    finally:
+        _backend = previous
+
+
+def interpret_mode() -> bool:
+    """True when TRITON_INTERPRET asks for triton's CPU interpreter (it must be set before the first launch)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+@functools.cache
+def _triton_modules():
+    """(triton, triton.language), or None when triton cannot be imported. Imported once, on first use."""
+    try:
+        triton = importlib.import_module("triton")
+        tl = importlib.import_module("triton.language")
+    except ImportError:  # not installed, or installed without a working build for this platform
+        return None
+    return triton, tl
+
+
+def import_triton():
+    """(triton, triton.language) for building kernels; a ValueError with the fix when triton is missing."""
+    modules = _triton_modules()
+    if modules is None:
+        raise ValueError(
+            "the Triton backend was requested but triton cannot be imported; install it "
+            "(pip install triton, Linux x86-64 with CUDA) or use the torch backend: "
+            "dcache.kernels.set_backend('torch')"
+        )
+    return modules
+
+
+def triton_available(tensor: torch.Tensor | None = None) -> bool:
+    """Whether Triton kernels can run: triton imports and (the tensor is on CUDA, or TRITON_INTERPRET=1).
+
+    Without a tensor, "on CUDA" means a CUDA device is present.
+    """
+    on_cuda = tensor.is_cuda if tensor is not None else torch.cuda.is_available()
+    if not (on_cuda or interpret_mode()):
+        return False
+    return _triton_modules() is not None
+
+
+def resolve(tensor: torch.Tensor) -> Backend:
+    """The concrete backend (TORCH or TRITON) an op on `tensor` runs with under the current setting."""
+    if _backend is Backend.TORCH:
+        return Backend.TORCH
+    if _backend is Backend.AUTO:
+        return Backend.TRITON if tensor.is_cuda and _triton_modules() is not None else Backend.TORCH
+    # Backend.TRITON was forced: fail loudly rather than silently running something else.
+    if not tensor.is_cuda and not interpret_mode():
+        raise ValueError(
+            f"the Triton backend was forced but the tensor is on {tensor.device}; Triton runs on CUDA. "
+            "Move the tensors to a CUDA device, use the torch backend (set_backend('torch') or 'auto'), "
+            "or, for testing on CPU, set TRITON_INTERPRET=1 before the first kernel launch"
+        )
+    import_triton()  # raises with the fix when triton is missing
+    return Backend.TRITON
