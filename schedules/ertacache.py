@@ -1,0 +1,344 @@
+"""ERTACache (ALGORITHMS.md §5, dcache's formulation): a calibrated static step schedule with closed-form
+residual rectification and timestep adjustment, exported as a Plan.
+
+    plan = calibrate_ertacache(pipe, lambda: pipe(labels=[0, 1, 2], generator=torch.Generator().manual_seed(0)),
+                               threshold=0.1)
+    handle = dcache.apply(pipe, plan)                      # static replay: reuse / rectified forecast
+    undo = apply_timestep_adjustment(pipe, plan)           # optional: phi_i on reused steps (scheduler wrapper)
+
+1. Offline residual profiling -> static schedule. One uncached pass over the calibration inputs records, per branch
+   and step i, the feature F_i (`metric="residual"`: the stack residual R_i = h_out - h_in that the engine caches;
+   `metric="output"`: the model output v_i as in the paper), and pools over inputs
+       e(j, i) = sum|F_i - F_j| / sum|F_i|          (relL1 of reusing computed step j at step i).
+   A DP over segments (j computed, j+1..m-1 reuse j) picks the fewest computed steps such that every reused step has
+   e(j, i) <= threshold (delta), runs of reuse <= max_consecutive, and the first warmup_steps compute; ties go to
+   the least total error. If that needs more computed steps than the budget `max_compute_ratio * N`, the budget
+   wins and delta is relaxed to the smallest feasible max error (minimax), then least total error; the plan's
+   extras say `delta_met: false`.
+2. Closed-form residual rectification. For a reused step i with source j and the computed step j' before j:
+       k_i = <F_i - F_j, F_j - F_j'> / |F_j - F_j'|^2          (least squares over the calibration inputs)
+   is stored per branch and step. The engine can apply one rectification coefficient only: FORECAST with
+   forecast_order=1 evaluates R_j + c_i (R_j - R_j') with c_i = (i - j) / (j - j') (linear extrapolation of the
+   cached residual history). So the plan uses FORECAST at step i where the profiled error of that rectification is
+   lower than plain reuse (REUSE, c_i = 0), i.e. the fitted k_i is *quantized* to {0, c_i}; the applied coefficient
+   is stored as `k_applied`. Exact k_i needs an engine hook (see `ENGINE_GAP` below).
+3. Trajectory-aware timestep adjustment. A second calibration pass replays the plan and records the scheduler
+   update of every step, Delta x~_i = x_{i+1} - x_i (= Delta t_i * v~_i for a first-order solver); with the uncached
+   update Delta x_i from the first pass,
+       phi_i = <Delta x_i, Delta x~_i> / |Delta x~_i|^2     on steps where a branch reuses (1 elsewhere),
+   i.e. the spec's least squares for x_i + phi_i Delta t_i v~ ~ x^ref_{i+1}, with v~ the output the cached run
+   really produces (the engine re-runs norm_out/proj_out on h_in(i) + cached residual, so v~ != v_j). The engine
+   cannot scale the integration interval, so phi is applied by `apply_timestep_adjustment`, a wrapper on the
+   pipeline's scheduler instance (x_{i+1} <- x_i + phi_i (x_{i+1} - x_i)); valid for first-order solvers
+   (FlowMatchEulerDiscreteScheduler), where this equals Delta t_i' = phi_i Delta t_i.
+
+Profiling memory: the features of the last 2 * max_consecutive + 2 steps per branch; the second pass keeps one
+latent-sized update per step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from dcache import Action, Granularity, MethodConfig, Plan, Schedule, knob, register_method
+from dcache.plan import PlanSchedule
+
+from .tables import known_identities, lookup_table, model_identity
+
+ENGINE_GAP = (
+    "ERTACache needs two runtime hooks the engine does not have: (1) a per-(branch, step, unit) forecast "
+    "coefficient, e.g. plan.extras['forecast_scale'][branch][step] read by the engine so that FORECAST evaluates "
+    "d0 + k * (d0 - d0_prev) instead of the Taylor step distance (i - j)/(j - j'); (2) a per-step scale of the "
+    "scheduler update (Delta t_i' = phi_i * Delta t_i), e.g. plan.extras['timestep_scale'][step] applied by the "
+    "engine's scheduler.step wrapper as x_{i+1} = x_i + phi_i * (step(...) - x_i).")
+
+
+@register_method
+@dataclass(frozen=True)
+class ERTACacheConfig(MethodConfig):
+    method = "ertacache"
+    threshold: float = knob(0.1, low=0.0, high=100.0, doc="delta: largest profiled relL1 error e(j, i) allowed at a "
+                                                           "reused step")
+    max_compute_ratio: float = knob(1.0, low=0.01, high=1.0, doc="compute budget: most computed steps per branch as "
+                                                                  "a fraction of the steps (delta is relaxed to meet "
+                                                                  "it)")
+    max_consecutive: int = knob(3, low=1, high=1000, doc="most consecutive reused steps")
+    warmup_steps: int = knob(1, low=1, high=10_000, doc="first steps always computed")
+    metric: str = knob("residual", choices=("residual", "output"), doc="feature whose reuse error is profiled: the "
+                                                                      "stack residual (what is cached) or the model "
+                                                                      "output")
+    rectify: bool = knob(True, doc="use rectified forecasts (FORECAST) on reused steps where they lower the "
+                                   "profiled error")
+    timestep_adjustment: bool = knob(True, doc="fit phi_i with a second calibration pass (pipelines only)")
+    plan: str | None = knob(None, types=(str,), doc="path of a calibrated ERTACache plan file")
+
+    def build(self, model: nn.Module) -> Schedule:
+        if self.plan is not None:
+            return ERTACacheSchedule(Plan.load(self.plan))
+        table = lookup_table("ertacache", model)
+        if table is None:
+            raise ValueError(
+                f"ERTACache replays a calibrated plan and none is registered for {model_identity(model)} (known: "
+                f"{known_identities('ertacache') or 'none'}). Calibrate once: "
+                f"plan = dcache.schedules.ertacache.calibrate_ertacache(pipe, run_fn); plan.save('erta.json'); then "
+                f"dcache.apply(pipe, plan) or dcache.apply(pipe, 'ertacache', plan='erta.json').")
+        return ERTACacheSchedule(table if isinstance(table, Plan) else Plan.from_dict(table))
+
+
+class ERTACacheSchedule(PlanSchedule):
+    """Replays an ERTACache plan (REUSE / rectified FORECAST rows); keeps its coefficients in exported plans."""
+
+    def __init__(self, plan: Plan):
+        super().__init__(plan)
+        self.name = "ertacache"
+
+    def plan_extras(self) -> dict:
+        return dict(self.plan.extras)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The schedule DP (pure math)
+# ----------------------------------------------------------------------------------------------------------------
+
+def _solve(n: int, error: Callable[[int, int], float], cap: float, max_run: int, warmup: int):
+    """dp[k][m] = (least total error, argmin j) covering steps [0, m) with k segments; segment errors <= cap."""
+    seg: dict[tuple[int, int], float] = {}
+    for j in range(n):
+        total = 0.0
+        seg[(j, j + 1)] = 0.0
+        if j + 1 < warmup:
+            continue
+        for m in range(j + 2, min(n, j + max_run + 1) + 1):
+            e = error(j, m - 1)
+            if not e <= cap:
+                break
+            total += e
+            seg[(j, m)] = total
+    inf = math.inf
+    dp = [[(inf, -1)] * (n + 1) for _ in range(n + 1)]
+    dp[0][0] = (0.0, -1)
+    for k in range(1, n + 1):
+        prev, cur = dp[k - 1], dp[k]
+        for (j, m), cost in seg.items():
+            if prev[j][0] < inf and prev[j][0] + cost < cur[m][0]:
+                cur[m] = (prev[j][0] + cost, j)
+    return dp
+
+
+def _backtrack(dp, k: int, n: int) -> list[int]:
+    computed, m = [], n
+    while k > 0:
+        j = dp[k][m][1]
+        computed.append(j)
+        m, k = j, k - 1
+    return sorted(computed)
+
+
+def select_compute_steps(num_steps: int, error: Callable[[int, int], float], *, threshold: float,
+                         max_compute: int, max_run: int, warmup: int) -> tuple[list[int], bool, float]:
+    """Computed steps of the static schedule; (steps, delta_met, max error cap used). See the module docstring."""
+    n = num_steps
+    max_compute = max(max_compute, min(warmup, n), 1)
+    dp = _solve(n, error, threshold, max_run, warmup)
+    k_min = next((k for k in range(1, n + 1) if dp[k][n][0] < math.inf), None)
+    if k_min is not None and k_min <= max_compute:
+        return _backtrack(dp, k_min, n), True, threshold
+    # Budget first: the smallest cap M whose fewest computed steps fit the budget (binary search over the errors).
+    candidates = sorted({error(j, i) for j in range(n) for i in range(j + 1, min(n, j + max_run + 1))
+                         if math.isfinite(error(j, i))} | {threshold})
+    lo, hi = bisect.bisect_left(candidates, threshold), len(candidates) - 1
+    best = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        dp_m = _solve(n, error, candidates[mid], max_run, warmup)
+        if dp_m[max_compute][n][0] < math.inf or any(dp_m[k][n][0] < math.inf for k in range(1, max_compute)):
+            best, hi = (mid, dp_m), mid - 1
+        else:
+            lo = mid + 1
+    if best is None:  # even unlimited error cannot meet the budget (max_run too short): fewest steps possible
+        dp_inf = _solve(n, error, math.inf, max_run, warmup)
+        k = next(k for k in range(1, n + 1) if dp_inf[k][n][0] < math.inf)
+        return _backtrack(dp_inf, k, n), False, math.inf
+    mid, dp_m = best
+    k = max((k for k in range(1, max_compute + 1) if dp_m[k][n][0] < math.inf), key=lambda k: (-dp_m[k][n][0], -k))
+    return _backtrack(dp_m, k, n), False, candidates[mid]
+
+
+def rows_from_schedule(num_steps: int, computed: Sequence[int], forecast: set[int]) -> list[str]:
+    comp = set(computed)
+    return [Action.COMPUTE.value if i in comp else Action.FORECAST.value if i in forecast else Action.REUSE.value
+            for i in range(num_steps)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Calibration (profiling lives in _profiling.py; this only wires it to the math above)
+# ----------------------------------------------------------------------------------------------------------------
+
+def calibrate_ertacache(target: Any, run_fn: Callable[[], Any] | Sequence[Callable[[], Any]],
+                        config: ERTACacheConfig | None = None, *, num_steps: int | None = None,
+                        **overrides: Any) -> Plan:
+    """Profile the uncached run(s), choose the schedule and fit k_i (and phi_i with a second pass); return the Plan.
+
+    target: a pipeline (or a bare transformer with `num_steps`). run_fn: one callable per calibration input, each
+    deterministic (fixed generator seeds), since the phi pass replays the same inputs.
+    """
+    from . import _profiling as prof
+
+    config = config if config is not None else ERTACacheConfig()
+    if overrides:
+        config = type(config).with_overrides(**{**config.__dict__, **overrides})
+    runs = prof.as_runs(run_fn)
+    window = config.max_consecutive
+    collector = prof.PairwiseCollector(window=window, triples=config.rectify)
+    is_pipeline = getattr(target, "scheduler", None) is not None and hasattr(target, "transformer")
+    fit_phi = config.timestep_adjustment and is_pipeline
+    ref_updates: dict[tuple[int, int], torch.Tensor] = {}
+
+    with prof.ProfileSession(target, num_steps=num_steps) as session:
+        if config.metric == "residual":
+            prof.stack_residual_tap(session, collector.add)
+        else:
+            session.on_output(collector.add)
+        if fit_phi:
+            session.on_scheduler_step(lambda w, v, x, x1: ref_updates.__setitem__(
+                (w.generation, w.step), (x1.float() - x.float()).detach().clone()))
+        generations = session.run(runs)
+        header = session.plan_header()
+
+    branches = collector.branches()
+    if not branches:
+        raise RuntimeError("calibration saw no transformer call; run_fn must run the pipeline (or transformer).")
+    n = max(collector.steps.values())
+    cap = int(math.floor(config.max_compute_ratio * n + 1e-9))
+    actions: dict[str, list[str]] = {}
+    k_fit: dict[str, list[float | None]] = {}
+    k_applied: dict[str, list[float]] = {}
+    errors: dict[str, list[float]] = {}
+    delta_met, caps = True, []
+    for branch in branches:
+        err = lambda j, i, b=branch: collector.rel_l1(b, j, i)  # noqa: E731
+        computed, met, used_cap = select_compute_steps(n, err, threshold=config.threshold, max_compute=cap,
+                                                       max_run=window, warmup=config.warmup_steps)
+        delta_met &= met
+        caps.append(used_cap)
+        forecast: set[int] = set()
+        k_row: list[float | None] = [None] * n
+        applied = [0.0] * n
+        err_row = [0.0] * n
+        for pos, j in enumerate(computed):
+            end = computed[pos + 1] if pos + 1 < len(computed) else n
+            jp = computed[pos - 1] if pos > 0 else None
+            for i in range(j + 1, end):
+                plain = collector.rel_l1(branch, j, i)
+                err_row[i] = plain
+                if jp is None:
+                    continue
+                kden = collector.kden[branch].get((jp, j, i), 0.0)
+                if kden > 0:
+                    k_row[i] = collector.kdot[branch][(jp, j, i)] / kden
+                ref = collector.ref[branch].get((j, i), 0.0)
+                lin = collector.lin_err[branch].get((jp, j, i), math.inf) / ref if ref > 0 else math.inf
+                if config.rectify and lin < plain:
+                    forecast.add(i)
+                    applied[i] = (i - j) / (j - jp)
+                    err_row[i] = lin
+        actions[branch] = rows_from_schedule(n, computed, forecast)
+        k_fit[branch], k_applied[branch], errors[branch] = k_row, applied, err_row
+
+    uses_forecast = any(Action.FORECAST.value in "".join(rows) for rows in actions.values())
+    extras = {"ertacache": {"threshold": config.threshold, "delta_met": delta_met, "error_cap": max(caps),
+                            "metric": config.metric, "k": k_fit, "k_applied": k_applied, "error": errors,
+                            "phi": [1.0] * n, "phi_fitted": False, "engine_gap": ENGINE_GAP}}
+    provenance = {"method": "ertacache", "config": config.to_dict(),
+                  "calibration": {"generations": generations, "runs": len(runs)}, "quality": {}}
+
+    from ._profiling import make_plan
+
+    plan = make_plan(header, granularity=Granularity.STACK, units=["stack"], num_steps=n, actions=actions,
+                     forecast_order=1 if uses_forecast else 0, extras=extras, provenance=provenance)
+    if fit_phi:
+        reused = [i for i in range(n) if any(rows[i] != Action.COMPUTE.value for rows in actions.values())]
+        if reused:
+            plan.extras["ertacache"]["phi"] = _fit_phi(target, runs, plan, ref_updates, reused, n)
+            plan.extras["ertacache"]["phi_fitted"] = True
+    return plan
+
+
+def _fit_phi(target: Any, runs, plan: Plan, ref_updates: dict, reused: list[int], n: int) -> list[float]:
+    from . import _profiling as prof
+
+    num = [0.0] * n
+    den = [0.0] * n
+
+    def on_step(where, v, x, x1):
+        ref = ref_updates.get((where.generation, where.step))
+        if ref is None or where.step not in reused_set:
+            return
+        upd = x1.float() - x.float()
+        num[where.step] += float((ref * upd).sum())
+        den[where.step] += float((upd * upd).sum())
+
+    reused_set = set(reused)
+    with prof.ProfileSession(target, schedule=plan) as session:
+        session.on_scheduler_step(on_step)
+        session.run(runs)
+    return [num[i] / den[i] if i in reused_set and den[i] > 0 else 1.0 for i in range(n)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Runtime timestep adjustment (stop-gap until the engine can scale scheduler updates; see ENGINE_GAP)
+# ----------------------------------------------------------------------------------------------------------------
+
+def apply_timestep_adjustment(pipe: Any, plan: Plan) -> Callable[[], None]:
+    """Scale the scheduler update of reused steps by phi_i: x_{i+1} <- x_i + phi_i (x_{i+1} - x_i).
+
+    Wraps the pipeline's scheduler *instance* `step` (after `dcache.apply`, so it composes with the engine's
+    wrapper). Returns a function that undoes it. Only first-order solvers are supported, where scaling the update
+    is scaling Delta t (FlowMatchEulerDiscreteScheduler and other Euler-type flow schedulers).
+    """
+    phi = list(plan.extras.get("ertacache", {}).get("phi", []))
+    scheduler = getattr(pipe, "scheduler", None)
+    if scheduler is None:
+        raise ValueError("timestep adjustment needs a pipeline with a scheduler.")
+    if getattr(scheduler, "order", 1) != 1:
+        raise ValueError(f"timestep adjustment scales a first-order update; {type(scheduler).__name__} has order "
+                         f"{scheduler.order}. Use a first-order (Euler) scheduler or skip the adjustment.")
+    if len(phi) != plan.num_steps:
+        raise ValueError("this plan has no fitted phi (extras['ertacache']['phi']); calibrate with "
+                         "timestep_adjustment=True on a pipeline.")
+    prev = scheduler.step
+
+    def step(model_output, timestep, sample, *args, **kwargs):
+        index = getattr(scheduler, "step_index", None)
+        index = index if index is not None else (getattr(scheduler, "begin_index", None) or 0)
+        out = prev(model_output, timestep, sample, *args, **kwargs)
+        scale = phi[index] if 0 <= index < len(phi) else 1.0
+        if scale == 1.0:
+            return out
+        if isinstance(out, tuple):
+            x1 = out[0]
+            adjusted = (sample + scale * (x1 - sample)).to(x1.dtype)
+            return (adjusted, *out[1:])
+        out.prev_sample = (sample + scale * (out.prev_sample - sample)).to(out.prev_sample.dtype)
+        return out
+
+    scheduler.step = step
+
+    def undo() -> None:
+        if scheduler.__dict__.get("step") is step:
+            if getattr(prev, "__self__", None) is scheduler and getattr(prev, "__func__", None) is not None:
+                del scheduler.__dict__["step"]
+            else:
+                scheduler.step = prev
+
+    return undo
+
+
+__all__ = ["ERTACacheConfig", "ERTACacheSchedule", "calibrate_ertacache", "apply_timestep_adjustment",
+           "select_compute_steps", "ENGINE_GAP"]

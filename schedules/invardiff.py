@@ -1,0 +1,209 @@
+"""InvarDiff (ALGORITHMS.md §10; arXiv 2512.05134): a calibrated per-step x per-block x per-module reuse plan
+(MODULE granularity) from quantile-based invariance statistics, with a step gate and a re-sampling correction.
+
+    plan = calibrate_invardiff(pipe, lambda: pipe(labels=[0, 1, 2], generator=torch.Generator().manual_seed(0)))
+    handle = dcache.apply(pipe, plan)
+
+dcache's formulation (the reference calibration script is not public; thresholds here are *quantile levels*):
+1. Invariance statistics (one uncached pass over the calibration inputs). For every branch, step t >= 1 and module
+   unit u = (block l, module s) (attention / feed-forward outputs), the per-token relative change between adjacent
+   steps  r[tok] = ||y_t[tok] - y_{t-1}[tok]|| / ||y_{t-1}[tok]||  is reduced to its `token_quantile` quantile over
+   the tokens (robust worst-case change), averaged over the calibration inputs: d[t, u]. The same statistic of the
+   stack residual R_t = h_out - h_in gives the step statistic d_step[t].
+2. Thresholding. Steps t < nonskip_ratio * N are never reused. Among the other steps, the step gate c[t] = 1 (reuse
+   every module of step t) where d_step[t] <= the `step_quantile` quantile of d_step; otherwise module u of type s
+   is reused where d[t, u] <= the `module_quantiles[s]` (default `module_quantile`) quantile of d[., units of type
+   s]. A quantile level of 0 turns that kind of reuse off; runs of reuse are cut at `max_consecutive`.
+3. Re-sampling correction (second calibration pass, `correction=True`). The plan is replayed on the calibration
+   inputs with every module still computed alongside: where the reused output drifts from the true output of the
+   cached trajectory by relL1 > `correction_tol`, the cell becomes COMPUTE (and refreshes the cache). On a single
+   calibration input the replayed plan then keeps every reused module within `correction_tol` of what it would
+   have computed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from torch import nn
+
+from dcache import Action, Granularity, MethodConfig, Plan, Schedule, knob, register_method
+from dcache.plan import PlanSchedule
+
+from .tables import known_identities, lookup_table, model_identity
+
+
+@register_method
+@dataclass(frozen=True)
+class InvarDiffConfig(MethodConfig):
+    method = "invardiff"
+    nonskip_ratio: float = knob(0.1, low=0.0, high=1.0, doc="fraction of the first steps never reused")
+    step_quantile: float = knob(0.2, low=0.0, high=1.0, doc="step gate: quantile level of the step change below "
+                                                             "which a whole step is reused (0 = no step reuse)")
+    module_quantile: float = knob(0.5, low=0.0, high=1.0, doc="quantile level of a module type's change below which "
+                                                               "the module is reused (0 = none)")
+    module_quantiles: dict = knob({}, doc="per module name overrides of module_quantile, e.g. {'ff': 0.6, "
+                                          "'attn': 0.3}")
+    token_quantile: float = knob(0.9, low=0.0, high=1.0, doc="quantile over tokens of the per-token relative change "
+                                                              "(the invariance statistic)")
+    max_consecutive: int = knob(3, low=1, high=1000, doc="most consecutive reuses of a module")
+    correction: bool = knob(True, doc="second calibration pass: turn reuses whose real drift exceeds "
+                                      "correction_tol into computes")
+    correction_tol: float = knob(0.15, low=0.0, high=100.0, doc="largest relL1 drift of a reused module output "
+                                                                 "(correction pass)")
+    plan: str | None = knob(None, types=(str,), doc="path of a calibrated InvarDiff plan file")
+
+    def check(self) -> None:
+        for name, q in self.module_quantiles.items():
+            if not isinstance(name, str) or isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 1:
+                raise self.invalid("module_quantiles", self.module_quantiles,
+                                   "a dict of module name -> quantile level in [0, 1]",
+                                   "per module name overrides of module_quantile")
+
+    def level(self, module: str) -> float:
+        return float(self.module_quantiles.get(module, self.module_quantile))
+
+    def build(self, model: nn.Module) -> Schedule:
+        if self.plan is not None:
+            return InvarDiffSchedule(Plan.load(self.plan))
+        table = lookup_table("invardiff", model)
+        if table is None:
+            raise ValueError(
+                f"InvarDiff replays a calibrated plan and none is registered for {model_identity(model)} (known: "
+                f"{known_identities('invardiff') or 'none'}). Calibrate once: plan = dcache.schedules.invardiff."
+                f"calibrate_invardiff(pipe, run_fn); plan.save('invardiff.json'); then dcache.apply(pipe, plan).")
+        return InvarDiffSchedule(table if isinstance(table, Plan) else Plan.from_dict(table))
+
+
+class InvarDiffSchedule(PlanSchedule):
+    def __init__(self, plan: Plan):
+        super().__init__(plan)
+        self.name = "invardiff"
+
+    def plan_extras(self) -> dict:
+        return dict(self.plan.extras)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Thresholding (pure math)
+# ----------------------------------------------------------------------------------------------------------------
+
+def invariance_rows(num_steps: int, modules: Sequence[str], d_unit: Callable[[int, int], float],
+                    d_step: Callable[[int], float], config: InvarDiffConfig,
+                    quantile: Callable[[Sequence[float], float], float]) -> tuple[list[str], list[bool]]:
+    """Action rows (one char per module unit) of one branch, and the step gate per step."""
+    n, units = num_steps, len(modules)
+    first = max(1, math.ceil(config.nonskip_ratio * n - 1e-9))
+    eligible = list(range(first, n))
+    gate = [False] * n
+    if config.step_quantile > 0 and eligible:
+        cut = quantile([d_step(t) for t in eligible], config.step_quantile)
+        for t in eligible:
+            gate[t] = math.isfinite(d_step(t)) and d_step(t) <= cut
+    cuts = {}
+    for s in set(modules):
+        level = config.level(s)
+        values = [d_unit(t, u) for t in eligible for u in range(units) if modules[u] == s]
+        cuts[s] = quantile(values, level) if level > 0 else -math.inf
+    grid = [[Action.COMPUTE.value] * units for _ in range(n)]
+    for t in eligible:
+        for u in range(units):
+            d = d_unit(t, u)
+            if gate[t] or (math.isfinite(d) and d <= cuts[modules[u]]):
+                grid[t][u] = Action.REUSE.value
+    for u in range(units):  # cut runs of reuse
+        run = 0
+        for t in range(n):
+            if grid[t][u] == Action.REUSE.value:
+                run += 1
+                if run > config.max_consecutive:
+                    grid[t][u], run = Action.COMPUTE.value, 0
+            else:
+                run = 0
+    return ["".join(r) for r in grid], gate
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Calibration
+# ----------------------------------------------------------------------------------------------------------------
+
+def calibrate_invardiff(target: Any, run_fn: Callable[[], Any] | Sequence[Callable[[], Any]],
+                        config: InvarDiffConfig | None = None, *, num_steps: int | None = None,
+                        **overrides: Any) -> Plan:
+    """Profile the uncached run(s), threshold the invariance statistics, correct, and return the MODULE Plan."""
+    from . import _profiling as prof
+
+    config = config if config is not None else InvarDiffConfig()
+    if overrides:
+        config = type(config).with_overrides(**{**config.__dict__, **overrides})
+    runs = prof.as_runs(run_fn)
+    stat = lambda new, old: prof.token_change_quantile(new, old, config.token_quantile)  # noqa: E731
+    modules_c = prof.AdjacentCollector(stat)
+    stack_c = prof.AdjacentCollector(stat)
+    with prof.ProfileSession(target, num_steps=num_steps) as session:
+        pairs = session.module_pairs()
+        if not pairs:
+            raise ValueError(f"{type(session.transformer).__name__} exposes no inner modules (attention / "
+                             f"feed-forward) for module-level reuse; InvarDiff needs them (adapter `modules`).")
+        units = session.unit_names(Granularity.MODULE)
+        session.on_module(lambda unit, where, out: modules_c.add(where, unit, out))
+        prof.stack_residual_tap(session, lambda where, r: stack_c.add(where, "stack", r))
+        generations = session.run(runs)
+        header = session.plan_header()
+    if not modules_c.steps:
+        raise RuntimeError("calibration saw no transformer call; run_fn must run the pipeline (or transformer).")
+    n = max(modules_c.steps.values())
+    names = [m for _, m in pairs]
+    actions: dict[str, list[str]] = {}
+    gates: dict[str, list[bool]] = {}
+    for branch in modules_c.steps:
+        rows, gate = invariance_rows(
+            n, names, lambda t, u, b=branch: modules_c.value(b, u, t),
+            lambda t, b=branch: stack_c.value(b, "stack", t), config, prof.quantile)
+        actions[branch], gates[branch] = rows, gate
+    flipped = 0
+    if config.correction:
+        flipped = _correct(target, runs, actions, config.correction_tol, num_steps)
+    extras = {"invardiff": {"step_gate": gates, "corrected_cells": flipped,
+                            "correction_tol": config.correction_tol if config.correction else None}}
+    provenance = {"method": "invardiff", "config": config.to_dict(),
+                  "calibration": {"generations": generations, "runs": len(runs)}, "quality": {}}
+    return prof.make_plan(header, granularity=Granularity.MODULE, units=units, num_steps=n,
+                          actions={b: list(r) for b, r in actions.items()}, extras=extras, provenance=provenance)
+
+
+def _correct(target: Any, runs, actions: dict[str, list[str]], tol: float, num_steps: int | None) -> int:
+    """Replay the plan with every module computed alongside; reuses that drift > tol become computes (in place)."""
+    from . import _profiling as prof
+
+    cache: dict[tuple[int, str, int], Any] = {}
+    flipped = 0
+
+    def on_module(unit, where, output):
+        nonlocal flipped
+        rows = actions.get(where.branch)
+        if rows is None or where.step >= len(rows):
+            return None
+        key = (where.generation, where.branch, unit)
+        cached = cache.get(key)
+        if rows[where.step][unit] == Action.COMPUTE.value or cached is None:
+            cache[key] = prof.detach(output, None)
+            return None
+        drift = prof.diff_abs_sum(cached, output) / max(prof.abs_sum(output), 1e-12)
+        if drift > tol:
+            row = rows[where.step]
+            rows[where.step] = row[:unit] + Action.COMPUTE.value + row[unit + 1:]
+            flipped += 1
+            cache[key] = prof.detach(output, None)
+            return None
+        return cached
+
+    with prof.ProfileSession(target, num_steps=num_steps) as session:
+        session.on_module(on_module)
+        session.run(runs)
+    return flipped
+
+
+__all__ = ["InvarDiffConfig", "InvarDiffSchedule", "calibrate_invardiff", "invariance_rows"]
