@@ -3,6 +3,10 @@
 The first `probe_blocks` (Fn) blocks always run; their residual r_F is compared with the one stored at the last
 computed call of the branch: relL1 = mean|r_F - r_ref| / mean|r_ref|. Below `threshold` the middle blocks are
 replaced by the cached middle residual; `tail_blocks` (Bn) always run on the result. FBCache is Fn=1, Bn=0.
+
+Small models: when Fn + Bn would leave no block to cache (e.g. the DBCache F8B0 preset on a 5-block model), both
+are scaled down to fit half of the stack (at least Fn = 1): F8B0 -> F2B0 and F8B8 -> F1B1 on 5 blocks. Settings
+that leave at least one block to cache are used as given.
 """
 
 from __future__ import annotations
@@ -13,6 +17,17 @@ from torch import nn
 
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob
 from dcache import register_method
+from dcache.adapters import adapter_for
+
+
+def fit_probe_tail(probe_blocks: int, tail_blocks: int, num_blocks: int) -> tuple[int, int]:
+    """(Fn, Bn) as given if they leave a block to cache, else scaled to fit num_blocks // 2 (Fn >= 1)."""
+    if probe_blocks + tail_blocks <= num_blocks - 1 or num_blocks < 2:
+        return probe_blocks, tail_blocks
+    budget = max(1, num_blocks // 2)
+    fn = min(max(1, round(probe_blocks * budget / (probe_blocks + tail_blocks))), budget)
+    bn = min(tail_blocks, budget - fn)
+    return fn, bn
 
 
 @register_method
@@ -30,16 +45,18 @@ class FBCacheConfig(MethodConfig):
     max_cached_steps: int = knob(-1, low=-1, high=10_000, doc="most reused steps per generation (-1 = no limit)")
 
     def build(self, model: nn.Module) -> Schedule:
-        return FBCacheSchedule(self)
+        num_blocks = len(adapter_for(model).blocks(model))
+        return FBCacheSchedule(self, *fit_probe_tail(self.probe_blocks, self.tail_blocks, num_blocks))
 
 
 class FBCacheSchedule(Schedule):
     granularity = Granularity.STACK
     signals = frozenset({Signal.PROBE_REL_L1})
 
-    def __init__(self, config: FBCacheConfig):
+    def __init__(self, config: FBCacheConfig, probe_blocks: int | None = None, tail_blocks: int | None = None):
         self.config = config
-        self.probe_blocks, self.tail_blocks = config.probe_blocks, config.tail_blocks
+        self.probe_blocks = config.probe_blocks if probe_blocks is None else probe_blocks
+        self.tail_blocks = config.tail_blocks if tail_blocks is None else tail_blocks
         self.name = config.method
         self._run: dict[str, list[int]] = {}
 
@@ -61,4 +78,5 @@ class FBCacheSchedule(Schedule):
         return Action.COMPUTE
 
     def config_dict(self) -> dict:
-        return self.config.to_dict()
+        return {**self.config.to_dict(), "effective": {"probe_blocks": self.probe_blocks,
+                                                       "tail_blocks": self.tail_blocks}}

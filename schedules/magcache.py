@@ -34,6 +34,9 @@ class MagCacheConfig(MethodConfig):
     ratios_uncond: tuple | None = knob(None, types=(tuple, list), doc="gamma per step for the uncond branch")
     probe_blocks: int = knob(0, low=0, high=1000, doc="front blocks always computed")
     tail_blocks: int = knob(0, low=0, high=1000, doc="back blocks always computed")
+    calibration: str | None = knob(None, types=(str,), doc="path of a calibration JSON (calibrate_magcache) to take "
+                                                           "the ratios from; among several entries of the model, the "
+                                                           "one with the generation's step count is used")
 
     def check(self) -> None:
         for name in ("ratios", "ratios_uncond"):
@@ -44,6 +47,19 @@ class MagCacheConfig(MethodConfig):
 
     def build(self, model: nn.Module) -> Schedule:
         ratios, uncond = self.ratios, self.ratios_uncond
+        if ratios is None and self.calibration is not None:
+            from .calibrate import load_calibration
+
+            cal = load_calibration(self.calibration)
+            identity = model_identity(model)
+            entries = [e for e in cal.entries if e.method == "magcache" and e.model_identity == identity]
+            if not entries:
+                raise ValueError(f"MagCacheConfig.calibration={self.calibration!r} has no MagCache entry for "
+                                 f"{identity}; calibrate this model with calibrate_magcache(...).")
+            by_steps = {e.num_steps: (tuple(e.table["cond"]), tuple(e.table["uncond"]) if e.table.get("uncond")
+                                      else None) for e in entries}
+            longest = by_steps[max(by_steps, key=lambda n: n or 0)]
+            return MagCacheSchedule(self, longest[0], longest[1], by_steps)
         if ratios is None:
             table = lookup_table("magcache", model)
             if table is None:
@@ -59,9 +75,12 @@ class MagCacheConfig(MethodConfig):
 class MagCacheSchedule(Schedule):
     granularity = Granularity.STACK
 
-    def __init__(self, config: MagCacheConfig, ratios: tuple, ratios_uncond: tuple | None):
+    def __init__(self, config: MagCacheConfig, ratios: tuple, ratios_uncond: tuple | None,
+                 by_steps: dict | None = None):
         self.config = config
         self.ratios, self.ratios_uncond = ratios, ratios_uncond
+        self._by_steps = by_steps or {}  # calibrated step count -> (ratios, ratios_uncond), from a calibration file
+        self._default = (ratios, ratios_uncond)
         self.probe_blocks, self.tail_blocks = config.probe_blocks, config.tail_blocks
         self.name = "magcache"
         self._state: dict[str, list[float]] = {}
@@ -71,6 +90,8 @@ class MagCacheSchedule(Schedule):
         self._state = {}
         self._curves = {}
         self._num_steps = generation.num_steps
+        # a table calibrated for exactly this step count, else the default (interpolated to the step count)
+        self.ratios, self.ratios_uncond = self._by_steps.get(generation.num_steps, self._default)
 
     def _curve(self, branch: str, num_steps: int) -> list[float]:
         curve = self._curves.get(branch)

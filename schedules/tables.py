@@ -39,3 +39,8 @@ def lookup_table(kind: str, model: nn.Module, variant: str = "default") -> Any |
 
 def known_identities(kind: str) -> list[str]:
     return sorted({ident for (k, ident, _v) in _TABLES if k == kind})
+
+
+def known_variants(kind: str, identity: str) -> list[str]:
+    """Variants registered for one identity (e.g. "480p" / "720p" where one architecture has several tables)."""
+    return sorted(v for (k, ident, v) in _TABLES if k == kind and ident == identity)

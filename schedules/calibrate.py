@@ -1,0 +1,451 @@
+"""Calibration users can run: MagCache magnitude ratios, TeaCache polynomial coefficients, and target resolution.
+
+    from dcache.schedules.calibrate import calibrate_magcache, calibrate_teacache, load_calibration
+    run = lambda: pipe(labels=[0, 1, 2, 3], num_inference_steps=28)       # any callable running ONE generation
+    ratios = calibrate_magcache(pipe, run, path="cal.json")           # {"cond": [1.0, g1, ...], "uncond": [...]}
+    coeffs = calibrate_teacache(pipe, [run_a, run_b, run_c], path="cal.json")
+    dcache.apply(pipe, "magcache", calibration="cal.json")            # or: load_calibration("cal.json").register()
+
+Each calibration runs the pipeline uncached with an all-compute recording schedule and reads the per-call signals
+the engine records (`handle.engine.record.calls[i].signals`):
+  * MagCache: gamma_i = RESIDUAL_NORM_RATIO = mean over tokens ||R_i|| / ||R_{i-1}|| of the stack residual, per
+    branch, prefixed with 1.0, rounded to 5 decimals, averaged over runs (ALGORITHMS.md §1e).
+  * TeaCache: x_i = MODULATED_REL_L1 (first block's modulated input vs the previous call of the branch) and
+    y_i = relL1 of the stack output vs the previous call = OUTPUT_DELTA_i / OUTPUT_MEAN_{i-1}; the coefficients are
+    numpy.polyfit(x, y, 4) over every (x, y) of every run and branch (§2e).
+
+Calibration file (JSON, written atomically, merged with what the file already holds):
+{
+  "format": "dcache.calibration", "version": 1,
+  "entries": [{"method": "magcache", "model_identity": "FluxTransformer2DModel(num_layers=2,...)",
+               "model_class": "FluxTransformer2DModel", "scheduler": "FlowMatchEulerDiscreteScheduler",
+               "num_steps": 28, "resolution": [64, 32], "table": {...}, "runs": 1, "provenance": {...}}]
+}
+An entry is keyed by (method, model identity, scheduler, steps, resolution = the [tokens, width] entering the first
+block); saving an entry with the same key replaces it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+import dcache
+from dcache import Action, CallContext, Granularity, Schedule, Signal
+from dcache.plan import atomic_write_text
+
+from .tables import model_identity, register_table
+
+CALIBRATION_FORMAT = "dcache.calibration"
+CALIBRATION_VERSION = 1
+
+RunFn = Callable[[], Any]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The file
+# ------------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class CalibrationEntry:
+    method: str  # the table kind: "magcache" | "teacache"
+    model_identity: str
+    model_class: str
+    table: Any
+    num_steps: int | None = None
+    scheduler: str | None = None
+    resolution: list[int] | None = None
+    runs: int = 1
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def key(self) -> tuple:
+        return (self.method, self.model_identity, self.scheduler, self.num_steps,
+                tuple(self.resolution) if self.resolution else None)
+
+
+@dataclass
+class CalibrationFile:
+    entries: list[CalibrationEntry] = field(default_factory=list)
+    source: str = "calibration"
+
+    def find(self, method: str, *, model: nn.Module | None = None, identity: str | None = None,
+             num_steps: int | None = None, resolution: Sequence[int] | None = None) -> CalibrationEntry | None:
+        """The entry for (method, model); among several, the one matching num_steps / resolution best, else the one
+        with the most steps (nearest-step interpolation loses least from the longest table)."""
+        if identity is None and model is not None:
+            identity = model_identity(model)
+        found = [e for e in self.entries if e.method == method and (identity is None or e.model_identity == identity)]
+        if not found:
+            return None
+
+        def score(e: CalibrationEntry) -> tuple:
+            return (num_steps is not None and e.num_steps == num_steps,
+                    resolution is not None and e.resolution is not None and list(e.resolution) == list(resolution),
+                    -abs((e.num_steps or 0) - num_steps) if num_steps is not None else 0,
+                    e.num_steps or 0)
+
+        return max(found, key=score)
+
+    def register(self, *, variant: str = "default") -> list[tuple[str, str]]:
+        """Register every entry's table with `register_table(method, identity, table)`; returns (method, identity)."""
+        done = []
+        for e in sorted(self.entries, key=lambda e: e.num_steps or 0):  # the longest table ends up registered
+            register_table(e.method, e.model_identity, e.table, variant=variant)
+            done.append((e.method, e.model_identity))
+        return done
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": CALIBRATION_FORMAT, "version": CALIBRATION_VERSION,
+                "entries": [asdict(e) for e in self.entries]}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "calibration") -> "CalibrationFile":
+        if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
+            raise ValueError(f"{source} is not a dcache calibration file (missing \"format\": "
+                             f"\"{CALIBRATION_FORMAT}\"); write one with calibrate_magcache / calibrate_teacache.")
+        if data.get("version") != CALIBRATION_VERSION:
+            raise ValueError(f"{source} has calibration version {data.get('version')!r}; this dcache reads version "
+                             f"{CALIBRATION_VERSION}. Recalibrate or upgrade dcache.")
+        entries = []
+        known = set(CalibrationEntry.__dataclass_fields__)
+        for i, raw in enumerate(data.get("entries", [])):
+            if not isinstance(raw, dict) or not {"method", "model_identity", "model_class", "table"} <= set(raw):
+                raise ValueError(f"{source}: entry {i} lacks method / model_identity / model_class / table; the file "
+                                 f"is corrupted or hand-edited. Recalibrate.")
+            unknown = set(raw) - known
+            if unknown:
+                raise ValueError(f"{source}: entry {i} has unknown fields {sorted(unknown)}; it was written by "
+                                 f"another version.")
+            entries.append(CalibrationEntry(**raw))
+        return cls(entries, source)
+
+
+def load_calibration(path: str | os.PathLike, *, register: bool = False) -> CalibrationFile:
+    """Read a calibration file; with register=True also register its tables for their model identities."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"calibration file {str(path)!r} does not exist; write one with calibrate_magcache(...) or "
+                         f"calibrate_teacache(..., path={str(path)!r}).")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"calibration file {str(path)!r} is not valid JSON ({exc}); it is corrupted or truncated, "
+                         f"recalibrate.") from None
+    cal = CalibrationFile.from_dict(data, source=f"calibration file {str(path)!r}")
+    if register:
+        cal.register()
+    return cal
+
+
+def save_calibration(path: str | os.PathLike, entry: CalibrationEntry) -> Path:
+    """Add `entry` to the file at `path` (replacing an entry with the same key), atomically."""
+    path = Path(path)
+    cal = load_calibration(path) if path.is_file() else CalibrationFile(source=str(path))
+    cal.entries = [e for e in cal.entries if e.key() != entry.key()] + [entry]
+    return cal.save(path)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Recording uncached runs
+# ------------------------------------------------------------------------------------------------------------------
+
+class RecordingSchedule(Schedule):
+    """Computes everything and asks the engine for `signals` (so they land in the generation record)."""
+
+    granularity = Granularity.STACK
+
+    def __init__(self, signals: Iterable[Signal]):
+        self.signals = frozenset(signals)
+        self.name = "calibration"
+
+    def decide(self, ctx: CallContext) -> Action:
+        return Action.COMPUTE
+
+
+@dataclass
+class Recording:
+    """Per run, per branch (canonical names "cond" / "uncond" / ...), the signal dicts of the calls in step order."""
+
+    runs: list[dict[str, list[dict[str, float]]]]
+    model_identity: str
+    model_class: str
+    num_steps: int | None
+    scheduler: str | None
+    resolution: list[int] | None
+
+
+def _canonical_branches(names: list[str]) -> dict[str, str]:
+    """cond / uncond stay; one branch (call0, cond_uncond) becomes "cond"; call0 / call1 become cond / uncond."""
+    if "cond" in names or "uncond" in names:
+        return {n: n for n in names}
+    mapping = {}
+    for i, n in enumerate(names):
+        mapping[n] = ("cond", "uncond")[i] if i < 2 else n
+    return mapping
+
+
+def _as_run_fns(run_fn: RunFn | Sequence[RunFn], runs: int) -> list[RunFn]:
+    fns = list(run_fn) if isinstance(run_fn, (list, tuple)) else [run_fn]
+    if not fns or not all(callable(f) for f in fns):
+        raise ValueError("run_fn must be a callable that runs one uncached generation (e.g. "
+                         "`lambda: pipe(labels=[0, 1], num_inference_steps=28)`) or a list of such callables.")
+    if runs < 1:
+        raise ValueError(f"runs={runs} must be >= 1 (how many times each run_fn is called).")
+    return [f for _ in range(runs) for f in fns]
+
+
+def record_signals(target: Any, run_fn: RunFn | Sequence[RunFn], signals: Iterable[Signal], *, runs: int = 1,
+                   num_steps: int | None = None) -> Recording:
+    """Run every run_fn with an all-compute recording schedule and collect the per-call signals."""
+    fns = _as_run_fns(run_fn, runs)
+    handle = dcache.apply(target, RecordingSchedule(signals), num_steps=num_steps)
+    engine = handle.engine
+    records = []
+    try:
+        for fn in fns:
+            before = engine.generations
+            fn()
+            started = engine.generations - before
+            if started != 1 or engine.record is None or not engine.record.calls:
+                raise ValueError(f"a calibration run_fn must run exactly one generation, but it ran {started}. Pass "
+                                 f"one callable per generation (a list), or for a bare transformer pass num_steps=N.")
+            records.append(engine.record)
+    finally:
+        handle.remove()  # flushes the last call's post-compute signals into its record
+    transformer = engine.transformer
+    scheduler = getattr(target, "scheduler", None)
+    last = records[-1]
+    runs_out = []
+    for rec in records:
+        names = rec.branches()
+        mapping = _canonical_branches(names)
+        per_branch: dict[str, list[dict[str, float]]] = {}
+        for call in rec.calls:
+            per_branch.setdefault(mapping[call.branch], []).append(dict(call.signals))
+        runs_out.append(per_branch)
+    return Recording(runs_out, model_identity(transformer), type(transformer).__name__,
+                     last.num_steps or (max(c.step for c in last.calls) + 1),
+                     type(scheduler).__name__ if scheduler is not None else None,
+                     list(last.input_shape[1:]) if last.input_shape else None)
+
+
+def _finish(rec: Recording, method: str, table: Any, path: str | os.PathLike | None, register: bool,
+            extra: dict[str, Any]) -> None:
+    if register:
+        register_table(method, rec.model_identity, table)
+    if path is not None:
+        entry = CalibrationEntry(method=method, model_identity=rec.model_identity, model_class=rec.model_class,
+                                 table=table, num_steps=rec.num_steps, scheduler=rec.scheduler,
+                                 resolution=rec.resolution, runs=len(rec.runs),
+                                 provenance={"created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                             "dcache": dcache.__version__, **extra})
+        save_calibration(path, entry)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# MagCache
+# ------------------------------------------------------------------------------------------------------------------
+
+def calibrate_magcache(target: Any, run_fn: RunFn | Sequence[RunFn], *, runs: int = 1, num_steps: int | None = None,
+                       path: str | os.PathLike | None = None, register: bool = True,
+                       decimals: int = 5) -> dict[str, list[float]]:
+    """Magnitude ratios per branch, {"cond": [1.0, g1, ...], "uncond": [...]}, from uncached runs.
+
+    target:   a pipeline or a transformer (then pass num_steps); run_fn: callable(s) running one generation each.
+    path:     also write/merge the calibration file; register: make it the model's MagCache table right away.
+    """
+    rec = record_signals(target, run_fn, {Signal.RESIDUAL_NORM_RATIO}, runs=runs, num_steps=num_steps)
+    key = Signal.RESIDUAL_NORM_RATIO.value
+    table: dict[str, list[float]] = {}
+    for branch in rec.runs[0]:
+        curves = []
+        for run in rec.runs:
+            calls = run.get(branch, [])
+            curves.append([1.0 if i == 0 else float(c.get(key, 1.0)) for i, c in enumerate(calls)])
+        length = min(len(c) for c in curves)
+        mean = np.mean([c[:length] for c in curves], axis=0)
+        table[branch] = [round(float(g), decimals) for g in mean]
+    _finish(rec, "magcache", table, path, register, {"signal": key})
+    return table
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# TeaCache
+# ------------------------------------------------------------------------------------------------------------------
+
+def teacache_points(rec: Recording) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) pairs: modulated-input relL1 and stack-output relL1 between consecutive calls of a branch."""
+    xs, ys = [], []
+    for run in rec.runs:
+        for calls in run.values():
+            for prev, cur in zip(calls, calls[1:]):
+                x = cur.get(Signal.MODULATED_REL_L1.value)
+                delta = cur.get(Signal.OUTPUT_DELTA.value)
+                mean = prev.get(Signal.OUTPUT_MEAN.value)
+                if x is None or delta is None or not mean:
+                    continue
+                xs.append(x)
+                ys.append(delta / mean)
+    return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+
+
+def calibrate_teacache(target: Any, run_fn: RunFn | Sequence[RunFn], *, runs: int = 1, num_steps: int | None = None,
+                       path: str | os.PathLike | None = None, register: bool = True,
+                       threshold: float | None = None) -> dict[str, Any]:
+    """TeaCache coefficients (numpy.polyfit(x, y, 4), highest power first) from uncached runs.
+
+    Returns {"coefficients": [...], "points": n, "x_range": [lo, hi], "fit_rel_error": mean|fit - y| / mean|y|}
+    (plus "threshold" when given: it becomes the table's recommended threshold). Several runs (different prompts /
+    seeds) give a steadier fit: TeaCache's authors used 70 prompts.
+    """
+    signals = {Signal.MODULATED_REL_L1, Signal.OUTPUT_DELTA, Signal.OUTPUT_MEAN}
+    rec = record_signals(target, run_fn, signals, runs=runs, num_steps=num_steps)
+    x, y = teacache_points(rec)
+    if len(x) < 5:
+        raise ValueError(f"TeaCache calibration found only {len(x)} (x, y) points; run more steps (>= 6 per run) or "
+                         f"more runs.")
+    coefficients = np.polyfit(x, y, 4)
+    fit = np.polyval(coefficients, x)
+    table: dict[str, Any] = {
+        "coefficients": [float(c) for c in coefficients],
+        "points": int(len(x)),
+        "x_range": [float(x.min()), float(x.max())],
+        "fit_rel_error": float(np.abs(fit - y).mean() / max(np.abs(y).mean(), 1e-12)),
+    }
+    if threshold is not None:
+        table["threshold"] = float(threshold)
+    _finish(rec, "teacache", table, path, register, {"signals": sorted(s.value for s in signals)})
+    return table
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Target resolution: sweep a method's main knob, pick the fastest setting that meets a speed or quality target
+# ------------------------------------------------------------------------------------------------------------------
+
+# method -> (knob, grid from conservative to aggressive)
+MAIN_KNOBS: dict[str, tuple[str, tuple]] = {
+    "magcache": ("threshold", (0.02, 0.04, 0.06, 0.1, 0.15, 0.24, 0.4, 0.6)),
+    "teacache": ("threshold", (0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 1.2)),
+    "fbcache": ("threshold", (0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.4)),
+    "easycache": ("threshold", (0.01, 0.02, 0.035, 0.05, 0.08, 0.12, 0.2, 0.3)),
+    "cg_taylor": ("threshold", (0.01, 0.02, 0.03, 0.05, 0.08, 0.13, 0.2, 0.36)),
+    "taylorseer": ("interval", (2, 3, 4, 5, 6, 7, 8)),
+    "fora": ("interval", (2, 3, 4, 5, 6, 7)),
+    "fixed_interval": ("interval", (2, 3, 4, 5, 6)),
+    "delta_dit": ("interval", (2, 3, 4, 5, 6)),
+    "pab": ("spatial_range", (2, 3, 4, 5, 6)),
+}
+
+
+@dataclass
+class TargetResult:
+    method: str
+    knob: str
+    value: Any  # None when no setting met the target
+    config: Any  # the chosen MethodConfig (None when none met the target)
+    met: bool
+    sweep: list[dict[str, float]]  # per grid value: value, compute_ratio, ideal_speedup, psnr
+
+
+def _parse_target(speed: str | float | None, quality: str | None) -> tuple[str, float]:
+    if (speed is None) == (quality is None):
+        raise ValueError("pass exactly one target: speed='2x' (ideal speed-up >= 2) or quality='psnr>=30'.")
+    if speed is not None:
+        text = str(speed).strip().lower().rstrip("x")
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"speed={speed!r} must look like '2x' or 2.0 (ideal speed-up).") from None
+        if value < 1.0:
+            raise ValueError(f"speed={speed!r} must be >= 1x.")
+        return "speed", value
+    text = str(quality).replace(" ", "").lower()
+    if not text.startswith("psnr>="):
+        raise ValueError(f"quality={quality!r} must look like 'psnr>=30' (dB vs the uncached output).")
+    try:
+        return "psnr", float(text[len("psnr>="):])
+    except ValueError:
+        raise ValueError(f"quality={quality!r} must look like 'psnr>=30'.") from None
+
+
+def psnr(output: torch.Tensor, reference: torch.Tensor, data_range: float | None = None) -> float:
+    """Peak signal-to-noise ratio in dB; data_range defaults to 1.0 for [0, 1] data, else the reference's range."""
+    out, ref = output.detach().float(), reference.detach().float()
+    if data_range is None:
+        lo, hi = float(ref.min()), float(ref.max())
+        data_range = 1.0 if lo >= 0.0 and hi <= 1.0 else max(hi - lo, 1e-12)
+    mse = float(((out - ref) ** 2).mean())
+    return float("inf") if mse == 0 else 10.0 * math.log10(data_range ** 2 / mse)
+
+
+def _output_tensor(result: Any) -> torch.Tensor:
+    for attr in ("images", "frames", "sample"):
+        value = getattr(result, attr, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    if isinstance(result, (tuple, list)) and result and isinstance(result[0], torch.Tensor):
+        return result[0]
+    if isinstance(result, torch.Tensor):
+        return result
+    if isinstance(result, np.ndarray):
+        return torch.from_numpy(result)
+    raise TypeError(f"run_fn must return a tensor (or a pipeline output with tensor .images), got "
+                    f"{type(result).__name__}; call the pipeline with output_type='pt'.")
+
+
+def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | float | None = None,
+                   quality: str | None = None, reference_fn: RunFn | None = None, grid: Sequence | None = None,
+                   num_steps: int | None = None, **fixed: Any) -> TargetResult:
+    """Sweep `method`'s main knob over `grid` and pick the fastest setting meeting the target.
+
+    speed="2x":       among settings with ideal speed-up >= 2, the one with the best PSNR (the least lossy way to
+                      be that fast);
+    quality="psnr>=30": the setting with the highest ideal speed-up whose PSNR vs the uncached output is >= 30 dB.
+    run_fn runs one generation and returns its output (tensor, or pipeline output with .images); reference_fn
+    (default run_fn without caching) gives the uncached output. `fixed` are other knobs of the method.
+    """
+    kind, goal = _parse_target(speed, quality)
+    if method not in MAIN_KNOBS and grid is None:
+        raise ValueError(f"no main knob known for {method!r} (known: {sorted(MAIN_KNOBS)}); pass grid=[...] and "
+                         f"name the knob with knob=... in MAIN_KNOBS.")
+    knob_name, default_grid = MAIN_KNOBS[method]
+    values = list(grid) if grid is not None else list(default_grid)
+    transformer = target if isinstance(target, nn.Module) and not hasattr(target, "scheduler") else getattr(
+        target, "transformer", None)
+    if getattr(transformer, "_dcache_engine", None) is not None:
+        raise RuntimeError("resolve_target needs the model without dcache applied; remove the handle first.")
+    reference = _output_tensor((reference_fn or run_fn)())
+    sweep: list[dict[str, float]] = []
+    configs: list[Any] = []
+    for value in values:
+        config = dcache.config_for(method, **{**fixed, knob_name: value})
+        handle = dcache.apply(target, config, num_steps=num_steps)
+        try:
+            out = _output_tensor(run_fn())
+            stats = handle.stats()
+        finally:
+            handle.remove()
+        sweep.append({"value": value, "compute_ratio": stats.compute_ratio, "ideal_speedup": stats.ideal_speedup,
+                      "psnr": psnr(out, reference)})
+        configs.append(config)
+    if kind == "speed":
+        ok = [i for i, row in enumerate(sweep) if row["ideal_speedup"] >= goal]
+        best = max(ok, key=lambda i: (sweep[i]["psnr"], -sweep[i]["compute_ratio"])) if ok else None
+    else:
+        ok = [i for i, row in enumerate(sweep) if row["psnr"] >= goal]
+        best = max(ok, key=lambda i: (sweep[i]["ideal_speedup"], sweep[i]["psnr"])) if ok else None
+    if best is None:
+        return TargetResult(method, knob_name, None, None, False, sweep)
+    return TargetResult(method, knob_name, values[best], configs[best], True, sweep)

@@ -1,0 +1,75 @@
+"""CG-Taylor (confidence-gated Taylor, ALGORITHMS.md §9.2): forecast the stack when the probe block's forecast is good.
+
+The first block (the probe) always runs. The engine keeps a Taylor table of the probe residual r1 = block0(h0) - h0
+(refreshed at computed calls) and measures, before each decision,
+    err = relL1(r1, Taylor forecast of r1 at this step)            (Signal.FORECAST_ERROR)
+If err < threshold the rest of the stack is FORECAST: its residual is the Taylor extrapolation (order O) of the
+residuals of blocks 1..L-1 recorded at computed steps, added to the probe output. Otherwise blocks 1..L-1 run and
+both tables are refreshed. The first `warmup_steps` (the reference gates from step 5 on: "cnt > 4") and the last
+`cutoff_steps` steps always compute; so do calls before the probe table holds two computed steps.
+
+dcache forecasts the residual of blocks 1..L-1 and adds it to the current probe output (the reference forecasts the
+last block's output itself); one Taylor table of the residual per branch plus one of the probe residual:
+2 * (order + 1) tensors per branch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob
+from dcache import register_method, register_preset
+
+
+@register_method
+@dataclass(frozen=True)
+class CGTaylorConfig(MethodConfig):
+    method = "cg_taylor"
+    threshold: float = knob(0.03, low=0.0, high=100.0, doc="gate: forecast the stack while the probe block's Taylor "
+                                                           "forecast error (relL1) is below this (FLUX 0.03; Wan 0.36)")
+    order: int = knob(1, low=1, high=8, doc="O: Taylor order of the stack and probe forecasts")
+    warmup_steps: int = knob(5, low=2, high=100_000, doc="first steps always computed (the reference gates from step "
+                                                         "5 on)")
+    cutoff_steps: int = knob(1, low=0, high=100_000, doc="last steps always computed")
+    probe_blocks: int = knob(1, low=1, high=1000, doc="front blocks always computed; their residual is forecast to "
+                                                      "gate")
+    max_forecast_steps: int = knob(-1, low=-1, high=100_000, doc="most forecast steps in a row (-1 = no limit)")
+
+    def build(self, model: nn.Module) -> Schedule:
+        return CGTaylorSchedule(self)
+
+
+class CGTaylorSchedule(Schedule):
+    granularity = Granularity.STACK
+    signals = frozenset({Signal.FORECAST_ERROR})
+
+    def __init__(self, config: CGTaylorConfig):
+        self.config = config
+        self.probe_blocks = config.probe_blocks
+        self.forecast_order = config.order
+        self.name = "cg_taylor"
+        self._run: dict[str, int] = {}
+
+    def reset(self, generation: GenerationInfo) -> None:
+        self._run = {}
+
+    def decide(self, ctx: CallContext) -> Action:
+        c = self.config
+        n = ctx.num_steps
+        err = ctx.signals.get(Signal.FORECAST_ERROR)
+        run = self._run.get(ctx.branch, 0)
+        forced = ctx.step < c.warmup_steps or (n is not None and ctx.step >= n - c.cutoff_steps)
+        if not forced and err is not None and err < c.threshold and (c.max_forecast_steps < 0
+                                                                     or run < c.max_forecast_steps):
+            self._run[ctx.branch] = run + 1
+            return Action.FORECAST
+        self._run[ctx.branch] = 0
+        return Action.COMPUTE
+
+    def config_dict(self) -> dict:
+        return self.config.to_dict()
+
+
+register_preset("cg-taylor-wan", "cg_taylor", "Wan2.1 reference gate 0.36", threshold=0.36)

@@ -1,0 +1,52 @@
+"""Fixed-interval baseline: compute the whole stack every N steps, reuse (or forecast) its residual in between.
+
+Step s computes iff s < W or (s - W + 1) % N == 0, or s is among the last `cutoff_steps` steps; other steps return
+h_in + R (R = the stack residual of the last computed step of the branch), or with forecast_order > 0 the Taylor
+forecast of R. The simplest step-skipping baseline that dynamic schedules must beat at equal compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from dcache import Action, CallContext, Granularity, MethodConfig, Schedule, knob, register_method
+
+from .taylorseer import full_step
+
+
+@register_method
+@dataclass(frozen=True)
+class FixedIntervalConfig(MethodConfig):
+    method = "fixed_interval"
+    interval: int = knob(2, low=1, high=1000, doc="N: compute every N-th step (1 = never reuse)")
+    warmup_steps: int = knob(1, low=1, high=100_000, doc="first steps always computed")
+    cutoff_steps: int = knob(1, low=0, high=100_000, doc="last steps always computed")
+    forecast_order: int = knob(0, low=0, high=8, doc="0 = reuse the residual; > 0 = Taylor forecast of this order")
+    probe_blocks: int = knob(0, low=0, high=1000, doc="front blocks always computed")
+    tail_blocks: int = knob(0, low=0, high=1000, doc="back blocks always computed")
+
+    def build(self, model: nn.Module) -> Schedule:
+        return FixedIntervalSchedule(self)
+
+
+class FixedIntervalSchedule(Schedule):
+    granularity = Granularity.STACK
+    signals = frozenset()
+
+    def __init__(self, config: FixedIntervalConfig):
+        self.config = config
+        self.forecast_order = config.forecast_order
+        self.probe_blocks, self.tail_blocks = config.probe_blocks, config.tail_blocks
+        self.name = "fixed_interval"
+
+    def decide(self, ctx: CallContext) -> Action:
+        c = self.config
+        n = ctx.num_steps
+        if full_step(ctx.step, c.warmup_steps, c.interval) or (n is not None and ctx.step >= n - c.cutoff_steps):
+            return Action.COMPUTE
+        return Action.FORECAST if c.forecast_order > 0 else Action.REUSE
+
+    def config_dict(self) -> dict:
+        return self.config.to_dict()

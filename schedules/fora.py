@@ -1,0 +1,54 @@
+"""FORA (fast-forward caching, ALGORITHMS.md §11): static module-level reuse every N steps.
+
+Step s computes everything iff s < W or (s - W + 1) % N == 0 (with the default W = 1: steps 0, N, 2N, ...); on the
+N - 1 steps in between each block's attention and feed-forward outputs are reused from the last full step. The
+blocks' norms, AdaLN gates and residual adds still run with the current timestep, so the reuse is "output before the
+gate", as in the reference ([TS] cal_type "original/FORA": only step 0 forced, then full every N).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from dcache import Action, CallContext, Granularity, MethodConfig, Schedule, knob, register_method, register_preset
+
+from .taylorseer import full_step
+
+
+@register_method
+@dataclass(frozen=True)
+class FORAConfig(MethodConfig):
+    method = "fora"
+    interval: int = knob(3, low=1, high=1000, doc="N: one full step, then N-1 steps reusing the module outputs "
+                                                  "(FLUX.1-dev: N=3 -> 2.82x FLOPs, N=7 -> 5.55x)")
+    warmup_steps: int = knob(1, low=1, high=100_000, doc="first steps always computed")
+    cutoff_steps: int = knob(0, low=0, high=100_000, doc="last steps always computed (0 = the cadence decides)")
+    granularity: str = knob("module", choices=("module", "block"),
+                            doc="what is reused: attention / MLP module outputs (FORA) or whole block residuals")
+
+    def build(self, model: nn.Module) -> Schedule:
+        return FORASchedule(self)
+
+
+class FORASchedule(Schedule):
+    signals = frozenset()
+
+    def __init__(self, config: FORAConfig):
+        self.config = config
+        self.granularity = Granularity(config.granularity)
+        self.name = "fora"
+
+    def decide(self, ctx: CallContext) -> Action:
+        c = self.config
+        n = ctx.num_steps
+        if full_step(ctx.step, c.warmup_steps, c.interval) or (n is not None and ctx.step >= n - c.cutoff_steps):
+            return Action.COMPUTE
+        return Action.REUSE
+
+    def config_dict(self) -> dict:
+        return self.config.to_dict()
+
+
+register_preset("fora-7", "fora", "aggressive FORA: N=7 (5.55x FLOPs on FLUX.1-dev, visible quality loss)", interval=7)
