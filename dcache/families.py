@@ -163,6 +163,24 @@ def _kandinsky5_modulated_input(block, args):
     return block.self_attention_norm(args["visual_embed"]) * (scale + 1.0) + shift
 
 
+def _nucleus_moe_modulated_input(block, args):
+    # img_mod(temb) [B, 4*D] -> (scale1, gate1, scale2, gate2) each [B, 1, D]; attention input = norm(h)*(1+scale1).
+    scale1 = block.img_mod(args["temb"]).unsqueeze(1).chunk(4, dim=-1)[0]
+    return block.pre_attn_norm(args[HIDDEN]) * (1 + scale1)
+
+
+def _prx_modulated_input(block, args):
+    # modulation(temb) -> ((shift, scale, gate) attention, (shift, scale, gate) MLP), each [B, 1, D].
+    shift, scale, _ = block.modulation(args["temb"])[0]
+    return (1 + scale) * block.img_pre_norm(args[HIDDEN]) + shift
+
+
+def _joy_image_modulated_input(block, args):
+    # img_mod(temb) -> 6 x [B, D]: (shift, scale, gate) for attention, then for the MLP.
+    shift, scale = block.img_mod(args["temb"])[:2]
+    return block.img_norm1(args[HIDDEN]) * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The registry. Order: the families the project names first, then the rest alphabetically.
 # ----------------------------------------------------------------------------------------------------------------
@@ -527,4 +545,57 @@ register_adapter(Adapter(
     notes="Skipped: vace_blocks run first over the control stream and produce hints that the model adds after "
           "some main blocks (outside the blocks, so a whole-stack residual includes them). Reusing the main "
           "stack does not skip the VACE blocks.",
+))
+
+register_adapter(Adapter(
+    model_class="AnyFlowTransformer3DModel",
+    block_lists=(BlockList("blocks", encoder=None, outputs=(HIDDEN,)),),
+    modules=("attn1", "attn2", "ffn"),
+    modulated_input=_time_embedding("temb"),
+    notes="Wan-style blocks with per-token modulation: temb = timestep_proj [B, L, 6, D] (from t and r).",
+))
+
+register_adapter(Adapter(
+    model_class="JoyImageEditTransformer3DModel",
+    block_lists=(BlockList("double_blocks", outputs=(HIDDEN, ENCODER)),),
+    modules=("attn", "img_mlp", "txt_mlp"),
+    modulated_input=_joy_image_modulated_input,
+))
+
+register_adapter(Adapter(
+    model_class="NucleusMoEImageTransformer2DModel",
+    block_lists=(BlockList("transformer_blocks", encoder=None, outputs=(HIDDEN,)),),
+    modules=("attn", "img_mlp"),
+    modulated_input=_nucleus_moe_modulated_input,
+    notes="image tokens attend to projected text (encoder_proj inside the block); the text stream is read, not "
+          "returned. img_mlp is a routed MoE (dense in the first and last blocks).",
+))
+
+register_adapter(Adapter(
+    model_class="PRXTransformer2DModel",
+    block_lists=(BlockList("blocks", encoder=None, outputs=(HIDDEN,)),),
+    modules=("attention",),
+    modulated_input=_prx_modulated_input,
+    notes="the MLP is inline (gate/up/down projections), so only `attention` is a module unit; text is read as "
+          "attention context.",
+))
+
+register_adapter(Adapter(
+    model_class="StableAudioDiTModel",
+    block_lists=(BlockList("transformer_blocks", encoder=None, outputs=(HIDDEN,)),),
+    modules=("attn1", "attn2", "ff"),
+    modulated_input=None,
+    notes="audio DiT: the timestep enters as a prepended global token, no AdaLN; encoder_hidden_states is "
+          "cross-attention context.",
+))
+
+register_adapter(Adapter(
+    model_class="LTX2VideoTransformer3DModel",
+    # Two evolving streams: video (hidden) and audio. The audio stream takes the adapter's second stream slot
+    # (`encoder`), so reuse keeps a separate residual for it; the text contexts of both are read, not returned.
+    block_lists=(BlockList("transformer_blocks", encoder="audio_hidden_states", outputs=(HIDDEN, ENCODER)),),
+    modules=("attn1", "attn2", "ff", "audio_attn1", "audio_attn2", "audio_ff", "audio_to_video_attn",
+             "video_to_audio_attn"),
+    modulated_input=_per_token_table("temb"),
+    notes="audio + video: the ENCODER slot is the audio stream [B, L_audio, D_audio] (narrower than video).",
 ))

@@ -37,6 +37,12 @@ _KNOWN_NOT_YET: dict[str, str] = {
     "Transformer2DModel": "legacy multi-purpose class; its blocks are built in helper methods per input type "
                           "(continuous / vectorized / patched): register an adapter for the variant in use",
     "Cosmos3OmniTransformer": "mixture-of-transformers layers over (und_seq, gen_seq) streams",
+    "ErnieImageTransformer2DModel": "blocks take the stream as `x` in sequence-first layout [L, B, D]; the adapter "
+                                    "format assumes batch-first [B, L, D] (CFG batch halves, per-sample state)",
+    "Kandinsky6Transformer3DModel": "two evolving streams (vis, aud): expressible as BlockList(hidden='vis', "
+                                    "encoder='aud', outputs=(HIDDEN, ENCODER)), not yet checked on a tiny model",
+    "WanAnimateTransformer3DModel": "Wan blocks (encoder=None) plus face-adapter cross-attention applied between "
+                                    "some blocks; not yet checked on a tiny model (motion/face encoders)",
 }
 
 

@@ -206,6 +206,22 @@ def _hunyuan_video():
     return make_model, make_inputs
 
 
+@_register("hunyuan_video_i2v", "HunyuanVideoTransformer3DModel",
+           notes="image_condition_type='token_replace': TokenReplace block classes, first-frame tokens modulated "
+                 "with t = 0")
+def _hunyuan_video_i2v():
+    make_model, make_inputs = _hunyuan_video()
+
+    def make_i2v_model():
+        return _build(_diffusers("HunyuanVideoTransformer3DModel"), in_channels=4, out_channels=4,
+                      num_attention_heads=2, attention_head_dim=16, num_layers=2, num_single_layers=2,
+                      num_refiner_layers=1, mlp_ratio=2.0, patch_size=2, patch_size_t=1, guidance_embeds=True,
+                      text_embed_dim=24, pooled_projection_dim=16, rope_axes_dim=(4, 6, 6),
+                      image_condition_type="token_replace")
+
+    return make_i2v_model, make_inputs
+
+
 @_register("hunyuan_video15", "HunyuanVideo15Transformer3DModel")
 def _hunyuan_video15():
     def make_model():
@@ -475,6 +491,21 @@ def _cogview4():
             timestep=_t(step, batch),
             original_size=size, target_size=size, crop_coords=torch.zeros(batch, 2),
         )
+
+    return make_model, make_inputs
+
+
+@_register("wan22_ti2v", "WanTransformer3DModel",
+           notes="Wan 2.2 TI2V: one timestep per token [B, L]; the first (conditioning) frame is clean, t = 0")
+def _wan22_ti2v():
+    make_model, wan_inputs = _wan_like("WanTransformer3DModel", "wan22_ti2v")
+
+    def make_inputs(step, batch=1, generator=None):
+        inputs = wan_inputs(step, batch, generator)
+        per_token = _t(step, batch)[:, None].repeat(1, 32)  # 2 frames x 4 x 4 tokens
+        per_token[:, :16] = 0.0  # first latent frame: the given image
+        inputs["timestep"] = per_token
+        return inputs
 
     return make_model, make_inputs
 
@@ -838,6 +869,128 @@ def _sana_video():
             hidden_states=_latents("sana_video", (4, 2, 8, 8), step, batch, s),  # [B, C, F, H, W] -> 32 tokens
             encoder_hidden_states=_randn("sana_video/txt", (TXT, 24), batch, s),
             timestep=_t(step, batch),
+        )
+
+    return make_model, make_inputs
+
+
+@_register("anyflow", "AnyFlowTransformer3DModel")
+def _anyflow():
+    def make_model():
+        return _build(_diffusers("AnyFlowTransformer3DModel"), patch_size=(1, 2, 2), num_attention_heads=2,
+                      attention_head_dim=16, in_channels=4, out_channels=4, text_dim=24, freq_dim=32, ffn_dim=64,
+                      num_layers=2, rope_max_seq_len=32)
+
+    def make_inputs(step, batch=1, generator=None):
+        s = _seed(generator)
+        return dict(
+            hidden_states=_latents("anyflow", (2, 4, 8, 8), step, batch, s),  # [B, F, C, H, W] -> 32 tokens
+            # one timestep per latent frame [B, F]; the flow map goes from t to the next step's r
+            timestep=_t(step, batch)[:, None].repeat(1, 2), r_timestep=_t(step + 1, batch)[:, None].repeat(1, 2),
+            encoder_hidden_states=_randn("anyflow/txt", (TXT, 24), batch, s),
+        )
+
+    return make_model, make_inputs
+
+
+@_register("joy_image_edit", "JoyImageEditTransformer3DModel")
+def _joy_image_edit():
+    def make_model():
+        return _build(_diffusers("JoyImageEditTransformer3DModel"), patch_size=[1, 2, 2], in_channels=4,
+                      hidden_size=32, num_attention_heads=2, text_dim=24, mlp_width_ratio=2.0, num_layers=2,
+                      rope_dim_list=[4, 6, 6])
+
+    def make_inputs(step, batch=1, generator=None):
+        s = _seed(generator)
+        return dict(
+            hidden_states=_latents("joy_image_edit", (4, 1, 8, 8), step, batch, s),  # [B, C, F, H, W] -> 16
+            timestep=_t(step, batch),
+            encoder_hidden_states=_randn("joy_image_edit/txt", (TXT, 24), batch, s),
+        )
+
+    return make_model, make_inputs
+
+
+@_register("nucleus_moe_image", "NucleusMoEImageTransformer2DModel")
+def _nucleus_moe_image():
+    def make_model():
+        return _build(_diffusers("NucleusMoEImageTransformer2DModel"), patch_size=2, in_channels=16,
+                      out_channels=4, num_layers=3, attention_head_dim=16, num_attention_heads=2,
+                      joint_attention_dim=24, axes_dims_rope=(4, 6, 6), num_experts=4, moe_intermediate_dim=32,
+                      dense_moe_strategy="leave_first_three_and_last_block_dense")
+
+    def make_inputs(step, batch=1, generator=None):
+        s = _seed(generator)
+        return dict(
+            hidden_states=_latents("nucleus_moe_image", (16, 16), step, batch, s),  # packed [B, 4*4, C*2*2]
+            img_shapes=[(1, 4, 4)] * batch,
+            encoder_hidden_states=_randn("nucleus_moe_image/txt", (TXT, 24), batch, s),
+            encoder_hidden_states_mask=torch.ones(batch, TXT, dtype=torch.long),
+            timestep=_t(step, batch, 1.0),
+        )
+
+    return make_model, make_inputs
+
+
+@_register("prx", "PRXTransformer2DModel")
+def _prx():
+    def make_model():
+        return _build(_diffusers("PRXTransformer2DModel"), in_channels=4, patch_size=2, context_in_dim=24,
+                      hidden_size=32, mlp_ratio=2.0, num_heads=2, depth=2, axes_dim=[8, 8])
+
+    def make_inputs(step, batch=1, generator=None):
+        s = _seed(generator)
+        return dict(
+            hidden_states=_latents("prx", (4, 8, 8), step, batch, s),  # [B, C, H, W] -> 16 tokens
+            timestep=_t(step, batch),
+            encoder_hidden_states=_randn("prx/txt", (TXT, 24), batch, s),
+        )
+
+    return make_model, make_inputs
+
+
+@_register("stable_audio", "StableAudioDiTModel")
+def _stable_audio():
+    def make_model():
+        return _build(_diffusers("StableAudioDiTModel"), sample_size=16, in_channels=4, num_layers=2,
+                      attention_head_dim=16, num_attention_heads=2, num_key_value_attention_heads=1,
+                      out_channels=4, cross_attention_dim=16, time_proj_dim=16, global_states_input_dim=16,
+                      cross_attention_input_dim=24)
+
+    def make_inputs(step, batch=1, generator=None):
+        from diffusers.models.embeddings import get_1d_rotary_pos_embed
+
+        s = _seed(generator)
+        return dict(
+            hidden_states=_latents("stable_audio", (4, 16), step, batch, s),  # [B, C, T_audio] -> 1 + 16 tokens
+            timestep=_t(step, batch, 1.0),
+            encoder_hidden_states=_randn("stable_audio/txt", (TXT, 24), batch, s),
+            global_hidden_states=_randn("stable_audio/global", (1, 16), batch, s),
+            rotary_embedding=get_1d_rotary_pos_embed(8, 17, use_real=True, repeat_interleave_real=False),
+        )
+
+    return make_model, make_inputs
+
+
+@_register("ltx2", "LTX2VideoTransformer3DModel",
+           notes="audio + video: the audio stream is the block's second returned stream (adapter `encoder` slot)")
+def _ltx2():
+    def make_model():
+        return _build(_diffusers("LTX2VideoTransformer3DModel"), in_channels=8, out_channels=8,
+                      num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32, audio_in_channels=8,
+                      audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=8,
+                      audio_cross_attention_dim=16, num_layers=2, caption_channels=24)
+
+    def make_inputs(step, batch=1, generator=None):
+        s = _seed(generator)
+        return dict(
+            hidden_states=_latents("ltx2", (32, 8), step, batch, s),  # packed video [B, F*H*W = 2*4*4, C]
+            audio_hidden_states=_latents("ltx2/audio", (12, 8), step, batch, s),  # packed audio [B, T_audio, C]
+            encoder_hidden_states=_randn("ltx2/txt", (TXT, 24), batch, s),
+            audio_encoder_hidden_states=_randn("ltx2/audio_txt", (TXT, 24), batch, s),
+            timestep=_t(step, batch), encoder_attention_mask=torch.ones(batch, TXT),
+            audio_encoder_attention_mask=torch.ones(batch, TXT),
+            num_frames=2, height=4, width=4, audio_num_frames=12,
         )
 
     return make_model, make_inputs
