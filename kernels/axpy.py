@@ -22,7 +22,7 @@ import numbers
 import torch
 
 from ._common import check_float, check_int32_size, check_output, check_same_device, contiguous
-from .backend import Backend, import_triton, resolve
+from .backend import Backend, import_triton, resolve, tile_elems
 
 BLOCK = 2048  # elements per program: 8 per thread at 8 warps (16-byte bf16 vectors, two in fp32)
 NUM_WARPS = 8
@@ -115,12 +115,13 @@ def _axpy_triton(y: torch.Tensor, x: torch.Tensor, alpha, out: torch.Tensor, op:
             "merge leading dims into fewer, longer rows or use the torch backend"
         )
     from_ptr = isinstance(alpha, torch.Tensor)
-    grid = (-(-n // BLOCK), batch)
+    block = tile_elems(BLOCK)
+    grid = (-(-n // block), batch)
     _axpy_kernel()[grid](
         y, x, out,
         alpha if from_ptr else y, 0.0 if from_ptr else alpha,
         row, head_elems, start,
-        ALPHA_FROM_PTR=from_ptr, BLOCK=BLOCK, num_warps=NUM_WARPS,
+        ALPHA_FROM_PTR=from_ptr, BLOCK=block, num_warps=NUM_WARPS,
     )
     return out
 

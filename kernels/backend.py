@@ -71,6 +71,16 @@ def interpret_mode() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+# The CPU interpreter pays per program (python overhead), not per element: under it the launchers
+# use this many times larger tiles. The kernel code is the same; only the tile constexpr changes.
+INTERPRET_TILE_SCALE = 8
+
+
+def tile_elems(gpu_elems: int) -> int:
+    """Elements per program for a launch: the GPU tuning value, or a larger one under the interpreter."""
+    return gpu_elems * INTERPRET_TILE_SCALE if interpret_mode() else gpu_elems
+
+
 @functools.cache
 def _triton_modules():
     """(triton, triton.language), or None when triton cannot be imported. Imported once, on first use."""

@@ -16,7 +16,7 @@ import functools
 import torch
 
 from ._common import EPS, check_float, check_int32_size, check_same_device, contiguous
-from .backend import Backend, import_triton, resolve
+from .backend import Backend, import_triton, resolve, tile_elems
 
 BLOCK = 4096  # elements per program; each writes one partial pair
 NUM_WARPS = 8
@@ -51,9 +51,10 @@ def _rel_l1_triton(a: torch.Tensor, b: torch.Tensor, samples: int) -> torch.Tens
     """[samples, 2] sums over contiguous, non-empty a and b viewed as [samples, n]."""
     n = a.numel() // samples
     check_int32_size("rel_l1_stats", n, "one sample of `a`")
-    n_blocks = -(-n // BLOCK)
+    block = tile_elems(BLOCK)
+    n_blocks = -(-n // block)
     partials = torch.empty(samples, n_blocks, 2, device=a.device, dtype=torch.float32)
-    _rel_l1_kernel()[(n_blocks, samples)](a, b, partials, n, n_blocks, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    _rel_l1_kernel()[(n_blocks, samples)](a, b, partials, n, n_blocks, BLOCK=block, num_warps=NUM_WARPS)
     return partials.sum(dim=1)  # fixed order: the same inputs give bit-identical sums
 
 

@@ -23,7 +23,7 @@ import functools
 import torch
 
 from ._common import EPS, check_float, check_int32_size, check_output, check_same_device, contiguous
-from .backend import Backend, import_triton, resolve
+from .backend import Backend, import_triton, resolve, tile_elems
 
 TILE = 2048        # elements per [BLOCK_ROWS, BLOCK_D] tile: 8 per thread at 8 warps (~55 registers)
 MAX_BLOCK_D = 1024  # wider rows are walked in chunks of this many columns
@@ -91,7 +91,7 @@ def _residual_capture_kernel():
 def _block_shape(D: int) -> tuple[int, int]:
     """(BLOCK_ROWS, BLOCK_D): a TILE-element tile, full rows when D <= MAX_BLOCK_D."""
     block_d = min(max(16, 1 << (D - 1).bit_length()), MAX_BLOCK_D)
-    return TILE // block_d, block_d
+    return tile_elems(TILE) // block_d, block_d
 
 
 def _residual_capture_triton(out, inp, prev, residual):

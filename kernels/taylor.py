@@ -25,7 +25,7 @@ import numbers
 import torch
 
 from ._common import check_float, check_int32_size, check_output, check_same_device, contiguous
-from .backend import Backend, import_triton, resolve
+from .backend import Backend, import_triton, resolve, tile_elems
 
 BLOCK = 2048  # elements per program
 NUM_WARPS = 8
@@ -129,8 +129,9 @@ def _taylor_update_triton(table, new, inv_dist, n_updates):
     if n == 0:
         return
     check_int32_size("taylor_update", n, "one table entry")
-    _taylor_update_kernel()[(-(-n // BLOCK),)](
-        table, new, n, inv_dist, N_UPDATES=n_updates, BLOCK=BLOCK, num_warps=NUM_WARPS
+    block = tile_elems(BLOCK)
+    _taylor_update_kernel()[(-(-n // block),)](
+        table, new, n, inv_dist, N_UPDATES=n_updates, BLOCK=block, num_warps=NUM_WARPS
     )
 
 
@@ -172,8 +173,9 @@ def _taylor_forecast_triton(table, coefs, out):
     if n == 0:
         return out
     check_int32_size("taylor_forecast", n, "one table entry")
-    _taylor_forecast_kernel()[(-(-n // BLOCK),)](
-        table, out, n, coefs, N_TERMS=len(coefs), BLOCK=BLOCK, num_warps=NUM_WARPS
+    block = tile_elems(BLOCK)
+    _taylor_forecast_kernel()[(-(-n // block),)](
+        table, out, n, coefs, N_TERMS=len(coefs), BLOCK=block, num_warps=NUM_WARPS
     )
     return out
 
