@@ -49,6 +49,9 @@ class BACConfig(MethodConfig):
     plan: str | None = knob(None, types=(str,), doc="path of a calibrated BAC plan file")
 
     def check(self) -> None:
+        from ._profiling import check_finite
+
+        check_finite(self)
         if self.bubble_depth == 0:
             raise self.invalid("bubble_depth", 0, "-1 (all) or >= 1; use bubble_quantile=1 to turn the union off",
                                "how many downstream units receive the union")

@@ -78,6 +78,11 @@ class ERTACacheConfig(MethodConfig):
     timestep_adjustment: bool = knob(True, doc="fit phi_i with a second calibration pass (pipelines only)")
     plan: str | None = knob(None, types=(str,), doc="path of a calibrated ERTACache plan file")
 
+    def check(self) -> None:
+        from ._profiling import check_finite
+
+        check_finite(self)
+
     def build(self, model: nn.Module) -> Schedule:
         if self.plan is not None:
             return ERTACacheSchedule(Plan.load(self.plan))

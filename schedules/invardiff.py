@@ -56,6 +56,9 @@ class InvarDiffConfig(MethodConfig):
     plan: str | None = knob(None, types=(str,), doc="path of a calibrated InvarDiff plan file")
 
     def check(self) -> None:
+        from ._profiling import check_finite
+
+        check_finite(self)
         for name, q in self.module_quantiles.items():
             if not isinstance(name, str) or isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 1:
                 raise self.invalid("module_quantiles", self.module_quantiles,

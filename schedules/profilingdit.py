@@ -53,6 +53,9 @@ class ProfilingDiTConfig(MethodConfig):
     plan: str | None = knob(None, types=(str,), doc="path of a calibrated ProfilingDiT plan file")
 
     def check(self) -> None:
+        from ._profiling import check_finite
+
+        check_finite(self)
         if self.step_end < self.step_start:
             raise self.invalid("step_end", self.step_end, f">= step_start={self.step_start}",
                                "caching stops at this fraction of the steps")
