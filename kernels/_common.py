@@ -59,3 +59,4 @@ def check_int32_size(op: str, n: int, what: str) -> None:
             f"{op}: {what} has {n} elements, more than the {MAX_INDEX} (about 2**31) the Triton kernel indexes; "
             "split the batch, or use the torch backend (set_backend('torch'))"
         )
+

@@ -29,9 +29,14 @@ NUM_WARPS = 8
 MAX_GRID_Y = 65535  # CUDA limit on grid dim 1 (one batch row per grid row)
 
 
+# triton.language, bound by the first kernel build (triton is imported lazily, never at import time).
+# Kernel bodies read `tl` as a module global: both triton's compiler and its CPU interpreter look there.
+tl = None
+
 @functools.cache
 def _axpy_kernel():
     """Built on first use so that `import dcache.kernels` never imports triton."""
+    global tl
     triton, tl = import_triton()
 
     @triton.jit

@@ -104,6 +104,18 @@ def import_triton():
     return modules
 
 
+def triton_sum_combine():
+    """The combine function of tl.sum: kernels sum with `tl.reduce(x, axis, sum_combine)`.
+
+    Why not tl.sum (or tl.zeros, hence tl.full in the kernels): those are themselves @triton.jit
+    functions, built once when triton is first imported. If that import came before TRITON_INTERPRET=1
+    was set (in a test session another module may import triton first), they cannot run in the CPU
+    interpreter. tl.reduce is a builtin, and the interpreter sums natively for this combine function.
+    """
+    _, tl = import_triton()
+    return tl.standard._sum_combine
+
+
 def triton_available(tensor: torch.Tensor | None = None) -> bool:
     """Whether Triton kernels can run: triton imports and (the tensor is on CUDA, or TRITON_INTERPRET=1).
 

@@ -16,16 +16,22 @@ import functools
 import torch
 
 from ._common import EPS, check_float, check_int32_size, check_same_device, contiguous
-from .backend import Backend, import_triton, resolve, tile_elems
+from .backend import Backend, import_triton, resolve, tile_elems, triton_sum_combine
 
 BLOCK = 4096  # elements per program; each writes one partial pair
 NUM_WARPS = 8
 
 
+# triton.language, bound by the first kernel build (triton is imported lazily, never at import time).
+# Kernel bodies read `tl` as a module global: both triton's compiler and its CPU interpreter look there.
+tl = sum_combine = None
+
 @functools.cache
 def _rel_l1_kernel():
     """Built on first use so that `import dcache.kernels` never imports triton."""
+    global tl, sum_combine
     triton, tl = import_triton()
+    sum_combine = triton_sum_combine()  # tl.reduce(x, axis, sum_combine) is tl.sum; see there why
 
     @triton.jit
     def rel_l1_kernel(
@@ -41,8 +47,8 @@ def _rel_l1_kernel():
         a = tl.load(a_ptr + s * n + offs, mask=mask, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + s * n + offs, mask=mask, other=0.0).to(tl.float32)
         dst = partial_ptr + (s * n_blocks + pid) * 2
-        tl.store(dst, tl.sum(tl.abs(a - b), axis=0))
-        tl.store(dst + 1, tl.sum(tl.abs(b), axis=0))
+        tl.store(dst, tl.reduce(tl.abs(a - b), 0, sum_combine))
+        tl.store(dst + 1, tl.reduce(tl.abs(b), 0, sum_combine))
 
     return rel_l1_kernel
 

@@ -23,7 +23,7 @@ import functools
 import torch
 
 from ._common import EPS, check_float, check_int32_size, check_output, check_same_device, contiguous
-from .backend import Backend, import_triton, resolve, tile_elems
+from .backend import Backend, import_triton, resolve, tile_elems, triton_sum_combine
 
 TILE = 2048        # elements per [BLOCK_ROWS, BLOCK_D] tile: 8 per thread at 8 warps (~55 registers)
 MAX_BLOCK_D = 1024  # wider rows are walked in chunks of this many columns
@@ -31,10 +31,17 @@ NUM_WARPS = 8
 N_STATS = 5
 
 
+# triton.language, bound by the first kernel build (triton is imported lazily, never at import time).
+# Kernel bodies read `tl` as a module global: both triton's compiler and its CPU interpreter look there.
+tl = sum_combine = None
+
+
 @functools.cache
 def _residual_capture_kernel():
     """Built on first use so that `import dcache.kernels` never imports triton."""
+    global tl, sum_combine
     triton, tl = import_triton()
+    sum_combine = triton_sum_combine()  # tl.reduce(x, axis, sum_combine) is tl.sum; see there why
 
     @triton.jit
     def residual_capture_kernel(
@@ -51,10 +58,10 @@ def _residual_capture_kernel():
         rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)        # [R]
         row_ok = rows < n_rows
         base = rows.to(tl.int64)[:, None] * D                     # [R, 1] element offset of each row
-        abs_diff = tl.zeros([BLOCK_ROWS, BLOCK_D], tl.float32)    # running |r - prev|
-        abs_prev = tl.zeros([BLOCK_ROWS, BLOCK_D], tl.float32)    # running |prev|
-        sq_r = tl.zeros([BLOCK_ROWS, BLOCK_D], tl.float32)        # running r^2 (row sums give ‖r_tok‖²)
-        sq_prev = tl.zeros([BLOCK_ROWS, BLOCK_D], tl.float32)     # running prev^2
+        abs_diff = tl.full([BLOCK_ROWS, BLOCK_D], 0.0, tl.float32)  # running |r - prev|
+        abs_prev = tl.full([BLOCK_ROWS, BLOCK_D], 0.0, tl.float32)  # running |prev|
+        sq_r = tl.full([BLOCK_ROWS, BLOCK_D], 0.0, tl.float32)      # running r^2 (row sums give ‖r_tok‖²)
+        sq_prev = tl.full([BLOCK_ROWS, BLOCK_D], 0.0, tl.float32)   # running prev^2
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + tl.arange(0, BLOCK_D)                     # [C]
             mask = row_ok[:, None] & (cols < D)[None, :]          # [R, C]
@@ -68,17 +75,17 @@ def _residual_capture_kernel():
                 sq_prev += p * p
             sq_r += r * r
             tl.store(res_ptr + idx, r.to(res_ptr.dtype.element_ty), mask=mask)
-        row_sq_r = tl.sum(sq_r, axis=1)                           # [R] ‖r_tok‖²
+        row_sq_r = tl.reduce(sq_r, 1, sum_combine)                # [R] ‖r_tok‖²
         stats = partial_ptr + pid * 5
-        tl.store(stats + 2, tl.sum(row_sq_r, axis=0))
+        tl.store(stats + 2, tl.reduce(row_sq_r, 0, sum_combine))
         if HAS_PREV:
-            row_sq_prev = tl.sum(sq_prev, axis=1)                 # [R] ‖prev_tok‖²
+            row_sq_prev = tl.reduce(sq_prev, 1, sum_combine)      # [R] ‖prev_tok‖²
             ratio = tl.sqrt(row_sq_r) / tl.maximum(tl.sqrt(row_sq_prev), eps)
             ratio = tl.where(row_ok, ratio, 0.0)
-            tl.store(stats + 0, tl.sum(tl.sum(abs_diff, axis=1), axis=0))
-            tl.store(stats + 1, tl.sum(tl.sum(abs_prev, axis=1), axis=0))
-            tl.store(stats + 3, tl.sum(row_sq_prev, axis=0))
-            tl.store(stats + 4, tl.sum(ratio, axis=0) * inv_rows)
+            tl.store(stats + 0, tl.reduce(abs_diff, None, sum_combine))
+            tl.store(stats + 1, tl.reduce(abs_prev, None, sum_combine))
+            tl.store(stats + 3, tl.reduce(row_sq_prev, 0, sum_combine))
+            tl.store(stats + 4, tl.reduce(ratio, 0, sum_combine) * inv_rows)
         else:
             tl.store(stats + 0, 0.0)
             tl.store(stats + 1, 0.0)

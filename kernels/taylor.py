@@ -31,9 +31,14 @@ BLOCK = 2048  # elements per program
 NUM_WARPS = 8
 
 
+# triton.language, bound by the first kernel build (triton is imported lazily, never at import time).
+# Kernel bodies read `tl` as a module global: both triton's compiler and its CPU interpreter look there.
+tl = None
+
 @functools.cache
 def _taylor_update_kernel():
     """Built on first use so that `import dcache.kernels` never imports triton."""
+    global tl
     triton, tl = import_triton()
 
     @triton.jit
@@ -62,6 +67,7 @@ def _taylor_update_kernel():
 @functools.cache
 def _taylor_forecast_kernel():
     """Built on first use so that `import dcache.kernels` never imports triton."""
+    global tl
     triton, tl = import_triton()
 
     @triton.jit
@@ -76,7 +82,7 @@ def _taylor_forecast_kernel():
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         row = table_ptr + offs
-        acc = tl.zeros([BLOCK], tl.float32)
+        acc = tl.full([BLOCK], 0.0, tl.float32)
         for k in tl.static_range(N_TERMS):
             acc += tl.load(row, mask=mask, other=0.0).to(tl.float32) * coefs[k]
             row += n
