@@ -22,7 +22,7 @@ import numbers
 import torch
 
 from ._common import check_float, check_int32_size, check_output, check_same_device, contiguous
-from .backend import Backend, import_triton, resolve, tile_elems
+from .backend import device_guard, import_triton, tile_elems, use_triton
 
 BLOCK = 2048  # elements per program: 8 per thread at 8 warps (16-byte bf16 vectors, two in fp32)
 NUM_WARPS = 8
@@ -122,12 +122,13 @@ def _axpy_triton(y: torch.Tensor, x: torch.Tensor, alpha, out: torch.Tensor, op:
     from_ptr = isinstance(alpha, torch.Tensor)
     block = tile_elems(BLOCK)
     grid = (-(-n // block), batch)
-    _axpy_kernel()[grid](
-        y, x, out,
-        alpha if from_ptr else y, 0.0 if from_ptr else alpha,
-        row, head_elems, start,
-        ALPHA_FROM_PTR=from_ptr, BLOCK=block, num_warps=NUM_WARPS,
-    )
+    with device_guard(y):
+        _axpy_kernel()[grid](
+            y, x, out,
+            alpha if from_ptr else y, 0.0 if from_ptr else alpha,
+            row, head_elems, start,
+            ALPHA_FROM_PTR=from_ptr, BLOCK=block, num_warps=NUM_WARPS,
+        )
     return out
 
 
@@ -164,6 +165,6 @@ def axpy(y: torch.Tensor, x: torch.Tensor, alpha, out: torch.Tensor | None = Non
     """out = y + alpha * x (x on the tail tokens of y if shorter); see the module docstring."""
     y, x, out = prepare("axpy", y, x, out, "y", "x")
     alpha = parse_alpha("axpy", alpha, y.device)
-    if resolve(y) is Backend.TRITON:
+    if use_triton("axpy", y, x, alpha):
         return _axpy_triton(y, x, alpha, out)
     return axpy_reference(y, x, alpha, out)

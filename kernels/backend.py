@@ -20,7 +20,7 @@ import functools
 import importlib
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from enum import Enum
 
 import torch
@@ -142,3 +142,23 @@ def resolve(tensor: torch.Tensor) -> Backend:
         )
     import_triton()  # raises with the fix when triton is missing
     return Backend.TRITON
+
+
+def use_triton(op: str, *tensors: torch.Tensor | None) -> bool:
+    """Whether `op` runs its Triton kernel on these inputs (resolve() on the first).
+
+    Both backends are for inference: the kernels record no autograd graph and the references write
+    into `out=` buffers, so an input that requires grad (with grad enabled) is refused on either.
+    """
+    given = [t for t in tensors if isinstance(t, torch.Tensor)]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in given):
+        raise ValueError(
+            f"{op}: an input requires grad, but the cache ops are inference-only (no autograd graph); "
+            "call it under torch.no_grad() or torch.inference_mode(), as diffusers pipelines do, or detach it"
+        )
+    return resolve(given[0]) is Backend.TRITON
+
+
+def device_guard(tensor: torch.Tensor):
+    """Launch on the tensor's GPU: triton launches on the *current* CUDA device otherwise."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else nullcontext()

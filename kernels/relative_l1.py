@@ -16,7 +16,7 @@ import functools
 import torch
 
 from ._common import EPS, check_float, check_int32_size, check_same_device, contiguous
-from .backend import Backend, import_triton, resolve, tile_elems, triton_sum_combine
+from .backend import device_guard, import_triton, tile_elems, triton_sum_combine, use_triton
 
 BLOCK = 4096  # elements per program; each writes one partial pair
 NUM_WARPS = 8
@@ -60,7 +60,8 @@ def _rel_l1_triton(a: torch.Tensor, b: torch.Tensor, samples: int) -> torch.Tens
     block = tile_elems(BLOCK)
     n_blocks = -(-n // block)
     partials = torch.empty(samples, n_blocks, 2, device=a.device, dtype=torch.float32)
-    _rel_l1_kernel()[(n_blocks, samples)](a, b, partials, n, n_blocks, BLOCK=block, num_warps=NUM_WARPS)
+    with device_guard(a):
+        _rel_l1_kernel()[(n_blocks, samples)](a, b, partials, n, n_blocks, BLOCK=block, num_warps=NUM_WARPS)
     return partials.sum(dim=1)  # fixed order: the same inputs give bit-identical sums
 
 
@@ -89,7 +90,7 @@ def rel_l1_stats(a: torch.Tensor, b: torch.Tensor, per_sample: bool = False) -> 
     if a.numel() == 0:
         sums = torch.zeros(samples, 2, device=a.device, dtype=torch.float32)
         return sums if per_sample else sums[0]
-    if resolve(a) is Backend.TRITON:
+    if use_triton(op, a, b):
         sums = _rel_l1_triton(contiguous(a), contiguous(b), samples)
         return sums if per_sample else sums[0]
     return rel_l1_stats_reference(a, b, per_sample)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from .axpy import _axpy_kernel, _axpy_triton, axpy_reference, prepare
-from .backend import Backend, resolve
+from .backend import use_triton
 
 _residual_apply_kernel = _axpy_kernel  # y + alpha * x on the tail, launched with alpha = 1.0
 
@@ -36,6 +36,6 @@ def residual_apply_reference(
 def residual_apply(hidden: torch.Tensor, residual: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """hidden + residual on the last residual.shape[-2] tokens; see the module docstring."""
     hidden, residual, out = prepare("residual_apply", hidden, residual, out, "hidden", "residual")
-    if resolve(hidden) is Backend.TRITON:
+    if use_triton("residual_apply", hidden, residual):
         return _residual_apply_triton(hidden, residual, out)
     return residual_apply_reference(hidden, residual, out)

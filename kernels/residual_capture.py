@@ -23,7 +23,7 @@ import functools
 import torch
 
 from ._common import EPS, check_float, check_int32_size, check_output, check_same_device, contiguous
-from .backend import Backend, import_triton, resolve, tile_elems, triton_sum_combine
+from .backend import device_guard, import_triton, tile_elems, triton_sum_combine, use_triton
 
 TILE = 2048        # elements per [BLOCK_ROWS, BLOCK_D] tile: 8 per thread at 8 warps (~55 registers)
 MAX_BLOCK_D = 1024  # wider rows are walked in chunks of this many columns
@@ -109,11 +109,12 @@ def _residual_capture_triton(out, inp, prev, residual):
     block_rows, block_d = _block_shape(D)
     n_programs = -(-n_rows // block_rows)
     partials = torch.empty(n_programs, N_STATS, device=out.device, dtype=torch.float32)
-    _residual_capture_kernel()[(n_programs,)](
-        out, inp, prev if prev is not None else out, residual, partials,
-        n_rows, D, 1.0 / n_rows, EPS,
-        HAS_PREV=prev is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=NUM_WARPS,
-    )
+    with device_guard(out):
+        _residual_capture_kernel()[(n_programs,)](
+            out, inp, prev if prev is not None else out, residual, partials,
+            n_rows, D, 1.0 / n_rows, EPS,
+            HAS_PREV=prev is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d, num_warps=NUM_WARPS,
+        )
     return partials.sum(dim=0)  # fixed order: the same inputs give bit-identical stats
 
 
@@ -165,7 +166,7 @@ def residual_capture(
         return empty, torch.zeros(N_STATS, device=out.device, dtype=torch.float32)
     out, inp = contiguous(out), contiguous(inp)
     prev = contiguous(prev) if prev is not None else None
-    if resolve(out) is Backend.TRITON:
+    if use_triton(op, out, inp, prev):
         residual = buffer if buffer is not None else torch.empty_like(out, memory_format=torch.contiguous_format)
         return residual, _residual_capture_triton(out, inp, prev, residual)
     return residual_capture_reference(out, inp, prev, buffer)

@@ -25,7 +25,7 @@ import numbers
 import torch
 
 from ._common import check_float, check_int32_size, check_output, check_same_device, contiguous
-from .backend import Backend, import_triton, resolve, tile_elems
+from .backend import device_guard, import_triton, tile_elems, use_triton
 
 BLOCK = 2048  # elements per program
 NUM_WARPS = 8
@@ -136,9 +136,10 @@ def _taylor_update_triton(table, new, inv_dist, n_updates):
         return
     check_int32_size("taylor_update", n, "one table entry")
     block = tile_elems(BLOCK)
-    _taylor_update_kernel()[(-(-n // block),)](
-        table, new, n, inv_dist, N_UPDATES=n_updates, BLOCK=block, num_warps=NUM_WARPS
-    )
+    with device_guard(table):
+        _taylor_update_kernel()[(-(-n // block),)](
+            table, new, n, inv_dist, N_UPDATES=n_updates, BLOCK=block, num_warps=NUM_WARPS
+        )
 
 
 def taylor_update_reference(table, new, dist, filled):
@@ -168,7 +169,7 @@ def taylor_update(table: torch.Tensor, new: torch.Tensor, dist, filled: int) -> 
     dist = _check_distance(op, "dist", dist, positive=True)
     _check_filled(op, filled, 0, K + 1)
     new = contiguous(new)
-    if resolve(table) is Backend.TRITON:
+    if use_triton(op, table, new):
         _taylor_update_triton(table, new, 1.0 / dist, min(filled, K))
         return min(filled + 1, K + 1)
     return taylor_update_reference(table, new, dist, filled)
@@ -180,9 +181,10 @@ def _taylor_forecast_triton(table, coefs, out):
         return out
     check_int32_size("taylor_forecast", n, "one table entry")
     block = tile_elems(BLOCK)
-    _taylor_forecast_kernel()[(-(-n // block),)](
-        table, out, n, coefs, N_TERMS=len(coefs), BLOCK=block, num_warps=NUM_WARPS
-    )
+    with device_guard(table):
+        _taylor_forecast_kernel()[(-(-n // block),)](
+            table, out, n, coefs, N_TERMS=len(coefs), BLOCK=block, num_warps=NUM_WARPS
+        )
     return out
 
 
@@ -206,7 +208,7 @@ def taylor_forecast(table: torch.Tensor, dist_ahead, filled: int, out: torch.Ten
     if out is not None:
         check_output(op, "out", out, table.shape[1:])
         check_same_device(op, table=table, out=out)
-    if resolve(table) is Backend.TRITON:
+    if use_triton(op, table):
         if out is None:
             out = torch.empty(table.shape[1:], dtype=table.dtype, device=table.device)
         return _taylor_forecast_triton(table, taylor_coefficients(dist_ahead, filled), out)

@@ -102,3 +102,12 @@ def test_import_and_torch_path_work_without_triton():
     )
     assert proc.returncode == 0, proc.stderr
     assert "ERROR:" in proc.stdout and "pip install triton" in proc.stdout, proc.stdout
+
+
+def test_inputs_that_require_grad_are_refused(backend):
+    hidden = torch.ones(1, 4, 8, requires_grad=True)
+    residual = torch.ones(1, 3, 8)
+    with pytest.raises(ValueError, match="no_grad"):
+        K.residual_apply(hidden, residual)
+    with torch.no_grad():
+        assert K.residual_apply(hidden, residual).sum().item() == 32 + 24
