@@ -44,6 +44,8 @@ class MagCacheConfig(MethodConfig):
             if table is not None and (len(table) < 1 or any(not isinstance(g, (int, float)) or g <= 0
                                                             for g in table)):
                 raise self.invalid(name, table, "a non-empty list of positive magnitude ratios")
+            if table is not None:  # lists (from JSON) and tuples compare equal after a round trip
+                object.__setattr__(self, name, tuple(float(g) for g in table))
 
     def build(self, model: nn.Module) -> Schedule:
         ratios, uncond = self.ratios, self.ratios_uncond

@@ -267,6 +267,16 @@ def test_ertacache_timestep_adjustment_scales_the_update_and_undoes(pipe, plans)
         torch.testing.assert_close(adjusted[i], x + phi[i] * (plain[i] - x), rtol=1e-6, atol=1e-6)
 
 
+def test_ertacache_output_metric_and_budget(pipe):
+    plan = calibrate_ertacache(pipe, calibration_run(pipe), metric="output", threshold=10.0, max_compute_ratio=0.5,
+                               max_consecutive=3, timestep_adjustment=False)
+    extras = plan.extras["ertacache"]
+    assert extras["metric"] == "output" and not extras["phi_fitted"]
+    for rows in plan.actions.values():  # the budget binds: at most half the steps compute, runs <= 3
+        assert sum(r == "C" for r in rows) <= STEPS // 2
+        assert "RRRR" not in "".join("R" if r != "C" else "C" for r in rows)
+
+
 def test_ertacache_all_compute_when_delta_is_zero(pipe, reference):
     plan = calibrate_ertacache(pipe, calibration_run(pipe), threshold=0.0, timestep_adjustment=False)
     assert plan.compute_ratio() == 1.0 and plan.extras["ertacache"]["delta_met"]
