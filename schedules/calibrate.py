@@ -285,6 +285,9 @@ def calibrate_magcache(target: Any, run_fn: RunFn | Sequence[RunFn], *, runs: in
 # TeaCache
 # ------------------------------------------------------------------------------------------------------------------
 
+TEACACHE_SIGNALS = frozenset({Signal.MODULATED_REL_L1, Signal.OUTPUT_DELTA, Signal.OUTPUT_MEAN})
+
+
 def teacache_points(rec: Recording) -> tuple[np.ndarray, np.ndarray]:
     """(x, y) pairs: modulated-input relL1 and stack-output relL1 between consecutive calls of a branch."""
     xs, ys = [], []
@@ -310,7 +313,7 @@ def calibrate_teacache(target: Any, run_fn: RunFn | Sequence[RunFn], *, runs: in
     (plus "threshold" when given: it becomes the table's recommended threshold). Several runs (different prompts /
     seeds) give a steadier fit: TeaCache's authors used 70 prompts.
     """
-    signals = {Signal.MODULATED_REL_L1, Signal.OUTPUT_DELTA, Signal.OUTPUT_MEAN}
+    signals = TEACACHE_SIGNALS
     rec = record_signals(target, run_fn, signals, runs=runs, num_steps=num_steps)
     x, y = teacache_points(rec)
     if len(x) < 5:
