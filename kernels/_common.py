@@ -11,6 +11,9 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # offsets of the last (partly masked) block from wrapping around.
 MAX_INDEX = 2**31 - 2**20
 
+# CUDA's limit on grid dim 1, where the kernels put batch rows / samples.
+MAX_GRID_Y = 65535
+
 # Guards divisions by a norm or a sum that can be zero (same value as torch.nn.functional.normalize).
 EPS = 1e-12
 

@@ -21,17 +21,17 @@ import numbers
 
 import torch
 
-from ._common import check_float, check_int32_size, check_output, check_same_device, contiguous
+from ._common import MAX_GRID_Y, check_float, check_int32_size, check_output, check_same_device, contiguous
 from .backend import device_guard, import_triton, tile_elems, use_triton
 
 BLOCK = 2048  # elements per program: 8 per thread at 8 warps (16-byte bf16 vectors, two in fp32)
 NUM_WARPS = 8
-MAX_GRID_Y = 65535  # CUDA limit on grid dim 1 (one batch row per grid row)
 
 
 # triton.language, bound by the first kernel build (triton is imported lazily, never at import time).
 # Kernel bodies read `tl` as a module global: both triton's compiler and its CPU interpreter look there.
 tl = None
+
 
 @functools.cache
 def _axpy_kernel():

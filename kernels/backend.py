@@ -1,6 +1,7 @@
 """Backend switch for the fused cache ops: Triton kernels on CUDA, plain torch elsewhere.
 
-Every public op in `dcache.kernels` asks `resolve(tensor)` which implementation to run:
+Every public op in `dcache.kernels` asks `resolve(tensor)` (through `use_triton`, which also refuses
+inputs that require grad: the ops are inference-only) which implementation to run:
 
     Backend.AUTO    Triton when the tensor is on CUDA and triton imports, torch otherwise (the default)
     Backend.TORCH   always the plain-torch `<op>_reference`

@@ -15,7 +15,7 @@ import functools
 
 import torch
 
-from ._common import EPS, check_float, check_int32_size, check_same_device, contiguous
+from ._common import EPS, MAX_GRID_Y, check_float, check_int32_size, check_same_device, contiguous
 from .backend import device_guard, import_triton, tile_elems, triton_sum_combine, use_triton
 
 BLOCK = 4096  # elements per program; each writes one partial pair
@@ -26,15 +26,16 @@ NUM_WARPS = 8
 # Kernel bodies read `tl` as a module global: both triton's compiler and its CPU interpreter look there.
 tl = sum_combine = None
 
+
 @functools.cache
-def _rel_l1_kernel():
+def _rel_l1_stats_kernel():
     """Built on first use so that `import dcache.kernels` never imports triton."""
     global tl, sum_combine
     triton, tl = import_triton()
     sum_combine = triton_sum_combine()  # tl.reduce(x, axis, sum_combine) is tl.sum; see there why
 
     @triton.jit
-    def rel_l1_kernel(
+    def rel_l1_stats_kernel(
         a_ptr, b_ptr,        # [S, n] each (S samples, n elements per sample)
         partial_ptr,         # [S, n_blocks, 2] float32 partial sums
         n, n_blocks,
@@ -50,18 +51,23 @@ def _rel_l1_kernel():
         tl.store(dst, tl.reduce(tl.abs(a - b), 0, sum_combine))
         tl.store(dst + 1, tl.reduce(tl.abs(b), 0, sum_combine))
 
-    return rel_l1_kernel
+    return rel_l1_stats_kernel
 
 
-def _rel_l1_triton(a: torch.Tensor, b: torch.Tensor, samples: int) -> torch.Tensor:
+def _rel_l1_stats_triton(a: torch.Tensor, b: torch.Tensor, samples: int) -> torch.Tensor:
     """[samples, 2] sums over contiguous, non-empty a and b viewed as [samples, n]."""
     n = a.numel() // samples
     check_int32_size("rel_l1_stats", n, "one sample of `a`")
+    if samples > MAX_GRID_Y:
+        raise ValueError(
+            f"rel_l1_stats: per_sample=True over {samples} samples exceeds the {MAX_GRID_Y} the launch grid "
+            "allows; reshape to fewer samples or use the torch backend"
+        )
     block = tile_elems(BLOCK)
     n_blocks = -(-n // block)
     partials = torch.empty(samples, n_blocks, 2, device=a.device, dtype=torch.float32)
     with device_guard(a):
-        _rel_l1_kernel()[(n_blocks, samples)](a, b, partials, n, n_blocks, BLOCK=block, num_warps=NUM_WARPS)
+        _rel_l1_stats_kernel()[(n_blocks, samples)](a, b, partials, n, n_blocks, BLOCK=block, num_warps=NUM_WARPS)
     return partials.sum(dim=1)  # fixed order: the same inputs give bit-identical sums
 
 
@@ -91,7 +97,7 @@ def rel_l1_stats(a: torch.Tensor, b: torch.Tensor, per_sample: bool = False) -> 
         sums = torch.zeros(samples, 2, device=a.device, dtype=torch.float32)
         return sums if per_sample else sums[0]
     if use_triton(op, a, b):
-        sums = _rel_l1_triton(contiguous(a), contiguous(b), samples)
+        sums = _rel_l1_stats_triton(contiguous(a), contiguous(b), samples)
         return sums if per_sample else sums[0]
     return rel_l1_stats_reference(a, b, per_sample)
 

@@ -35,6 +35,7 @@ NUM_WARPS = 8
 # Kernel bodies read `tl` as a module global: both triton's compiler and its CPU interpreter look there.
 tl = None
 
+
 @functools.cache
 def _taylor_update_kernel():
     """Built on first use so that `import dcache.kernels` never imports triton."""
@@ -100,7 +101,10 @@ def _check_table(op: str, table) -> int:
             "torch.empty(order + 1, *feature.shape, dtype=torch.float32, device=feature.device)"
         )
     if not table.is_contiguous():
-        raise ValueError(f"{op}: `table` is updated in place and must be contiguous; allocate it with torch.empty")
+        raise ValueError(
+            f"{op}: `table` must be contiguous (it is state that taylor_update writes in place); allocate it "
+            "with torch.empty(order + 1, *shape) and keep it"
+        )
     return table.shape[0] - 1
 
 

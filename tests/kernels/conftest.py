@@ -41,6 +41,16 @@ ATOL = {torch.float32: 1e-6, torch.bfloat16: 1e-5, torch.float16: 1e-5}
 TEST_DEVICE = torch.device(os.environ.get("DCACHE_TEST_DEVICE", "cpu"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_cpu_thread():
+    """The tensors here are small: one intra-op thread is as fast, and does not spin against other work
+    on a shared machine (two threads made some 20 ms tests take 1.5 s). Restored after each module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def device() -> torch.device:
     return TEST_DEVICE

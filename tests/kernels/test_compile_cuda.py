@@ -34,7 +34,7 @@ CASES = {
         ["out_ptr", "inp_ptr", "prev_ptr", "res_ptr", "partial_ptr", "D"],
     ),
     "rel_l1": (
-        "relative_l1", "_rel_l1_kernel",
+        "relative_l1", "_rel_l1_stats_kernel",
         dict(a_ptr=P, b_ptr=P, partial_ptr="*fp32", n="i32", n_blocks="i32", BLOCK="constexpr"),
         {"BLOCK": 4096},
         ["a_ptr", "b_ptr", "partial_ptr", "n"],
