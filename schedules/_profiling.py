@@ -196,7 +196,6 @@ class ProfileSession:
         start = self.engine.generations
         for fn in as_runs(run_fn):
             fn()
-        self.engine._finish_generation()
         return self.engine.generations - start
 
     def plan_header(self) -> dict[str, Any]:
@@ -204,7 +203,7 @@ class ProfileSession:
         eng = self.engine
         layout = Counter(s.list_index for s in eng.blocks)
         rec = eng.record
-        scheduler = eng._hooked_scheduler
+        scheduler = getattr(self.target, "scheduler", None) if self.target is not self.transformer else None
         return dict(model_class=type(eng.transformer).__name__,
                     block_layout=[layout[i] for i in range(len(eng.adapter.block_lists))],
                     scheduler=type(scheduler).__name__ if scheduler is not None else None,

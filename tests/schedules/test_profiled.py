@@ -463,6 +463,51 @@ def test_flowcache_threshold_zero_is_bit_identical(df_pipe, df_reference):
     assert torch.equal(out, df_reference)
 
 
+# ------------------------------------------------------------------------------------------------ bundled model
+@pytest.fixture(scope="module")
+def bundled():
+    try:
+        from dcache.pipelines.bundled import load_digit_classifier, load_tiny_pipeline
+
+        return load_tiny_pipeline(), load_digit_classifier()
+    except (ImportError, FileNotFoundError) as exc:
+        pytest.skip(f"the bundled tiny model is not built yet ({exc})")
+
+
+BUNDLED_STEPS = 28
+BUNDLED_CAL, BUNDLED_EVAL = list(range(10)), list(range(10)) * 2
+
+
+@pytest.fixture(scope="module")
+def bundled_reference(bundled):
+    pipe, _ = bundled
+    return generate(pipe, BUNDLED_EVAL, EVAL_SEED, steps=BUNDLED_STEPS)
+
+
+# method -> (calibration kwargs, most FLOP compute ratio, least PSNR vs uncached in dB); measured values in the
+# comments (28 steps, calibrated on one image per class, evaluated on 20 other images).
+QUALITY = {
+    "ertacache": (dict(threshold=0.1, max_consecutive=3), 0.80, 30.0),
+    "invardiff": (dict(step_quantile=0.2, module_quantile=0.5), 0.80, 30.0),
+    "profilingdit": (dict(background_interval=3, foreground_interval=2), 0.80, 30.0),
+    "bac": (dict(compute_ratio=0.5), 0.80, 30.0),
+}
+
+
+@pytest.mark.parametrize("name", list(QUALITY))
+def test_quality_floor_on_the_bundled_model(name, bundled, bundled_reference):
+    pipe, classifier = bundled
+    kwargs, max_ratio, min_psnr = QUALITY[name]
+    plan = METHODS[name][0](pipe, calibration_run(pipe, BUNDLED_STEPS, BUNDLED_CAL, CAL_SEED), **kwargs)
+    with dcache.apply(pipe, plan) as handle:
+        images = generate(pipe, BUNDLED_EVAL, EVAL_SEED, steps=BUNDLED_STEPS)
+        ratio = true_compute_ratio(handle)
+    accuracy = float((classifier.predict(images) == torch.tensor(BUNDLED_EVAL)).float().mean())
+    assert ratio <= max_ratio
+    assert psnr(images, bundled_reference) >= min_psnr
+    assert accuracy >= 0.85
+
+
 # ------------------------------------------------------------------------------------------------ engine gaps
 @pytest.mark.xfail(strict=True, reason="engine gap: SkyReelsV2DiffusionForcingPipeline deep-copies the hooked "
                                        "scheduler per frame; the copies' step() runs the original's bound method")
