@@ -94,6 +94,7 @@ class Engine:
         self.peak_cache_bytes = 0
         self._hooked_scheduler: Any = None
         self._removed = False
+        self._timestep_slot = _timestep_slot(transformer)
         self._install()
 
     # ------------------------------------------------------------------------------------------------ layout
@@ -221,9 +222,8 @@ class Engine:
     # ------------------------------------------------------------------------------------------------ calls
     def begin_call(self, args: tuple, kwargs: dict) -> None:
         self._hook_scheduler()
-        timestep = kwargs.get("timestep", kwargs.get("timesteps"))
-        if timestep is None and self.tracker.scheduler_driven is False:
-            timestep = next((a for a in args[1:] if isinstance(a, torch.Tensor) and a.ndim <= 1), None)
+        name, pos = self._timestep_slot
+        timestep = kwargs.get(name) if name in kwargs else args[pos] if pos is not None and pos < len(args) else None
         record, new = self.tracker.begin_call(timestep)
         if new or record is not self.record:
             if self.record is not record:
@@ -518,6 +518,22 @@ class Engine:
         tensors = iter(hist.read(action == Action.FORECAST.value, call.step))
         leaves = [next(tensors) if is_t else None for is_t in hist.is_tensor]  # type: ignore[attr-defined]
         return tree_unflatten(leaves, hist.spec)  # type: ignore[attr-defined]
+
+
+_TIMESTEP_NAMES = ("timestep", "timesteps", "t", "time_step", "sigma", "sigmas")
+
+
+def _timestep_slot(transformer: nn.Module) -> tuple[str, int | None]:
+    """(name, positional index) of the transformer forward's timestep argument, for transformer-only tracking."""
+    import inspect
+
+    params = [p for p in inspect.signature(transformer.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in _TIMESTEP_NAMES:
+        for i, p in enumerate(params):
+            if p.name == name:
+                return name, i if p.kind != p.KEYWORD_ONLY else None
+    return "timestep", None
 
 
 class _ContextListener(StateManager):

@@ -34,6 +34,7 @@ class GenerationRecord:
     step: int = 0
     calls_in_step: int = 0
     last_timestep: float | None = None
+    direction: int | None = None  # +1 / -1 once the timestep has moved (transformer-only tracking)
     finished: bool = False
     input_shape: tuple[int, ...] | None = None  # hidden states entering the first block, for plans and stats
 
@@ -45,7 +46,7 @@ class GenerationRecord:
 
 
 def timestep_value(timestep: Any) -> float | None:
-    """A python float for a scalar (or uniform per-sample) timestep, None if it varies per token/frame.
+    """A python float that identifies the step of a timestep argument (scalar, per sample or per token).
 
     Costs one host sync per call; only used in transformer-only mode, where no scheduler tells the step.
     """
@@ -55,7 +56,8 @@ def timestep_value(timestep: Any) -> float | None:
         return float(timestep)
     if isinstance(timestep, torch.Tensor):
         flat = timestep.detach().reshape(-1)
-        return float(flat[0]) if flat.numel() else None
+        # Per-sample / per-token timesteps (Wan 2.2 TI2V, diffusion forcing): their mean moves with the step.
+        return float(flat.float().mean()) if flat.numel() else None
     return None
 
 
@@ -98,11 +100,16 @@ class StepTracker:
             if rec is None or rec.finished:
                 rec, new = self._new_transformer_only_record(), True
             elif t is not None and rec.last_timestep is not None and t != rec.last_timestep:
-                goes_up = t > rec.last_timestep
+                direction = 1 if t > rec.last_timestep else -1
                 rec.step += 1
                 rec.calls_in_step = 0
-                if goes_up or (rec.num_steps is not None and rec.step >= rec.num_steps):
+                # Time runs one way within a generation (down for most models, up for Lumina-style ones): a move
+                # against the established direction, or a full count of steps, starts the next generation.
+                turned = rec.direction is not None and direction != rec.direction
+                if turned or (rec.num_steps is not None and rec.step >= rec.num_steps):
                     rec, new = self._new_transformer_only_record(), True
+                else:
+                    rec.direction = direction
             rec.last_timestep = t
         elif rec is None or rec.finished:
             # A call outside set_timesteps/step bookkeeping (e.g. a second pipeline run without set_timesteps).

@@ -1,0 +1,155 @@
+"""Conformance matrix: every zoo family x the engine's guarantees (one line per family at the bottom).
+
+Per family, on a tiny random-weight model over ZOO_STEPS step-to-step-similar inputs:
+  * all-COMPUTE is bit-identical to the unwrapped model, and so is the model after `remove()`;
+  * stack reuse and block reuse really skip blocks (counted) and stay finite and close to uncached;
+  * a dynamic run's exported plan replays bit-exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import zoo
+from diffusers.hooks import HookRegistry, ModelHook
+
+import dcache
+from dcache import Action, Plan, Schedule
+
+STEPS = zoo.ZOO_STEPS
+# Reusing a cached residual on smoothly drifting inputs must stay close to the uncached output:
+# relative L2 error ||cached - uncached|| / ||uncached|| below this bound on every step.
+REL_ERROR_BOUND = 0.35
+
+
+class AllCompute(Schedule):
+    def decide(self, ctx):
+        return Action.COMPUTE
+
+
+def _first_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return _first_tensor(out[0])
+    return _first_tensor(out.sample if hasattr(out, "sample") else out[0])
+
+
+def run_steps(model, entry, steps=STEPS, batch=1):
+    with torch.no_grad():
+        return [_first_tensor(model(**entry.make_inputs(s, batch=batch))).clone() for s in range(steps)]
+
+
+class _CountComputes(ModelHook):
+    """Innermost hook (registered before dcache's): counts the block forwards that really run."""
+
+    def __init__(self, counts, index):
+        super().__init__()
+        self.counts, self.index = counts, index
+
+    def pre_forward(self, module, *args, **kwargs):
+        self.counts[self.index] += 1
+        return args, kwargs
+
+
+def count_block_computes(model):
+    """Register counting hooks on every block (call before dcache.apply); returns (counts, remove_fn)."""
+    blocks = [b for _li, b in dcache.adapter_for(model).blocks(model)]
+    counts = {i: 0 for i in range(len(blocks))}
+    for i, block in enumerate(blocks):
+        HookRegistry.check_if_exists_or_initialize(block).register_hook(_CountComputes(counts, i), "test_count")
+
+    def remove():
+        for block in blocks:
+            HookRegistry.check_if_exists_or_initialize(block).remove_hook("test_count", recurse=False)
+    return counts, remove
+
+
+def rel_error(a, b):
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+_MODELS: dict = {}
+_REFERENCES: dict = {}
+
+
+class ConformanceMixin:
+    family: str
+
+    @pytest.fixture
+    def entry(self):
+        return zoo.ZOO[self.family]
+
+    @pytest.fixture
+    def model(self, entry):
+        if self.family not in _MODELS:
+            _MODELS[self.family] = entry.make_model()
+        return _MODELS[self.family]
+
+    @pytest.fixture
+    def reference(self, model, entry):
+        if self.family not in _REFERENCES:
+            _REFERENCES[self.family] = run_steps(model, entry)
+        return _REFERENCES[self.family]
+
+    def test_all_compute_and_remove_are_bit_identical(self, model, entry, reference):
+        with dcache.apply(model, AllCompute(), num_steps=STEPS):
+            cached = run_steps(model, entry)
+        assert all(torch.equal(a, b) for a, b in zip(cached, reference))
+        assert all(torch.equal(a, b) for a, b in zip(run_steps(model, entry), reference))
+
+    @pytest.mark.parametrize("granularity", ["stack", "block"])
+    def test_reuse_skips_blocks_and_stays_close(self, model, entry, reference, granularity):
+        n_blocks = len(dcache.adapter_for(model).blocks(model))
+        if granularity == "stack":
+            units, reuse_row = ["stack"], "R"
+        else:
+            units = [f"b{i}" for i in range(n_blocks)]
+            reuse_row = "".join("R" if i % 2 else "C" for i in range(n_blocks))
+        layout = [len(list(m)) for m in (getattr_path(model, spec.path)
+                                          for spec in dcache.adapter_for(model).block_lists)]
+        rows = ["C" * len(units) if s % 2 == 0 else reuse_row for s in range(STEPS)]
+        plan = Plan(model_class=type(model).__name__, block_layout=layout, granularity=granularity, units=units,
+                    num_steps=STEPS, actions={"call0": rows})
+        counts, remove_counters = count_block_computes(model)
+        try:
+            with dcache.apply(model, plan, num_steps=STEPS) as handle:
+                cached = run_steps(model, entry)
+        finally:
+            remove_counters()
+        computed_steps = STEPS // 2 + STEPS % 2
+        if granularity == "stack":
+            assert set(counts.values()) == {computed_steps}, counts
+        else:
+            expected = {i: STEPS if i % 2 == 0 else computed_steps for i in range(n_blocks)}
+            assert counts == expected
+        assert handle.stats().compute_ratio < 1.0
+        for s, (a, b) in enumerate(zip(cached, reference)):
+            assert torch.isfinite(a).all()
+            assert rel_error(a, b) < REL_ERROR_BOUND, f"step {s}: relative error {rel_error(a, b):.3f}"
+
+    def test_dynamic_plan_replays_bit_exactly(self, model, entry):
+        handle = dcache.apply(model, "fbcache", num_steps=STEPS, threshold=5.0, warmup_steps=1)
+        first = run_steps(model, entry)
+        plan = handle.plan()
+        handle.remove()
+        assert plan.compute_ratio() < 1.0, "fbcache at threshold 5 should reuse some steps"
+        with dcache.apply(model, plan, num_steps=STEPS):
+            replay = run_steps(model, entry)
+        assert all(torch.equal(a, b) for a, b in zip(first, replay))
+        assert all(math.isfinite(float(t.abs().max())) for t in first)
+
+
+def getattr_path(obj, path):
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# One line per family ---------------------------------------------------------------------------------------------
+_FAMILIES = sorted(zoo.ZOO)
+for _name in _FAMILIES:
+    _cls_name = "Test_" + "".join(p.capitalize() for p in _name.replace("-", "_").split("_"))
+    globals()[_cls_name] = type(_cls_name, (ConformanceMixin,), {"family": _name})
