@@ -16,29 +16,21 @@ out:   None (a new tensor), or y itself (in place: only the tail is touched), or
 
 from __future__ import annotations
 
-import functools
 import numbers
 
 import torch
 
 from ._common import MAX_GRID_Y, check_float, check_int32_size, check_output, check_same_device, contiguous
-from .backend import device_guard, import_triton, tile_elems, use_triton
+from .backend import device_guard, tile_elems, triton_kernel, use_triton
 
 BLOCK = 2048  # elements per program: 8 per thread at 8 warps (16-byte bf16 vectors, two in fp32)
 NUM_WARPS = 8
 
-
-# triton.language, bound by the first kernel build (triton is imported lazily, never at import time).
-# Kernel bodies read `tl` as a module global: both triton's compiler and its CPU interpreter look there.
-tl = None
+tl = None  # triton.language, bound by @triton_kernel when the first kernel is built
 
 
-@functools.cache
-def _axpy_kernel():
-    """Built on first use so that `import dcache.kernels` never imports triton."""
-    global tl
-    triton, tl = import_triton()
-
+@triton_kernel
+def _axpy_kernel(triton):
     @triton.jit
     def axpy_kernel(
         y_ptr, x_ptr, out_ptr,          # y, out: [B, row_elems]; x: [B, row_elems - head_elems]

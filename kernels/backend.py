@@ -105,16 +105,36 @@ def import_triton():
     return modules
 
 
-def triton_sum_combine():
-    """The combine function of tl.sum: kernels sum with `tl.reduce(x, axis, sum_combine)`.
+def triton_kernel(build):
+    """Decorator for a kernel builder: `build(triton)` defines and returns a @triton.jit kernel.
 
-    Why not tl.sum (or tl.zeros, hence tl.full in the kernels): those are themselves @triton.jit
-    functions, built once when triton is first imported. If that import came before TRITON_INTERPRET=1
-    was set (in a test session another module may import triton first), they cannot run in the CPU
-    interpreter. tl.reduce is a builtin, and the interpreter sums natively for this combine function.
+        @triton_kernel
+        def _op_kernel(triton):
+            @triton.jit
+            def op_kernel(x_ptr, ..., BLOCK: tl.constexpr): ...
+            return op_kernel
+
+        _op_kernel()[grid](...)          # built on the first call, then cached
+
+    The build is deferred so that `import dcache.kernels` never imports triton. Kernel bodies read
+    `tl` (triton.language) and `sum_combine` as globals of their module, which is where triton's
+    compiler and its CPU interpreter both look names up; they are bound there before the build.
+
+    Kernels sum with `tl.reduce(x, axis, sum_combine)` (what tl.sum does) and fill with tl.full, not
+    tl.sum / tl.zeros: those two are @triton.jit functions built when triton is first imported, and
+    if that import came before TRITON_INTERPRET=1 was set (in a test session another module may
+    import triton first) they cannot run in the interpreter. tl.reduce is a builtin, and the
+    interpreter sums natively for this combine function.
     """
-    _, tl = import_triton()
-    return tl.standard._sum_combine
+
+    @functools.cache
+    @functools.wraps(build)
+    def kernel():
+        triton, tl = import_triton()
+        build.__globals__.update(tl=tl, sum_combine=tl.standard._sum_combine)
+        return build(triton)
+
+    return kernel
 
 
 def triton_available(tensor: torch.Tensor | None = None) -> bool:

@@ -11,29 +11,19 @@ Returning the two sums (rather than the ratio) lets multi-GPU runs all-reduce th
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ._common import EPS, MAX_GRID_Y, check_float, check_int32_size, check_same_device, contiguous
-from .backend import device_guard, import_triton, tile_elems, triton_sum_combine, use_triton
+from .backend import device_guard, tile_elems, triton_kernel, use_triton
 
 BLOCK = 4096  # elements per program; each writes one partial pair
 NUM_WARPS = 8
 
-
-# triton.language, bound by the first kernel build (triton is imported lazily, never at import time).
-# Kernel bodies read `tl` as a module global: both triton's compiler and its CPU interpreter look there.
-tl = sum_combine = None
+tl = sum_combine = None  # triton.language and tl.sum's combine function, bound by @triton_kernel
 
 
-@functools.cache
-def _rel_l1_stats_kernel():
-    """Built on first use so that `import dcache.kernels` never imports triton."""
-    global tl, sum_combine
-    triton, tl = import_triton()
-    sum_combine = triton_sum_combine()  # tl.reduce(x, axis, sum_combine) is tl.sum; see there why
-
+@triton_kernel
+def _rel_l1_stats_kernel(triton):
     @triton.jit
     def rel_l1_stats_kernel(
         a_ptr, b_ptr,        # [S, n] each (S samples, n elements per sample)

@@ -18,31 +18,21 @@ the buffer's dtype (`out`'s dtype when no buffer is given).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ._common import EPS, check_float, check_int32_size, check_output, check_same_device, contiguous
-from .backend import device_guard, import_triton, tile_elems, triton_sum_combine, use_triton
+from .backend import device_guard, tile_elems, triton_kernel, use_triton
 
 TILE = 2048        # elements per [BLOCK_ROWS, BLOCK_D] tile: 8 per thread at 8 warps (~55 registers)
 MAX_BLOCK_D = 1024  # wider rows are walked in chunks of this many columns
 NUM_WARPS = 8
 N_STATS = 5
 
-
-# triton.language, bound by the first kernel build (triton is imported lazily, never at import time).
-# Kernel bodies read `tl` as a module global: both triton's compiler and its CPU interpreter look there.
-tl = sum_combine = None
+tl = sum_combine = None  # triton.language and tl.sum's combine function, bound by @triton_kernel
 
 
-@functools.cache
-def _residual_capture_kernel():
-    """Built on first use so that `import dcache.kernels` never imports triton."""
-    global tl, sum_combine
-    triton, tl = import_triton()
-    sum_combine = triton_sum_combine()  # tl.reduce(x, axis, sum_combine) is tl.sum; see there why
-
+@triton_kernel
+def _residual_capture_kernel(triton):
     @triton.jit
     def residual_capture_kernel(
         out_ptr, inp_ptr, prev_ptr, res_ptr,   # [n_rows, D] each; res_ptr may equal prev_ptr

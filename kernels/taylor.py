@@ -18,30 +18,22 @@ same in both backends (on GPU a fp32 divide is not correctly rounded by default)
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 
 import torch
 
 from ._common import check_float, check_int32_size, check_output, check_same_device, contiguous
-from .backend import device_guard, import_triton, tile_elems, use_triton
+from .backend import device_guard, tile_elems, triton_kernel, use_triton
 
 BLOCK = 2048  # elements per program
 NUM_WARPS = 8
 
-
-# triton.language, bound by the first kernel build (triton is imported lazily, never at import time).
-# Kernel bodies read `tl` as a module global: both triton's compiler and its CPU interpreter look there.
-tl = None
+tl = None  # triton.language, bound by @triton_kernel when the first kernel is built
 
 
-@functools.cache
-def _taylor_update_kernel():
-    """Built on first use so that `import dcache.kernels` never imports triton."""
-    global tl
-    triton, tl = import_triton()
-
+@triton_kernel
+def _taylor_update_kernel(triton):
     @triton.jit
     def taylor_update_kernel(
         table_ptr,                   # [K+1, n]
@@ -65,12 +57,8 @@ def _taylor_update_kernel():
     return taylor_update_kernel
 
 
-@functools.cache
-def _taylor_forecast_kernel():
-    """Built on first use so that `import dcache.kernels` never imports triton."""
-    global tl
-    triton, tl = import_triton()
-
+@triton_kernel
+def _taylor_forecast_kernel(triton):
     @triton.jit
     def taylor_forecast_kernel(
         table_ptr,                   # [K+1, n]
