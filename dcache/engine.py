@@ -27,7 +27,7 @@ from dcache.kernels import rel_l1_stats, residual_apply, residual_capture
 from .actions import POST_SIGNALS, PRE_SIGNALS, Action, Granularity, Signal
 from .adapters import Adapter, BlockList
 from .flops import FlopBook
-from .generation import CallRecord, GenerationRecord, StepTracker, timestep_value
+from .generation import CallRecord, GenerationRecord, StepTracker
 from .schedule import CallContext, GenerationInfo, Schedule, normalize_actions
 from .state import BranchState, UnitHistory
 from .streams import StreamSlots, bind_arguments
