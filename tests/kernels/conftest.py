@@ -1,10 +1,9 @@
 """Shared fixtures for the kernel tests.
 
-Every op runs on both backends: TORCH (the plain-torch reference) and TRITON. On CPU the Triton
-cases run under triton's interpreter, so TRITON_INTERPRET=1 is set here, before any kernel is built
-(dcache.kernels builds its kernels lazily, and triton reads the variable when a kernel is built).
-On a GPU machine run the same tests on CUDA with:
-    DCACHE_TEST_DEVICE=cuda TRITON_INTERPRET=0 python -m pytest tests/kernels
+Every op runs on both backends: TORCH (the plain-torch reference) and TRITON. Without a GPU the tests
+run on CPU and the Triton cases use triton's interpreter, so TRITON_INTERPRET=1 is set here, before
+any kernel is built (dcache.kernels builds its kernels lazily, and triton reads the variable when a
+kernel is built). With a GPU they run on CUDA, natively; DCACHE_TEST_DEVICE=cpu|cuda overrides that.
 
 The accuracy bound (DESIGN.md, "Kernels"), elementwise:
     |kernel - ref32| <= 2 * |torch_same_dtype - ref32| + atol + eps(dtype) * scale
@@ -19,10 +18,11 @@ from __future__ import annotations
 import importlib.util
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+if not torch.cuda.is_available():  # never on a GPU machine: the rest of the session may use triton there
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from dcache.kernels import Backend, use_backend  # noqa: E402
 from dcache.kernels.backend import interpret_mode  # noqa: E402
@@ -38,7 +38,7 @@ SHAPE_IDS = ["1x1x1", "2x1x3072", "1x77x130", "3x333x64", "2x4103x48"]
 # Absolute slack for results that are (close to) zero, per result dtype.
 ATOL = {torch.float32: 1e-6, torch.bfloat16: 1e-5, torch.float16: 1e-5}
 
-TEST_DEVICE = torch.device(os.environ.get("DCACHE_TEST_DEVICE", "cpu"))
+TEST_DEVICE = torch.device(os.environ.get("DCACHE_TEST_DEVICE", "cuda" if torch.cuda.is_available() else "cpu"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -79,7 +79,7 @@ def backend(request):
         if importlib.util.find_spec("triton") is None:
             pytest.skip("triton is not installed")
         if TEST_DEVICE.type == "cpu" and not interpret_mode():
-            pytest.skip("Triton on CPU needs TRITON_INTERPRET=1")
+            pytest.skip("Triton on CPU needs TRITON_INTERPRET=1 (run on a GPU, or set it)")
     with use_backend(request.param):
         yield request.param
 

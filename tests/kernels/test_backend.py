@@ -61,11 +61,11 @@ def test_forced_triton_on_cpu_needs_the_interpreter(monkeypatch):
         K.residual_apply(x.view(1, 1, 3), x.view(1, 1, 3))
 
 
-def test_backends_agree_on_every_op():
+def test_backends_agree_on_every_op(device):
     # One call of each public op per backend: the dispatch reaches both implementations.
     g = torch.Generator().manual_seed(0)
-    h, r = torch.randn(2, 9, 16, generator=g), torch.randn(2, 7, 16, generator=g)
-    table = torch.randn(3, 2, 9, 16, generator=g)
+    h, r = torch.randn(2, 9, 16, generator=g).to(device), torch.randn(2, 7, 16, generator=g).to(device)
+    table = torch.randn(3, 2, 9, 16, generator=g).to(device)
     results = {}
     backends = ["torch"] + (["triton"] if K.triton_available(h) else [])
     for b in backends:
@@ -104,9 +104,9 @@ def test_import_and_torch_path_work_without_triton():
     assert "ERROR:" in proc.stdout and "pip install triton" in proc.stdout, proc.stdout
 
 
-def test_inputs_that_require_grad_are_refused(backend):
-    hidden = torch.ones(1, 4, 8, requires_grad=True)
-    residual = torch.ones(1, 3, 8)
+def test_inputs_that_require_grad_are_refused(backend, device):
+    hidden = torch.ones(1, 4, 8, device=device, requires_grad=True)
+    residual = torch.ones(1, 3, 8, device=device)
     with pytest.raises(ValueError, match="no_grad"):
         K.residual_apply(hidden, residual)
     with torch.no_grad():
