@@ -1,0 +1,15 @@
+"""Offline plan search: every search writes replayable Plans and a Pareto front (JSON + plot + Markdown).
+
+    from dcache.schedules.search import Calibration, ecad_search, lemica_search, dp_search
+    calib = Calibration(pipe, generate=lambda: pipe(...).images, quality_fn=psnr)
+
+Methods: ECAD (NSGA-II over module genomes, checkpoint/resume), LeMiCa (lexicographic-minimax path on the step DAG),
+CacheQuant-style DP over step groups, and learned routers (L2C, HarmoniCa). This subpackage is imported explicitly
+(`dcache.schedules` auto-imports its top-level method files only); it never imports dcache.pipelines or dcache.eval.
+"""
+
+from .core import Calibration, FrontPoint, Measured, Template, convert_rows, make_template, measure, run_plan
+from .ecad import ECADConfig, ecad_search
+
+__all__ = ["Calibration", "FrontPoint", "Measured", "Template", "convert_rows", "make_template", "measure",
+           "run_plan", "ECADConfig", "ecad_search"]

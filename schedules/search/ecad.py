@@ -1,0 +1,217 @@
+"""ECAD: NSGA-II over binary compute/reuse genomes per step x block x component (arXiv 2506.15682).
+
+Genome: bit (s, u) = 1 computes MODULE unit u (attention, MLP, context MLP, ... as the adapter names them) at step
+s = 1..N-1 (step 0 always computes). The same rows serve every CFG branch. Objectives (both minimised by pymoo):
+(-quality on the calibration set, compute ratio in counted block FLOPs). Constraint: at least one reused unit
+(the all-compute default is not a candidate). Operators as ECAD: 4-point crossover (p=0.9), bit-flip mutation.
+
+The initial population holds the seeds (heuristic fixed-interval schedules and the recorded plans of dynamic
+methods, converted to module rows) and random genomes. After every generation the whole state (the pickled
+algorithm with its random generator, and the archive of evaluated genomes) is written atomically to
+`checkpoint.pkl`; `resume=True` continues from it and reaches the same front as an uninterrupted run.
+Candidates are evaluated over the processes of `accelerate launch` (one process runs the same code).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dcache.actions import Granularity
+from dcache.plan import Plan
+
+from .core import (Calibration, FrontPoint, Measured, Template, convert_rows, distributed_map, is_main_process,
+                   make_template, measure, pareto_mask, write_front)
+
+CHECKPOINT = "checkpoint.pkl"
+
+
+@dataclass(frozen=True)
+class ECADConfig:
+    pop_size: int = 16
+    generations: int = 8
+    seed: int = 0
+    crossover_prob: float = 0.9
+    crossover_points: int = 4
+    mutation_prob: float = 0.9  # probability that an offspring is mutated at all
+    mutation_bits: float = 0.02  # per-bit flip probability of a mutated offspring
+    random_compute_fraction: float = 0.5  # P(bit = compute) in the random part of the initial population
+
+    def __post_init__(self) -> None:
+        if self.pop_size < 4:
+            raise ValueError(f"pop_size={self.pop_size} must be >= 4 (NSGA-II needs parents and offspring).")
+        if self.generations < 1:
+            raise ValueError(f"generations={self.generations} must be >= 1.")
+        for name in ("crossover_prob", "mutation_prob", "mutation_bits", "random_compute_fraction"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"{name}={v} must be a probability in [0, 1].")
+
+
+# ------------------------------------------------------------------------------------------------ genome <-> plan
+def genome_to_rows(x: np.ndarray, template: Template) -> list[str]:
+    u = len(template.module_units)
+    bits = np.asarray(x, dtype=bool).reshape(template.num_steps - 1, u)
+    return ["C" * u] + ["".join("C" if b else "R" for b in row) for row in bits]
+
+
+def rows_to_genome(rows: Sequence[str]) -> np.ndarray:
+    return np.array([[c == "C" for c in row] for row in rows[1:]], dtype=bool).reshape(-1)
+
+
+def genome_key(x: np.ndarray) -> str:
+    return hashlib.sha1(np.packbits(np.asarray(x, dtype=bool)).tobytes()).hexdigest()
+
+
+def heuristic_seeds(template: Template) -> dict[str, np.ndarray]:
+    """Fixed-interval schedules at module level: every k-th step computes; in between, reuse all modules, only the
+    MLPs, or only the attentions (ECAD's population initialisation is built from such heuristics)."""
+    n, units = template.num_steps, template.module_units
+    is_attn = np.array(["attn" in u.split(".", 1)[1] for u in units])
+    seeds: dict[str, np.ndarray] = {}
+    for k in (2, 3, 4, 5):
+        for kind, reuse in (("all", np.ones(len(units), bool)), ("mlp", ~is_attn), ("attn", is_attn)):
+            rows = []
+            for s in range(n):
+                full = s % k == 0 or s == n - 1
+                rows.append("".join("C" if full or not r else "R" for r in reuse))
+            seeds[f"fixed{k}-{kind}"] = rows_to_genome(rows)
+    return seeds
+
+
+# ------------------------------------------------------------------------------------------------ search
+class _State:
+    """Everything a resume needs: the pymoo algorithm (with its RNG), the archive, the generation counter."""
+
+    def __init__(self, algorithm, archive: dict, generation: int, seeds: dict[str, str]):
+        self.algorithm, self.archive, self.generation, self.seeds = algorithm, archive, generation, seeds
+
+
+def _save(path: Path, state: _State) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConfig = ECADConfig(), *,
+                seed_plans: dict[str, Plan] | None = None, resume: bool = False, template: Template | None = None,
+                on_generation: Callable[[int, dict], None] | None = None, progress: bool = True) -> dict:
+    """Run (or resume) the NSGA-II search; write plans, front.json, front.png and summary.md to `out_dir`.
+
+    seed_plans:    plans of other methods (any granularity) put into the initial population.
+    on_generation: called as fn(generation, info) after each generation's checkpoint is written.
+    Returns the front dict (as written to front.json).
+    """
+    from pymoo.algorithms.moo.nsga2 import NSGA2
+    from pymoo.core.evaluator import Evaluator
+    from pymoo.core.problem import Problem
+    from pymoo.operators.crossover.pntx import PointCrossover
+    from pymoo.operators.mutation.bitflip import BitflipMutation
+    from pymoo.problems.static import StaticProblem
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / CHECKPOINT
+    template = template or make_template(calib)
+    n_var = (template.num_steps - 1) * len(template.module_units)
+    problem = Problem(n_var=n_var, n_obj=2, n_ieq_constr=1, xl=0, xu=1, vtype=bool)
+
+    def evaluate(x: np.ndarray) -> dict:
+        plan = template.plan(Granularity.MODULE, genome_to_rows(x, template), method="ecad")
+        return measure(calib, template, plan).to_dict()
+
+    if resume and ckpt.is_file():
+        with open(ckpt, "rb") as f:
+            state: _State = pickle.load(f)
+        if state.algorithm.problem.n_var != n_var:
+            raise ValueError(f"the checkpoint in {out} is for a genome of {state.algorithm.problem.n_var} bits, this "
+                             f"model/steps give {n_var}; use a new output folder.")
+    else:
+        seeds = {name: rows_to_genome(convert_rows(plan, template, Granularity.MODULE))
+                 for name, plan in (seed_plans or {}).items()}
+        seeds.update(heuristic_seeds(template))
+        seeds = {k: v for k, v in seeds.items() if not v.all()}
+        rng = np.random.default_rng(config.seed)
+        uniq: dict[str, np.ndarray] = {}
+        for v in seeds.values():
+            uniq.setdefault(genome_key(v), v)
+        x0 = list(uniq.values())[: max(1, config.pop_size - config.pop_size // 4)]  # keep some random diversity
+        while len(x0) < config.pop_size:
+            x0.append(rng.random(n_var) < config.random_compute_fraction)
+        algorithm = NSGA2(pop_size=config.pop_size, sampling=np.array(x0, dtype=bool),
+                          crossover=PointCrossover(prob=config.crossover_prob, n_points=config.crossover_points),
+                          mutation=BitflipMutation(prob=config.mutation_prob, prob_var=config.mutation_bits),
+                          eliminate_duplicates=True)
+        algorithm.setup(problem, termination=("n_gen", config.generations), seed=config.seed, verbose=False)
+        state = _State(algorithm, {}, 0, {name: genome_key(v) for name, v in seeds.items()})
+
+    bar = _bar(progress, config.generations, state.generation)
+    algorithm = state.algorithm
+    while state.generation < config.generations:
+        pop = algorithm.ask()
+        xs = [np.asarray(x, dtype=bool) for x in pop.get("X")]
+        todo = [x for x in {genome_key(x): x for x in xs}.values() if genome_key(x) not in state.archive]
+        results = distributed_map(evaluate, todo)
+        for x, r in zip(todo, results):
+            state.archive[genome_key(x)] = {**r, "genome": np.packbits(x)}
+        f = np.array([[-state.archive[genome_key(x)]["quality"], state.archive[genome_key(x)]["compute_ratio"]]
+                      for x in xs])
+        g = np.array([[0.5 - (~x).sum()] for x in xs])  # <= 0 iff at least one unit is reused
+        Evaluator().eval(StaticProblem(problem, F=f, G=g), pop)
+        algorithm.tell(infills=pop)
+        state.generation += 1
+        if is_main_process():
+            _save(ckpt, state)
+        info = _gen_info(state)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(evaluated=len(state.archive), best_q_at_half=info["best_quality_at_0.5"])
+        if on_generation is not None:
+            on_generation(state.generation, info)
+    if bar is not None:
+        bar.close()
+    return _finish(state, template, out, config)
+
+
+def _bar(progress: bool, total: int, initial: int):
+    if not progress or not is_main_process():
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="ecad generations", leave=False)
+
+
+def _gen_info(state: _State) -> dict:
+    entries = list(state.archive.values())
+    under = [e["quality"] for e in entries if e["compute_ratio"] <= 0.5]
+    return {"evaluated": len(entries), "best_quality_at_0.5": round(max(under), 3) if under else None}
+
+
+def _finish(state: _State, template: Template, out: Path, config: ECADConfig) -> dict:
+    keys = list(state.archive)
+    q = np.array([state.archive[k]["quality"] for k in keys])
+    c = np.array([state.archive[k]["compute_ratio"] for k in keys])
+    keep = pareto_mask(q, c)
+    seed_names = {v: k for k, v in state.seeds.items()}
+    points, others = [], []
+    n_var = (template.num_steps - 1) * len(template.module_units)
+    for i, k in enumerate(keys):
+        e = state.archive[k]
+        others.append({"quality": e["quality"], "compute_ratio": e["compute_ratio"], "seed": seed_names.get(k)})
+        if keep[i]:
+            x = np.unpackbits(e["genome"])[:n_var].astype(bool)
+            rows = genome_to_rows(x, template)
+            plan = template.plan(Granularity.MODULE, rows, method="ecad", config=asdict(config))
+            name = f"ecad-{len(points):02d}-r{e['compute_ratio']:.3f}"
+            points.append(FrontPoint(name, plan, Measured(e["quality"], e["compute_ratio"], e["metrics"])))
+    return write_front(out, "ecad", points, others=others, config={**asdict(config), "generations_run": state.generation})
