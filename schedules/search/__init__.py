@@ -9,7 +9,10 @@ CacheQuant-style DP over step groups, and learned routers (L2C, HarmoniCa). This
 """
 
 from .core import Calibration, FrontPoint, Measured, Template, convert_rows, make_template, measure, run_plan
+from .dp import DPConfig, dp_schedule, dp_search
 from .ecad import ECADConfig, ecad_search
+from .lemica import LeMiCaConfig, leximax_path, lemica_search
 
 __all__ = ["Calibration", "FrontPoint", "Measured", "Template", "convert_rows", "make_template", "measure",
-           "run_plan", "ECADConfig", "ecad_search"]
+           "run_plan", "ECADConfig", "ecad_search",
+           "DPConfig", "dp_schedule", "dp_search", "LeMiCaConfig", "leximax_path", "lemica_search"]
