@@ -38,7 +38,6 @@ latent-sized update per step.
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -111,68 +110,93 @@ class ERTACacheSchedule(PlanSchedule):
 # The schedule DP (pure math)
 # ----------------------------------------------------------------------------------------------------------------
 
-def _solve(n: int, error: Callable[[int, int], float], cap: float, max_run: int, warmup: int):
-    """dp[k][m] = (least total error, argmin j) covering steps [0, m) with k segments; segment errors <= cap."""
-    seg: dict[tuple[int, int], float] = {}
-    for j in range(n):
-        total = 0.0
-        seg[(j, j + 1)] = 0.0
-        if j + 1 < warmup:
-            continue
-        for m in range(j + 2, min(n, j + max_run + 1) + 1):
-            e = error(j, m - 1)
-            if not e <= cap:
-                break
-            total += e
-            seg[(j, m)] = total
+def _solve(n: int, err: Callable[[int | None, int, int], float], cap: float, max_run: int, warmup: int):
+    """Layered DP over states (previous compute, last compute): the least total error of the reused steps before
+    `last`, per number of computed steps k; segment errors <= cap. Returns (terminal, parents):
+    terminal[k] = (total error of a full schedule with k computes, its final state)."""
     inf = math.inf
-    dp = [[(inf, -1)] * (n + 1) for _ in range(n + 1)]
-    dp[0][0] = (0.0, -1)
+    layer: dict[tuple[int | None, int], float] = {(None, 0): 0.0}
+    parents: list[dict] = [{}, {(None, 0): None}]
+    terminal: list[tuple[float, Any]] = [(inf, None)] * (n + 1)
     for k in range(1, n + 1):
-        prev, cur = dp[k - 1], dp[k]
-        for (j, m), cost in seg.items():
-            if prev[j][0] < inf and prev[j][0] + cost < cur[m][0]:
-                cur[m] = (prev[j][0] + cost, j)
-    return dp
+        nxt: dict[tuple[int | None, int], float] = {}
+        parent_k: dict = {}
+        for (prev, last), cost in layer.items():
+            total = 0.0
+            for m in range(last + 1, min(n, last + max_run + 1) + 1):
+                if m > last + 1:  # extend the segment by the reused step m - 1
+                    i = m - 1
+                    e = err(prev, last, i) if i >= warmup else inf
+                    if not e <= cap:
+                        break
+                    total += e
+                if m == n:
+                    if cost + total < terminal[k][0]:
+                        terminal[k] = (cost + total, (prev, last))
+                elif cost + total < nxt.get((last, m), inf):
+                    nxt[(last, m)] = cost + total
+                    parent_k[(last, m)] = (prev, last)
+        parents.append(parent_k)
+        layer = nxt
+        if not layer:
+            break
+    return terminal, parents
 
 
-def _backtrack(dp, k: int, n: int) -> list[int]:
-    computed, m = [], n
-    while k > 0:
-        j = dp[k][m][1]
-        computed.append(j)
-        m, k = j, k - 1
+def _backtrack(terminal, parents, k: int) -> list[int]:
+    state, computed = terminal[k][1], []
+    while state is not None:
+        computed.append(state[1])
+        state = parents[k].get(state)
+        k -= 1
     return sorted(computed)
 
 
 def select_compute_steps(num_steps: int, error: Callable[[int, int], float], *, threshold: float,
-                         max_compute: int, max_run: int, warmup: int) -> tuple[list[int], bool, float]:
-    """Computed steps of the static schedule; (steps, delta_met, max error cap used). See the module docstring."""
+                         max_compute: int, max_run: int, warmup: int,
+                         rectified: Callable[[int, int, int], float] | None = None) -> tuple[list[int], bool, float]:
+    """Computed steps of the static schedule; (steps, delta_met, max error cap used). See the module docstring.
+
+    error(j, i): profiled error of reusing computed step j at step i. rectified(j', j, i): the error of the
+    rectified forecast from the computes j' < j (optional); a reused step costs the smaller of the two.
+    """
     n = num_steps
     max_compute = max(max_compute, min(warmup, n), 1)
-    dp = _solve(n, error, threshold, max_run, warmup)
-    k_min = next((k for k in range(1, n + 1) if dp[k][n][0] < math.inf), None)
+
+    def err(prev: int | None, last: int, i: int) -> float:
+        plain = error(last, i)
+        if rectified is None or prev is None:
+            return plain
+        return min(plain, rectified(prev, last, i))
+
+    def fewest(terminal) -> int | None:
+        return next((k for k in range(1, n + 1) if terminal[k][0] < math.inf), None)
+
+    terminal, parents = _solve(n, err, threshold, max_run, warmup)
+    k_min = fewest(terminal)
     if k_min is not None and k_min <= max_compute:
-        return _backtrack(dp, k_min, n), True, threshold
+        return _backtrack(terminal, parents, k_min), True, threshold
     # Budget first: the smallest cap M whose fewest computed steps fit the budget (binary search over the errors).
-    candidates = sorted({error(j, i) for j in range(n) for i in range(j + 1, min(n, j + max_run + 1))
-                         if math.isfinite(error(j, i))} | {threshold})
-    lo, hi = bisect.bisect_left(candidates, threshold), len(candidates) - 1
-    best = None
+    values = {error(j, i) for j in range(n) for i in range(j + 1, min(n, j + max_run + 1))}
+    if rectified is not None:
+        values |= {rectified(jp, j, i) for j in range(1, n) for jp in range(max(0, j - max_run - 1), j)
+                   for i in range(j + 1, min(n, j + max_run + 1))}
+    candidates = sorted({v for v in values if math.isfinite(v) and v > threshold})
+    lo, hi, best = 0, len(candidates) - 1, None
     while lo <= hi:
         mid = (lo + hi) // 2
-        dp_m = _solve(n, error, candidates[mid], max_run, warmup)
-        if dp_m[max_compute][n][0] < math.inf or any(dp_m[k][n][0] < math.inf for k in range(1, max_compute)):
-            best, hi = (mid, dp_m), mid - 1
+        term_m, par_m = _solve(n, err, candidates[mid], max_run, warmup)
+        k = fewest(term_m)
+        if k is not None and k <= max_compute:
+            best, hi = (candidates[mid], term_m, par_m), mid - 1
         else:
             lo = mid + 1
     if best is None:  # even unlimited error cannot meet the budget (max_run too short): fewest steps possible
-        dp_inf = _solve(n, error, math.inf, max_run, warmup)
-        k = next(k for k in range(1, n + 1) if dp_inf[k][n][0] < math.inf)
-        return _backtrack(dp_inf, k, n), False, math.inf
-    mid, dp_m = best
-    k = max((k for k in range(1, max_compute + 1) if dp_m[k][n][0] < math.inf), key=lambda k: (-dp_m[k][n][0], -k))
-    return _backtrack(dp_m, k, n), False, candidates[mid]
+        term_inf, par_inf = _solve(n, err, math.inf, max_run, warmup)
+        return _backtrack(term_inf, par_inf, fewest(term_inf)), False, math.inf
+    cap, term_m, par_m = best
+    k = min((k for k in range(1, max_compute + 1) if term_m[k][0] < math.inf), key=lambda k: (term_m[k][0], k))
+    return _backtrack(term_m, par_m, k), False, cap
 
 
 def rows_from_schedule(num_steps: int, computed: Sequence[int], forecast: set[int]) -> list[str]:
@@ -228,8 +252,9 @@ def calibrate_ertacache(target: Any, run_fn: Callable[[], Any] | Sequence[Callab
     delta_met, caps = True, []
     for branch in branches:
         err = lambda j, i, b=branch: collector.rel_l1(b, j, i)  # noqa: E731
+        lin = (lambda jp, j, i, b=branch: _rectified_error(collector, b, jp, j, i)) if config.rectify else None
         computed, met, used_cap = select_compute_steps(n, err, threshold=config.threshold, max_compute=cap,
-                                                       max_run=window, warmup=config.warmup_steps)
+                                                       max_run=window, warmup=config.warmup_steps, rectified=lin)
         delta_met &= met
         caps.append(used_cap)
         forecast: set[int] = set()
@@ -247,8 +272,7 @@ def calibrate_ertacache(target: Any, run_fn: Callable[[], Any] | Sequence[Callab
                 kden = collector.kden[branch].get((jp, j, i), 0.0)
                 if kden > 0:
                     k_row[i] = collector.kdot[branch][(jp, j, i)] / kden
-                ref = collector.ref[branch].get((j, i), 0.0)
-                lin = collector.lin_err[branch].get((jp, j, i), math.inf) / ref if ref > 0 else math.inf
+                lin = _rectified_error(collector, branch, jp, j, i)
                 if config.rectify and lin < plain:
                     forecast.add(i)
                     applied[i] = (i - j) / (j - jp)
@@ -273,6 +297,12 @@ def calibrate_ertacache(target: Any, run_fn: Callable[[], Any] | Sequence[Callab
             plan.extras["ertacache"]["phi"] = _fit_phi(target, runs, plan, ref_updates, reused, n)
             plan.extras["ertacache"]["phi_fitted"] = True
     return plan
+
+
+def _rectified_error(collector, branch: str, jp: int, j: int, i: int) -> float:
+    """Profiled relL1 of the engine's rectified forecast F_j + (i - j)/(j - j') (F_j - F_j') at step i."""
+    ref = collector.ref[branch].get((j, i), 0.0)
+    return collector.lin_err[branch].get((jp, j, i), math.inf) / ref if ref > 0 else math.inf
 
 
 def _fit_phi(target: Any, runs, plan: Plan, ref_updates: dict, reused: list[int], n: int) -> list[float]:

@@ -44,8 +44,9 @@ ENGINE_GAP = (
     "FlowCache needs (1) token-range units: COMPUTE for some chunks' tokens and REUSE for others within one call, "
     "with the K/V of reused chunks cached for the computed chunks' attention; (2) per-token-range signals (relL1 / "
     "mean|delta| of a chunk's tokens) from the engine; (3) step tracking for pipelines that deep-copy their "
-    "scheduler per frame (SkyReelsV2DiffusionForcingPipeline) and for transformer-only runs whose per-frame "
-    "timestep tensor changes in frames other than the first.")
+    "scheduler per frame (SkyReelsV2DiffusionForcingPipeline: the copies' set_timesteps/step run the original "
+    "scheduler's bound methods through the engine's instance wrappers), so today FlowCache is applied to the "
+    "transformer (dcache.apply(pipe.transformer, ...)), where steps are tracked from the timestep argument.")
 
 
 @register_method
