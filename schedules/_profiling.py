@@ -178,10 +178,11 @@ class ProfileSession:
             raise ValueError("scheduler taps need a pipeline target (a bare transformer has no scheduler).")
         prev = scheduler.step  # the engine's instance wrapper (or the bound method)
 
-        def wrapped_step(model_output, timestep, sample, *args, **kwargs):
+        def wrapped_step(*args, **kwargs):
             rec = self.engine.record
             where = Where(self.engine.generations, rec.step if rec is not None else -1, "scheduler")
-            out = prev(model_output, timestep, sample, *args, **kwargs)
+            out = prev(*args, **kwargs)
+            model_output, sample = step_arguments(args, kwargs)
             prev_sample = out[0] if isinstance(out, tuple) else out.prev_sample
             fn(where, model_output, sample, prev_sample)
             return out
@@ -229,6 +230,13 @@ class ProfileSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def step_arguments(args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """(model_output, sample) of a diffusers `scheduler.step(model_output, timestep, sample, ...)` call."""
+    model_output = kwargs["model_output"] if "model_output" in kwargs else args[0]
+    sample = kwargs["sample"] if "sample" in kwargs else args[2]
+    return model_output, sample
 
 
 def make_plan(header: dict[str, Any], *, granularity: Granularity, units: list[str], num_steps: int,

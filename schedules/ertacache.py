@@ -349,10 +349,13 @@ def apply_timestep_adjustment(pipe: Any, plan: Plan) -> Callable[[], None]:
                          "timestep_adjustment=True on a pipeline.")
     prev = scheduler.step
 
-    def step(model_output, timestep, sample, *args, **kwargs):
+    def step(*args, **kwargs):
+        from ._profiling import step_arguments
+
+        sample = step_arguments(args, kwargs)[1]
         index = getattr(scheduler, "step_index", None)
         index = index if index is not None else (getattr(scheduler, "begin_index", None) or 0)
-        out = prev(model_output, timestep, sample, *args, **kwargs)
+        out = prev(*args, **kwargs)
         scale = phi[index] if 0 <= index < len(phi) else 1.0
         if scale == 1.0:
             return out
