@@ -67,8 +67,19 @@ class Adapter:
         return found
 
     def module_names(self, block: nn.Module) -> tuple[str, ...]:
+        """Inner modules of `block` that exist (dotted paths allowed, e.g. HiDream's "block.attn1")."""
         names = self.modules or CONVENTIONAL_MODULES
-        return tuple(n for n in names if isinstance(getattr(block, n, None), nn.Module))
+        return tuple(n for n in names if isinstance(submodule(block, n), nn.Module))
+
+
+def submodule(root: nn.Module, path: str) -> Any:
+    """`root.a.b` for path "a.b", or None."""
+    obj: Any = root
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
 
 
 _REGISTRY: dict[str, Adapter] = {}

@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from dcache.kernels import rel_l1_stats, residual_apply, residual_capture
 
 from .actions import POST_SIGNALS, PRE_SIGNALS, Action, Granularity, Signal
-from .adapters import Adapter, BlockList
+from .adapters import Adapter, BlockList, submodule
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
 from .schedule import CallContext, GenerationInfo, Schedule, normalize_actions
@@ -145,7 +145,7 @@ class Engine:
             HookRegistry.check_if_exists_or_initialize(slot.block).register_hook(_BlockHook(self, slot), HOOK_NAME)
             if self.granularity is Granularity.MODULE:
                 for name in slot.modules:
-                    module = getattr(slot.block, name)
+                    module = submodule(slot.block, name)
                     HookRegistry.check_if_exists_or_initialize(module).register_hook(
                         _ModuleHook(self, self.module_unit[(slot.index, name)]), HOOK_NAME)
         self._hook_scheduler()
@@ -503,9 +503,8 @@ class Engine:
             (v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
         shape = tuple(first.shape) if first is not None else ()
         if action == Action.COMPUTE.value:
-            with self.flops.measure(shape_key, shape):
+            with self.flops.measure(shape_key, shape):  # the block already counted it; skipped modules subtract
                 out = forward(*args, **kwargs)
-            call.flops_computed += self.flops.cost(shape_key, shape) or 0.0
             if self.schedule.may_reuse(call.branch, unit):
                 leaves, spec = tree_flatten(out)
                 hist = call.bstate.history(unit, self.order)

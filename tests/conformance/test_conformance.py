@@ -100,10 +100,16 @@ class ConformanceMixin:
         assert all(torch.equal(a, b) for a, b in zip(cached, reference))
         assert all(torch.equal(a, b) for a, b in zip(run_steps(model, entry), reference))
 
-    @pytest.mark.parametrize("granularity", ["stack", "block"])
+    @pytest.mark.parametrize("granularity", ["stack", "block", "module"])
     def test_reuse_skips_blocks_and_stays_close(self, model, entry, reference, granularity):
-        n_blocks = len(dcache.adapter_for(model).blocks(model))
-        if granularity == "stack":
+        adapter = dcache.adapter_for(model)
+        n_blocks = len(adapter.blocks(model))
+        if granularity == "module":
+            units = [f"b{i}.{m}" for i, (_li, b) in enumerate(adapter.blocks(model)) for m in adapter.module_names(b)]
+            if not units:
+                pytest.skip(f"{self.family} declares no inner modules")
+            reuse_row = "R" * len(units)
+        elif granularity == "stack":
             units, reuse_row = ["stack"], "R"
         else:
             units = [f"b{i}" for i in range(n_blocks)]
@@ -120,7 +126,9 @@ class ConformanceMixin:
         finally:
             remove_counters()
         computed_steps = STEPS // 2 + STEPS % 2
-        if granularity == "stack":
+        if granularity == "module":
+            assert set(counts.values()) == {STEPS}  # blocks run; their attention / MLP modules are reused
+        elif granularity == "stack":
             assert set(counts.values()) == {computed_steps}, counts
         else:
             expected = {i: STEPS if i % 2 == 0 else computed_steps for i in range(n_blocks)}
