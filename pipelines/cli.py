@@ -63,6 +63,44 @@ def generate(
 
 
 @app.command()
+def calibrate(
+    model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
+    method: str = typer.Option("magcache", help="magcache (magnitude ratios) or teacache (polynomial fit)"),
+    prompt: Optional[str] = typer.Option(None, help="calibration prompt(s); tiny model: labels like '0,1,2'"),
+    steps: Optional[int] = typer.Option(None, help="number of inference steps to calibrate for"),
+    seeds: int = typer.Option(1, help="number of calibration runs (seeds 0..N-1)"),
+    guidance: Optional[float] = typer.Option(None),
+    out: str = typer.Option("dcache-calibration.json", help="calibration file (entries are merged, written atomically)"),
+    device: str = typer.Option("cpu"), dtype: str = typer.Option("float32"),
+) -> None:
+    """Calibrate a method for a model; use the file with --cache magcache --set calibration=FILE."""
+    from dcache.schedules.calibrate import calibrate_magcache, calibrate_teacache
+
+    from .runner import GenerationJob, load_pipeline
+
+    calibrators = {"magcache": calibrate_magcache, "teacache": calibrate_teacache}
+    try:
+        if method not in calibrators:
+            raise ValueError(f"--method {method!r} has no calibration; choose one of {sorted(calibrators)}.")
+        if seeds < 1:
+            raise ValueError(f"--seeds {seeds} must be >= 1.")
+        pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
+        if prompt is None and not is_tiny:
+            raise ValueError("--prompt is required for this model.")
+        prompts = ([p.strip() for p in prompt.split(",")] if is_tiny else [prompt]) if prompt else \
+            [str(i) for i in range(10)]
+        jobs = [GenerationJob(pipe, is_tiny, prompts=prompts, steps=steps, guidance=guidance, seed=s)
+                for s in range(seeds)]
+        table = calibrators[method](pipe, jobs, path=out)
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        _fail(exc)
+        return
+    summary = {k: (v if not isinstance(v, list) or len(v) < 8 else f"[{len(v)} values]") for k, v in table.items()}
+    typer.echo(f"calibrated {method}: {summary}")
+    typer.echo(f"wrote {out}; use it with: dcache generate --cache {method} --set calibration={out}")
+
+
+@app.command()
 def methods() -> None:
     """List the caching methods and presets."""
     import dcache
@@ -88,3 +126,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+from .search_cli import search_command  # noqa: E402  (dcache search: plan search, pipelines/search_cli.py)
+
+app.command("search")(search_command)
