@@ -1,0 +1,353 @@
+"""Quality metrics: against the uncached output of the same seed, over distributions, and over video frames.
+
+Images everywhere: float tensors [N, C, H, W] in [0, 1]; videos are flattened to frames [N*F, C, H, W] with
+`frames_per_sample` = F. Per-image functions return a float64 tensor [N] so that results split over processes
+merge exactly (means of per-image values, concatenation of features).
+
+Reference metrics (cached vs uncached, same seed):  psnr, ssim, lpips, max_abs, mean_abs
+Video (per frame = the reference metrics on frames): + temporal (|d/dt cached - d/dt uncached|, flicker change)
+Distribution metrics (over the whole prompt x seed set): fid (Frechet distance on a feature extractor's features,
+    vs the uncached set and, where the model has one, vs real data), accuracy (a classifier's agreement with the
+    requested class), clip_score (torchmetrics CLIPScore), image_reward (optional `image-reward` package)
+
+Metrics with pretrained weights load them the normal way (torchvision / Hugging Face caches, first use downloads);
+the bundled tiny model uses its digit classifier instead (features for FID, predictions for accuracy).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+# ------------------------------------------------------------------------------------------------------------------
+# Registry
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: str  # "reference" | "video" | "distribution"
+    doc: str
+    higher_is_better: bool
+    requires: tuple[tuple[str, str], ...] = ()  # (import name, pip requirement)
+    text_only: bool = False  # needs text prompts (not the digit model)
+    tiny_only: bool = False  # needs the bundled digit classifier
+
+
+METRICS: dict[str, MetricSpec] = {m.name: m for m in [
+    MetricSpec("psnr", "reference", "PSNR (dB) vs the uncached image of the same seed; inf when identical", True),
+    MetricSpec("ssim", "reference", "SSIM (Gaussian 11x11, torchmetrics) vs uncached", True),
+    MetricSpec("lpips", "reference", "LPIPS (AlexNet, torchmetrics) vs uncached; lower is closer", False,
+               requires=(("torchvision", "torchvision"),)),
+    MetricSpec("max_abs", "reference", "max |cached - uncached| per image", False),
+    MetricSpec("mean_abs", "reference", "mean |cached - uncached| per image", False),
+    MetricSpec("temporal", "video", "mean |(x[t+1]-x[t]) - (r[t+1]-r[t])| over frames: temporal error vs uncached",
+               False),
+    MetricSpec("fid", "distribution", "Frechet distance of feature statistics (vs uncached set; vs real data where "
+                                      "available). Digit model: classifier features; others: InceptionV3 2048-d",
+               False),
+    MetricSpec("accuracy", "distribution", "fraction of images the digit classifier assigns the requested label",
+               True, tiny_only=True),
+    MetricSpec("clip_score", "distribution", "CLIP score (torchmetrics, openai/clip-vit-base-patch16): 100 * cos("
+                                             "image, prompt)", True, text_only=True),
+    MetricSpec("image_reward", "distribution", "ImageReward-v1.0 human-preference score (optional)", True,
+               requires=(("ImageReward", "image-reward"),), text_only=True),
+]}
+
+AUTO = "auto"
+TINY_AUTO = ("psnr", "ssim", "max_abs", "mean_abs", "fid", "accuracy")
+TEXT_AUTO = ("psnr", "ssim", "lpips", "max_abs", "mean_abs", "fid", "clip_score")
+
+
+class MetricError(ValueError):
+    """An unknown metric, or one that does not apply to this model."""
+
+
+class MissingExtraError(ImportError):
+    """A metric needs a package that is not installed; the message says what to pip install."""
+
+
+def resolve_metrics(spec: str | Sequence[str] | None, *, is_tiny: bool, is_video: bool = False) -> list[str]:
+    """Validate a metric list ("auto", "psnr,ssim", or a list). Unknown names and metrics that do not fit the model
+    raise MetricError listing the choices; "auto" picks the default set for the model (video adds temporal)."""
+    names = _split(spec)
+    if not names or names == [AUTO]:
+        names = list(TINY_AUTO if is_tiny else TEXT_AUTO)
+        if is_video:
+            names.append("temporal")
+        return names
+    unknown = [n for n in names if n not in METRICS]
+    if unknown:
+        raise MetricError(f"unknown metric(s) {unknown}; choose from {sorted(METRICS)} or 'auto'.")
+    for n in names:
+        spec_ = METRICS[n]
+        if spec_.tiny_only and not is_tiny:
+            raise MetricError(f"metric {n!r} needs the bundled digit classifier; it applies to the tiny model only.")
+        if spec_.text_only and is_tiny:
+            raise MetricError(f"metric {n!r} needs text prompts; the digit model is class-conditional (use accuracy).")
+    return list(dict.fromkeys(names))
+
+
+def check_available(names: Sequence[str]) -> None:
+    """Raise MissingExtraError for the first metric whose packages are not installed, with the pip line."""
+    for n in names:
+        for module, requirement in METRICS[n].requires:
+            if importlib.util.find_spec(module) is None:
+                raise MissingExtraError(f"metric {n!r} needs the `{module}` package: pip install {requirement} "
+                                        f"(or leave {n!r} out of --metrics).")
+
+
+def _split(spec: str | Sequence[str] | None) -> list[str]:
+    if spec is None:
+        return []
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    return [s.strip().lower() for s in items if s and s.strip()]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Reference metrics: cached vs uncached (same seed), one value per image, float64 [N]
+# ------------------------------------------------------------------------------------------------------------------
+
+def _check_pair(a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.shape != b.shape or a.ndim != 4:
+        raise ValueError(f"expected two image batches [N, C, H, W] of one shape, got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}.")
+
+
+def psnr_per_image(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
+    """10 log10(range^2 / MSE) per image [N]; inf where identical."""
+    _check_pair(a, b)
+    mse = ((a.double() - b.double()) ** 2).flatten(1).mean(1)
+    return 10.0 * torch.log10(data_range ** 2 / mse)  # mse 0 -> inf
+
+
+def max_abs_per_image(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _check_pair(a, b)
+    return (a.double() - b.double()).abs().flatten(1).amax(1)
+
+
+def mean_abs_per_image(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _check_pair(a, b)
+    return (a.double() - b.double()).abs().flatten(1).mean(1)
+
+
+def ssim_per_image(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
+    """torchmetrics SSIM (Gaussian sigma 1.5; kernel 11, or the largest odd size that fits small images) [N]."""
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
+    _check_pair(a, b)
+    k = min(11, min(a.shape[-2:]) - (1 - min(a.shape[-2:]) % 2))
+    values = structural_similarity_index_measure(a.double(), b.double(), data_range=data_range, kernel_size=k,
+                                                 sigma=1.5 * k / 11, reduction="none")
+    return values.reshape(-1).double()
+
+
+_LPIPS: dict[str, Any] = {}
+
+
+def lpips_per_image(a: torch.Tensor, b: torch.Tensor, net: str = "alex", batch: int = 16) -> torch.Tensor:
+    """LPIPS per image [N] (torchmetrics; weights download on first use); gray images are repeated to RGB."""
+    check_available(["lpips"])
+    _check_pair(a, b)
+    if net not in _LPIPS:
+        from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
+
+        _LPIPS[net] = LearnedPerceptualImagePatchSimilarity(net_type=net, normalize=True, reduction="mean").eval()
+    metric = _LPIPS[net].to(a.device)
+    if a.shape[1] == 1:
+        a, b = a.repeat(1, 3, 1, 1), b.repeat(1, 3, 1, 1)
+    out = []
+    with torch.no_grad():
+        for i in range(a.shape[0]):  # per image: the module reduces over its batch
+            metric.reset()
+            metric.update(a[i:i + 1].float().clamp(0, 1), b[i:i + 1].float().clamp(0, 1))
+            out.append(float(metric.compute()))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+REFERENCE_FUNCTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "psnr": psnr_per_image, "ssim": ssim_per_image, "lpips": lpips_per_image,
+    "max_abs": max_abs_per_image, "mean_abs": mean_abs_per_image,
+}
+
+
+def reference_metrics(cached: torch.Tensor, reference: torch.Tensor, names: Sequence[str]) -> dict[str, list[float]]:
+    """{metric: per-image values} for the reference metrics among `names` (per frame for videos)."""
+    return {n: REFERENCE_FUNCTIONS[n](cached, reference).tolist() for n in names if n in REFERENCE_FUNCTIONS}
+
+
+def temporal_error(cached: torch.Tensor, reference: torch.Tensor, frames_per_sample: int) -> torch.Tensor:
+    """Per video [N]: mean |(c[t+1] - c[t]) - (r[t+1] - r[t])| over frames and pixels. 0 = the same motion and
+    flicker as the uncached video (a frame-constant offset does not count; new flicker does)."""
+    _check_pair(cached, reference)
+    f = int(frames_per_sample)
+    if f < 2 or cached.shape[0] % f:
+        raise ValueError(f"temporal_error needs frames [N*F, C, H, W] with F >= 2 dividing {cached.shape[0]}, got "
+                         f"F={f}.")
+    c = cached.double().reshape(-1, f, *cached.shape[1:])
+    r = reference.double().reshape(-1, f, *reference.shape[1:])
+    return ((c[:, 1:] - c[:, :-1]) - (r[:, 1:] - r[:, :-1])).abs().flatten(1).mean(1)
+
+
+def flicker(frames: torch.Tensor, frames_per_sample: int) -> torch.Tensor:
+    """Per video [N]: mean |x[t+1] - x[t]|, the raw frame-to-frame change (compare cached with uncached)."""
+    f = int(frames_per_sample)
+    x = frames.double().reshape(-1, f, *frames.shape[1:])
+    return (x[:, 1:] - x[:, :-1]).abs().flatten(1).mean(1)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Distribution metrics
+# ------------------------------------------------------------------------------------------------------------------
+
+def feature_stats(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean [F], unbiased covariance [F, F]) in float64 of features [N, F] (N >= 2)."""
+    x = features.double().reshape(features.shape[0], -1)
+    if x.shape[0] < 2:
+        raise ValueError(f"a Frechet distance needs at least 2 images per set, got {x.shape[0]}; use more seeds or "
+                         f"prompts.")
+    mu = x.mean(0)
+    xc = x - mu
+    return mu, xc.T @ xc / (x.shape[0] - 1)
+
+
+def frechet_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Frechet distance between Gaussians fitted to features a [N, F] and b [M, F]:
+
+        FD = |mu_a - mu_b|^2 + tr(S_a) + tr(S_b) - 2 tr((S_a S_b)^(1/2))
+
+    tr((S_a S_b)^(1/2)) = sum_i sqrt(lambda_i(S_a S_b)); S_a S_b is similar to S_a^(1/2) S_b S_a^(1/2), which is
+    PSD, so its eigenvalues are real and >= 0 (tiny negative / imaginary parts are round-off and are dropped).
+    No scipy.linalg.sqrtm, no iteration; float64 throughout. This is FID when the features are InceptionV3 pool3.
+    """
+    mu_a, s_a = feature_stats(a)
+    mu_b, s_b = feature_stats(b)
+    eig = torch.linalg.eigvals(s_a @ s_b).real.clamp_min(0)
+    value = float(((mu_a - mu_b) ** 2).sum() + s_a.trace() + s_b.trace() - 2 * eig.sqrt().sum())
+    return max(value, 0.0)
+
+
+def classifier_accuracy(predicted: torch.Tensor | Sequence[int], requested: torch.Tensor | Sequence[int]) -> float:
+    p, r = torch.as_tensor(predicted).reshape(-1), torch.as_tensor(requested).reshape(-1)
+    if p.shape != r.shape or p.numel() == 0:
+        raise ValueError(f"accuracy needs one prediction per requested label, got {p.numel()} and {r.numel()}.")
+    return float((p == r).double().mean())
+
+
+class FeatureExtractor:
+    """images [N, C, H, W] in [0, 1] -> features [N, F] (float64 on the CPU), for Frechet distances.
+
+    `DigitFeatures` (the bundled classifier, tiny model; also the test stand-in) or `InceptionFeatures` (FID proper).
+    """
+
+    name = "features"
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class DigitFeatures(FeatureExtractor):
+    """The bundled DigitClassifier: penultimate features [N, 128] and predicted labels."""
+
+    name = "digit-classifier"
+
+    def __init__(self, classifier: Any = None):
+        if classifier is None:
+            from dcache.pipelines.bundled import load_digit_classifier
+
+            classifier = load_digit_classifier()
+        self.classifier = classifier
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return self.classifier.features(images.float()).double().cpu()
+
+    @torch.no_grad()
+    def predict(self, images: torch.Tensor) -> torch.Tensor:
+        return self.classifier.predict(images.float()).cpu()
+
+
+class InceptionFeatures(FeatureExtractor):
+    """InceptionV3 pool3 features [N, 2048] through torchmetrics' FID network (needs torch-fidelity; the weights
+    download on first use, as for any torchmetrics FID)."""
+
+    name = "inception-v3"
+
+    def __init__(self, device: str = "cpu"):
+        if importlib.util.find_spec("torch_fidelity") is None:
+            raise MissingExtraError("FID with InceptionV3 needs torch-fidelity: pip install 'torchmetrics[image]' "
+                                    "(or leave 'fid' out of --metrics).")
+        from torchmetrics.image.fid import NoTrainInceptionV3
+
+        self.net = NoTrainInceptionV3(name="inception-v3-compat", features_list=["2048"]).eval().to(device)
+        self.device = device
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.clamp(0, 1)
+        if x.shape[1] == 1:
+            x = x.repeat(1, 3, 1, 1)
+        x = (x[:, :3] * 255).round().to(torch.uint8).to(self.device)
+        return self.net(x).reshape(x.shape[0], -1).double().cpu()
+
+
+class ClipScorer:
+    """Per-image CLIP score 100 * max(cos(image, text), 0) with torchmetrics' CLIP wrapper (transformers weights,
+    downloaded on first use like any Hugging Face model)."""
+
+    def __init__(self, model: str = "openai/clip-vit-base-patch16"):
+        from torchmetrics.multimodal.clip_score import CLIPScore
+
+        try:
+            self.metric = CLIPScore(model_name_or_path=model)
+        except Exception as exc:  # transformers missing, offline, ...
+            raise MissingExtraError(f"CLIP score could not load {model!r} ({type(exc).__name__}: {exc}); it needs "
+                                    f"`transformers` and the model in the Hugging Face cache (or the network). Leave "
+                                    f"'clip_score' out of --metrics to skip it.") from exc
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        out = []
+        for img, text in zip(images, prompts):
+            self.metric.reset()
+            self.metric.update((img.clamp(0, 1) * 255).round().to(torch.uint8)[None], [text])
+            out.append(float(self.metric.compute()))
+        return torch.tensor(out, dtype=torch.float64)
+
+
+class ImageRewardScorer:
+    """ImageReward-v1.0 (pip install image-reward); per-image reward for (prompt, image)."""
+
+    def __init__(self):
+        check_available(["image_reward"])
+        import ImageReward as RM  # noqa: N813
+
+        self.model = RM.load("ImageReward-v1.0")
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        import PIL.Image
+
+        from dcache.pipelines.images import to_uint8
+
+        arr = to_uint8(images)
+        return torch.tensor([float(self.model.score(p, PIL.Image.fromarray(a))) for p, a in zip(prompts, arr)],
+                            dtype=torch.float64)
+
+
+def finite_mean(values: Sequence[float]) -> float:
+    """Mean that keeps inf (identical images give PSNR inf: the mean is inf, honestly) and ignores NaN."""
+    vals = [v for v in values if not (isinstance(v, float) and math.isnan(v))]
+    return float(sum(vals) / len(vals)) if vals else float("nan")
+
+
+__all__ = ["METRICS", "MetricSpec", "MetricError", "MissingExtraError", "resolve_metrics", "check_available",
+           "psnr_per_image", "ssim_per_image", "lpips_per_image", "max_abs_per_image", "mean_abs_per_image",
+           "reference_metrics", "temporal_error", "flicker", "frechet_distance", "feature_stats",
+           "classifier_accuracy", "FeatureExtractor", "DigitFeatures", "InceptionFeatures", "ClipScorer",
+           "ImageRewardScorer", "finite_mean"]

@@ -1,0 +1,402 @@
+"""The eval report folder: results.json (every number, configs, environment), report.md (tables + linked PNGs,
+ready to paste into BENCHMARKS.md) and a self-contained report.html (the same, PNGs embedded as base64).
+
+Files written (each atomically, the reports last):
+    results.json   pareto.png   grid.png (uncached vs each method, per-image PSNR)   diff.png (|difference| heat maps)
+    decisions.png (per step: fraction of units computed, first item)   report.md   report.html
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from dcache.plan import atomic_write_text
+
+from .plots import ParetoPoint, heatmap, image_grid, pareto_plot
+
+MAX_GRID_IMAGES = 12
+MAX_VIDEO_FRAMES = 8
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Number formatting
+# ------------------------------------------------------------------------------------------------------------------
+
+def fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "—"
+        if math.isinf(v):
+            return "∞" if v > 0 else "-∞"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return _json_safe(obj.tolist())
+    return obj
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Table
+# ------------------------------------------------------------------------------------------------------------------
+
+# (header, key or callable, higher is better | None, formatter digits)
+def _columns(results: dict) -> list[tuple[str, Any, int]]:
+    rows = [results["variants"][k] for k in results["order"]]
+
+    def has(key: str) -> bool:
+        return any(r.get(key) is not None for r in rows)
+
+    cols: list[tuple[str, Any, int]] = [
+        ("compute ratio", "compute_ratio", 3),
+        ("ideal speed-up", lambda r: _x(r.get("ideal_speedup")), 2),
+        ("measured speed-up", lambda r: _x(r.get("measured_speedup")), 2),
+        ("latency s/img (median [IQR])", lambda r: _lat(r), 4),
+    ]
+    named = [("PSNR dB", "psnr", 2), ("SSIM", "ssim", 4), ("LPIPS", "lpips", 4), ("max |err|", "max_abs", 4),
+             ("mean |err|", "mean_abs", 5), ("temporal err", "temporal", 5), ("FID vs uncached", "fid_vs_uncached", 3),
+             ("FID vs data", "fid_vs_data", 3), ("accuracy", "accuracy", 3), ("CLIP score", "clip_score", 2),
+             ("ImageReward", "image_reward", 3)]
+    cols += [c for c in named if has(c[1])]
+    if has("flops_per_image"):
+        cols.append(("GFLOPs/img", lambda r: None if r.get("flops_per_image") is None
+                     else r["flops_per_image"] / 1e9, 4))
+    cols.append(("cache MiB", lambda r: (r.get("cache_bytes") or 0) / 2**20, 2))
+    if has("peak_memory_bytes"):
+        cols.append(("peak GPU MiB", lambda r: None if r.get("peak_memory_bytes") is None
+                     else r["peak_memory_bytes"] / 2**20, 0))
+    return cols
+
+
+def _x(v: Any) -> Any:
+    return None if v is None else (f"{v:.2f}x" if math.isfinite(v) else "∞")
+
+
+def _lat(r: dict) -> str:
+    lat = r.get("latency") or {}
+    if lat.get("median_s") is None:
+        return "—"
+    return f"{lat['median_s']:.4f} [{lat['iqr_s']:.4f}]"
+
+
+def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    cols = _columns(results)
+    header = ["method"] + [c[0] for c in cols]
+    body = []
+    for label in results["order"]:
+        r = results["variants"][label]
+        cells = [label]
+        for _, key, digits in cols:
+            value = key(r) if callable(key) else r.get(key)
+            if label == "uncached" and key in ("psnr", "ssim", "lpips", "max_abs", "mean_abs", "temporal"):
+                value = None  # the reference itself
+            cells.append(fmt(value, digits))
+        body.append(cells)
+    return header, body
+
+
+def markdown_table(header: list[str], body: list[list[str]]) -> str:
+    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(esc(h) for h in header) + " |", "|" + "|".join(["---"] + ["--:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Figures
+# ------------------------------------------------------------------------------------------------------------------
+
+def _quality_key(results: dict) -> tuple[str, str, bool]:
+    for key, name, hib in (("psnr", "PSNR vs uncached (dB)", True), ("ssim", "SSIM vs uncached", True),
+                           ("lpips", "LPIPS vs uncached", False), ("fid_vs_uncached", "FID vs uncached", False),
+                           ("mean_abs", "mean |error| vs uncached", False)):
+        if any(r.get(key) is not None for lbl, r in results["variants"].items() if lbl != "uncached"):
+            return key, name, hib
+    return "compute_ratio", "compute ratio", False
+
+
+def _grid_images(recs: list[dict], grid_items: int, video: bool) -> tuple[torch.Tensor | None, list[int]]:
+    """Images of the first grid items (and their positions in the per-image metric lists)."""
+    parts, positions, offset = [], [], 0
+    for r in recs:
+        n = r["num_images"]
+        if r["item"]["index"] < grid_items and r.get("images") is not None:
+            imgs = r["images"]
+            if video and r["frames_per_sample"] >= 2:
+                f = r["frames_per_sample"]
+                take = torch.linspace(0, f - 1, min(f, MAX_VIDEO_FRAMES)).round().long()
+                imgs = imgs[take]
+                positions += [offset + int(t) for t in take]
+            else:
+                positions += list(range(offset, offset + n))
+            parts.append(imgs)
+        offset += n
+    if not parts:
+        return None, []
+    images = torch.cat(parts)[:MAX_GRID_IMAGES]
+    return images, positions[:MAX_GRID_IMAGES]
+
+
+def make_figures(out: Path, results: dict, records: dict[str, list[dict]]) -> dict[str, Path]:
+    figs: dict[str, Path] = {}
+    order = results["order"]
+    rows = results["variants"]
+    qkey, qname, hib = _quality_key(results)
+    points = [ParetoPoint(lbl, rows[lbl].get("measured_speedup"), rows[lbl].get("ideal_speedup"),
+                          (math.inf if hib else 0.0) if lbl == "uncached" and qkey != "compute_ratio"
+                          else rows[lbl].get(qkey)) for lbl in order]
+    if qkey == "psnr":  # identical-to-uncached methods read inf: draw at the top edge like the reference
+        points = [p if p.quality is None or p.quality < 99.9 else ParetoPoint(p.label, p.speedup, p.ideal_speedup,
+                                                                                math.inf) for p in points]
+    model = str(results["model"])
+    model = model if len(model) <= 40 else "…" + model[-39:]
+    figs["pareto"] = pareto_plot(points, out / "pareto.png", quality_name=qname, higher_is_better=hib,
+                                 title=f"{model}: speed-up vs quality")
+
+    grid_items = results["config"]["grid_items"]
+    video = results["is_video"]
+    ref, positions = _grid_images(records["uncached"], grid_items, video)
+    if ref is not None:
+        scale_rows: list[tuple[str, torch.Tensor, Sequence[str] | None]] = [("uncached", ref, None)]
+        diffs = []
+        for lbl in order[1:]:
+            imgs, _ = _grid_images(records[lbl], grid_items, video)
+            if imgs is None or imgs.shape != ref.shape:
+                continue
+            psnr = rows[lbl].get("per_image", {}).get("psnr")
+            captions = [f"{psnr[p]:.1f} dB" if math.isfinite(psnr[p]) else "identical" for p in positions] \
+                if psnr else None
+            scale_rows.append((lbl, imgs, captions))
+            diffs.append((lbl, (imgs - ref).abs().mean(dim=1, keepdim=True)))
+        tile = 64 if ref.shape[-1] <= 32 else 128
+        figs["grid"] = image_grid(scale_rows, out / "grid.png", tile=tile,
+                                  note="images of the first item(s); caption = PSNR vs the uncached image")
+        if diffs:
+            from dcache.pipelines.images import heat
+
+            vmax = max(float(d.max()) for _, d in diffs) or 1e-8
+            heat_rows = [(lbl, heat(d, vmax=vmax), [f"max {float(x.max()):.3f}" for x in d]) for lbl, d in diffs]
+            figs["diff"] = image_grid(heat_rows, out / "diff.png", tile=tile,
+                                      note=f"|cached - uncached| per pixel, black 0 -> red -> yellow {vmax:.3f} "
+                                           f"(one scale for all rows)")
+    strips, labels, width = [], [], 0
+    for lbl in order[1:]:
+        per_step = rows[lbl].get("decisions_first_item") or []
+        branches = sorted({b for step in per_step for b in step})
+        for b in branches:
+            frac = [(step[b].count("C") / len(step[b])) if b in step and step[b] else math.nan for step in per_step]
+            strips.append(frac)
+            labels.append(f"{lbl} [{b}]" if len(branches) > 1 else lbl)
+            width = max(width, len(frac))
+    if strips:
+        import numpy as np
+
+        m = np.full((len(strips), width), np.nan)
+        for i, s in enumerate(strips):
+            m[i, :len(s)] = s
+        figs["decisions"] = heatmap(m, out / "decisions.png", title="fraction of units computed per step (first item)",
+                                    xlabel="step", ylabel="", cbar="computed fraction", cmap="Blues", vmin=0, vmax=1,
+                                    row_labels=labels)
+    return figs
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Markdown and HTML
+# ------------------------------------------------------------------------------------------------------------------
+
+def _summary_lines(results: dict) -> list[tuple[str, str]]:
+    cfg, env = results["config"], results["environment"]
+    n_img = results["variants"]["uncached"]["num_images"]
+    return [
+        ("model", str(results["model"])),
+        ("prompts", f"{len(results['prompts'])} ({cfg['prompts']})"),
+        ("seeds", ", ".join(map(str, results["seeds"]))),
+        ("images per method", f"{n_img} in {len(results['items'])} pipeline calls of batch ≤ {cfg['batch_size']}"),
+        ("steps / guidance", f"{cfg['steps'] or 'pipeline default'} / {cfg['guidance'] or 'pipeline default'}"),
+        ("timing", f"{cfg['warmup']} warm-up + {cfg['repeats']} timed repeats per call, device-synchronised; "
+                   f"latency = seconds per image, median [IQR] over calls"),
+        ("metrics", ", ".join(results["metrics"]) + (f" (features: {results['feature_extractor']})"
+                                                     if results.get("feature_extractor") else "")),
+        ("device", f"{env['device']} ({env['device_name']}), {env['num_processes']} process(es), "
+                   f"{env['torch_threads']} torch threads"),
+        ("versions", ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)),
+        ("created", results["created"] + (f", commit {env['git_commit']}" if env.get("git_commit") else "")),
+    ]
+
+
+def _decision_lines(results: dict, limit: int = 120) -> list[str]:
+    out = []
+    for lbl in results["order"][1:]:
+        r = results["variants"][lbl]
+        per_step = r.get("decisions_first_item") or []
+        if not per_step:
+            continue
+        branches = sorted({b for step in per_step for b in step})
+        for b in branches:
+            cells = [step.get(b, "?") for step in per_step]
+            text = "".join(cells) if all(len(c) == 1 for c in cells) else \
+                " ".join(f"{c.count('C')}/{len(c)}" for c in cells)
+            out.append(f"{lbl} [{b}]: {text[:limit]}{'…' if len(text) > limit else ''}")
+    return out
+
+
+NOTES = [
+    "compute ratio = block FLOPs computed / block FLOPs of an uncached run (dcache stats, summed over all calls); "
+    "ideal speed-up = 1 / compute ratio.",
+    "measured speed-up = median uncached latency / median method latency (seconds per image).",
+    "PSNR/SSIM/LPIPS/|err| compare each cached image with the uncached image of the same prompt and seed (per "
+    "frame for videos); means over images, PSNR of identical images capped at 100 dB in the mean.",
+    "GFLOPs/img: torch FlopCounterMode over one whole pipeline call (matmul/conv/attention), per image.",
+]
+
+
+def render_markdown(results: dict, figs: dict[str, Path]) -> str:
+    header, body = table_rows(results)
+    lines = [f"# dcache eval: {results['model']}", ""]
+    if results.get("command"):
+        lines += ["Produced by:", "", "```", results["command"], "```", ""]
+    lines += [f"- **{k}**: {v}" for k, v in _summary_lines(results)]
+    lines += ["", "## Results", "", markdown_table(header, body), ""]
+    if "pareto" in figs:
+        lines += ["## Speed-up vs quality", "", "![Pareto plot](pareto.png)", ""]
+    if "grid" in figs:
+        lines += ["## Images: uncached vs cached", "", "![image grid](grid.png)", ""]
+    if "diff" in figs:
+        lines += ["![difference heat maps](diff.png)", ""]
+    decisions = _decision_lines(results)
+    if decisions:
+        lines += ["## Decisions per step (first item; C compute, R reuse, F forecast)", ""]
+        if "decisions" in figs:
+            lines += ["![decisions](decisions.png)", ""]
+        lines += ["```"] + decisions + ["```", ""]
+    lines += ["## Notes", ""] + [f"- {n}" for n in NOTES + results.get("notes", [])]
+    lines += [f"- {k}: {v}" for k, v in results.get("metric_docs", {}).items()]
+    lines += ["", "All numbers: `results.json`.", ""]
+    return "\n".join(lines)
+
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1200px;color:#222;
+     padding:0 16px}
+h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:4px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:right;white-space:nowrap}
+th{background:#f3f5f7} td:first-child,th:first-child{text-align:left;font-weight:600}
+tr:nth-child(even) td{background:#fafbfc} tr.ref td{color:#555;background:#eef3f8}
+td.best{background:#e3f4e3 !important;font-weight:600}
+dl.meta{display:grid;grid-template-columns:max-content auto;gap:2px 14px;font-size:13px}
+dl.meta dt{color:#666} dl.meta dd{margin:0}
+img{max-width:100%;border:1px solid #eee} pre{background:#f6f8fa;padding:8px;font-size:12px;overflow-x:auto}
+.small{font-size:12px;color:#555} .fig{margin:10px 0}
+"""
+
+
+def _best_cells(header: list[str], body: list[list[str]], results: dict) -> set[tuple[int, int]]:
+    """(row, col) of the best cached value in quality / speed columns (the uncached row excluded)."""
+    better = {"measured speed-up": 1, "ideal speed-up": 1, "PSNR dB": 1, "SSIM": 1, "accuracy": 1, "CLIP score": 1,
+              "ImageReward": 1, "LPIPS": -1, "max |err|": -1, "mean |err|": -1, "temporal err": -1,
+              "FID vs uncached": -1, "FID vs data": -1}
+    best = set()
+    for c, h in enumerate(header):
+        sign = better.get(h)
+        if sign is None:
+            continue
+        vals = []
+        for r, row in enumerate(body):
+            if r == 0:
+                continue
+            try:
+                vals.append((float(row[c].rstrip("x").replace(",", "").replace("∞", "inf")), r))
+            except ValueError:
+                pass
+        if len(vals) > 1:
+            target = max(v for v, _ in vals) if sign > 0 else min(v for v, _ in vals)
+            best |= {(r, c) for v, r in vals if v == target}
+    return best
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<div class="fig"><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></div>'
+
+
+def render_html(results: dict, figs: dict[str, Path]) -> str:
+    e = html.escape
+    header, body = table_rows(results)
+    best = _best_cells(header, body, results)
+    parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+             f"<title>dcache eval: {e(str(results['model']))}</title><style>{CSS}</style></head><body>",
+             f"<h1>dcache eval: {e(str(results['model']))}</h1>"]
+    if results.get("command"):
+        parts.append(f"<pre>{e(results['command'])}</pre>")
+    parts.append("<dl class='meta'>" + "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in _summary_lines(results))
+                 + "</dl>")
+    parts.append("<h2>Results</h2><table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in header)
+                 + "</tr></thead><tbody>")
+    for r, row in enumerate(body):
+        cls = " class='ref'" if r == 0 else ""
+        cells = "".join(f"<td{' class=best' if (r, c) in best else ''}>{e(v)}</td>" for c, v in enumerate(row))
+        parts.append(f"<tr{cls}>{cells}</tr>")
+    parts.append("</tbody></table><p class='small'>Green: best cached value per column.</p>")
+    if "pareto" in figs:
+        parts += ["<h2>Speed-up vs quality</h2>", _img(figs["pareto"], "Pareto plot")]
+    if "grid" in figs:
+        parts += ["<h2>Images: uncached vs cached</h2>", _img(figs["grid"], "image grid")]
+    if "diff" in figs:
+        parts += ["<h3>Difference heat maps</h3>", _img(figs["diff"], "difference heat maps")]
+    decisions = _decision_lines(results)
+    if decisions:
+        parts.append("<h2>Decisions per step</h2><p class='small'>First item; C compute, R reuse, F forecast (or "
+                     "computed/total units per step).</p>")
+        if "decisions" in figs:
+            parts.append(_img(figs["decisions"], "decisions"))
+        parts.append("<pre>" + e("\n".join(decisions)) + "</pre>")
+    parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in NOTES + results.get("notes", []))
+                 + "".join(f"<li><b>{e(k)}</b>: {e(v)}</li>" for k, v in results.get("metric_docs", {}).items())
+                 + "</ul><p class='small'>Every number: results.json in this folder.</p></body></html>")
+    return "\n".join(parts)
+
+
+def _write(path: Path, text: str) -> None:
+    """Atomic write, then the usual permissions (mkstemp creates 0600; reports are for sharing)."""
+    import os
+
+    atomic_write_text(path, text)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def write_report(out: str | Path, results: dict, records: dict[str, list[dict]]) -> list[str]:
+    """Write figures, results.json, report.md and report.html into `out`; returns the file names."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    figs = make_figures(out, results, records)
+    _write(out / "results.json", json.dumps(_json_safe(results), indent=1))
+    _write(out / "report.md", render_markdown(results, figs))
+    _write(out / "report.html", render_html(results, figs))
+    return sorted([p.name for p in figs.values()] + ["results.json", "report.md", "report.html"])
+
+
+__all__ = ["write_report", "render_markdown", "render_html", "table_rows", "markdown_table", "fmt"]
