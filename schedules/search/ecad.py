@@ -202,7 +202,9 @@ def _finish(state: _State, template: Template, out: Path, config: ECADConfig) ->
     q = np.array([state.archive[k]["quality"] for k in keys])
     c = np.array([state.archive[k]["compute_ratio"] for k in keys])
     keep = pareto_mask(q, c)
-    seed_names = {v: k for k, v in state.seeds.items()}
+    seed_names: dict[str, str] = {}
+    for name, key in state.seeds.items():  # the first name of a genome wins (user seeds come first)
+        seed_names.setdefault(key, name)
     points, others = [], []
     n_var = (template.num_steps - 1) * len(template.module_units)
     for i, k in enumerate(keys):

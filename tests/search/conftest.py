@@ -1,50 +1,32 @@
-"""A tiny seeded digit pipeline (bundled weights when present, else random weights of the same architecture)."""
+"""Makes tests/search/search_testkit.py importable (pyproject's pythonpath only holds tests/); one intra-op thread
+(tiny models on a shared 2-core machine); the tiny pipeline once per session."""
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-torch.set_num_threads(1)
+_HERE = str(Path(__file__).parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+import search_testkit  # noqa: E402
 
 
-def _pipe():
-    from torch import nn
-
-    from dcache.pipelines.bundled import TINY_MODEL_DIR, load_tiny_pipeline
-
-    if (TINY_MODEL_DIR / "model_index.json").is_file():
-        return load_tiny_pipeline()
-    from diffusers import FluxTransformer2DModel
-
-    from dcache.pipelines.label_encoder import LabelEncoder
-    from dcache.pipelines.train_tiny import LABEL_ENCODER_CONFIG, TRANSFORMER_CONFIG, build_pipeline
-
-    torch.manual_seed(0)
-    pipe = build_pipeline(nn.ModuleDict({"transformer": FluxTransformer2DModel(**TRANSFORMER_CONFIG),
-                                         "label_encoder": LabelEncoder(**LABEL_ENCODER_CONFIG)}))
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
 def tiny_pipe():
-    return _pipe()
-
-
-def psnr(images, reference):
-    mse = torch.mean((images.float() - reference.float()) ** 2).item()
-    return 99.0 if mse <= 1e-12 else 10 * torch.log10(torch.tensor(1.0 / mse)).item()
-
-
-def make_calibration(pipe, steps=6, labels=(1, 7), seed=0):
-    from dcache.schedules.search import Calibration
-
-    def generate():
-        return pipe(labels=list(labels), num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
-                    output_type="pt").images
-
-    return Calibration(pipe, generate, psnr)
+    return search_testkit.tiny_pipe()
 
 
 @pytest.fixture
 def calib(tiny_pipe):
-    return make_calibration(tiny_pipe)
+    return search_testkit.make_calibration(tiny_pipe)

@@ -1,0 +1,169 @@
+"""`dcache search`: offline plan search (ECAD, LeMiCa, DP, L2C, HarmoniCa) on a pipeline's calibration set.
+
+    dcache search --method ecad --budget 0.5,0.33 --pop-size 16 --generations 8 --out search-ecad
+    dcache search --method lemica --budget 0.5,0.33 --out search-lemica
+    dcache generate --cache search-lemica/plans/lemica-B14.plan.json
+
+Writes `<out>/plans/*.plan.json`, `<out>/front.json` (measured quality and compute ratio of every plan),
+`<out>/front.png` and `<out>/summary.md`. Quality objective: PSNR of the cached images against the uncached ones
+on the calibration set; for the bundled digit model the classifier's accuracy on the requested labels is reported
+beside it. This is the wiring layer: the search code (`dcache.schedules.search`) takes the calibration as callables.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+METHODS = ("ecad", "lemica", "dp", "harmonica", "l2c")
+DEFAULT_CALIB_LABELS = "0,1,2,3,4,5,6,7,8,9"
+
+
+def quality_psnr(images: torch.Tensor, reference: torch.Tensor) -> float:
+    """PSNR (dB) to the uncached images; identical images score 100 dB (a finite cap, so fronts stay plottable)."""
+    from dcache.schedules.calibrate import psnr
+
+    value = psnr(images, reference, data_range=1.0)
+    return 100.0 if math.isinf(value) else min(value, 100.0)
+
+
+def tiny_metrics(labels: list[int]):
+    """metrics_fn for the digit model: classifier accuracy on the requested labels and agreement with uncached."""
+    try:
+        from .bundled import load_digit_classifier
+
+        classifier = load_digit_classifier()
+    except FileNotFoundError:
+        classifier = None
+    import torch
+
+    target = torch.tensor(labels)
+
+    def metrics(images: torch.Tensor, reference: torch.Tensor) -> dict:
+        out = {"psnr": quality_psnr(images, reference)}
+        if classifier is not None:
+            with torch.no_grad():
+                pred, pred_ref = classifier.predict(images), classifier.predict(reference)
+            out["accuracy"] = float((pred.cpu() == target).float().mean())
+            out["agreement"] = float((pred == pred_ref).float().mean())
+        return out
+
+    return metrics
+
+
+def make_calibration(pipe: Any, is_tiny: bool, prompts: list[str], *, steps: int | None, seed: int,
+                     guidance: float | None = None):
+    from dcache.schedules.search import Calibration
+
+    from .runner import GenerationJob
+
+    job = GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=guidance, seed=seed)
+    metrics = tiny_metrics([int(p) for p in prompts]) if is_tiny else None
+    return Calibration(pipe, job, quality_psnr, metrics)
+
+
+def parse_budget(budget: str, num_steps: int) -> tuple[list[float], tuple[int, ...]]:
+    """'0.5,0.33' (compute ratios) or '14,9' (computed steps) -> (ratios, computed-step counts)."""
+    try:
+        values = [float(v) for v in budget.split(",") if v.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--budget {budget!r} must be compute ratios like 0.5,0.33 or step counts like 14,9.")
+    if not values or any(v <= 0 for v in values):
+        raise typer.BadParameter(f"--budget {budget!r} must list positive numbers.")
+    if all(v <= 1 for v in values):
+        return values, tuple(max(2, round(v * num_steps)) for v in values)
+    return [v / num_steps for v in values], tuple(int(v) for v in values)
+
+
+def dynamic_seed_plans(pipe: Any, calib, names=("fora", "fixed_interval", "fbcache", "easycache")) -> dict:
+    """Recorded plans of dynamic methods on the calibration set (ECAD's seeds); methods that fail are skipped."""
+    import torch
+
+    import dcache
+
+    sweeps = {"fora": [dict(interval=k) for k in (2, 3)], "fixed_interval": [dict(interval=k) for k in (2, 3)],
+              "fbcache": [dict(threshold=t) for t in (0.1, 0.2)], "easycache": [dict(threshold=t) for t in (0.05, 0.1)]}
+    plans = {}
+    for name in names:
+        for overrides in sweeps.get(name, [{}]):
+            try:
+                handle = dcache.apply(pipe, name, count_flops=False, **overrides)
+            except (ValueError, TypeError, RuntimeError):
+                continue
+            try:
+                with torch.no_grad():
+                    calib.generate()
+                key = name + "".join(f"-{k}{v}" for k, v in overrides.items())
+                plans[key] = handle.plan()
+            except (ValueError, RuntimeError):
+                pass
+            finally:
+                handle.remove()
+    return plans
+
+
+def search_command(
+    method: str = typer.Option(..., help=f"one of {', '.join(METHODS)}"),
+    model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
+    budget: str = typer.Option("0.5,0.33", help="target compute ratios (<= 1) or computed steps (> 1), comma-separated"),
+    out: str = typer.Option("dcache-search", help="output folder: plans/, front.json, front.png, summary.md"),
+    steps: int = typer.Option(28, help="denoising steps the plans are made for"),
+    prompts: str = typer.Option(DEFAULT_CALIB_LABELS, help="calibration prompts (tiny model: class labels), comma-separated"),
+    seed: int = typer.Option(0, help="calibration seed (noise) and search seed"),
+    pop_size: int = typer.Option(16, help="ECAD population size"),
+    generations: int = typer.Option(8, help="ECAD generations"),
+    resume: bool = typer.Option(False, help="ECAD: continue from <out>/checkpoint.pkl"),
+    max_span: int = typer.Option(8, help="LeMiCa: longest cached segment + 1"),
+    iterations: int = typer.Option(60, help="L2C / HarmoniCa: router training iterations"),
+    device: str = typer.Option("cpu", help="cpu, cuda, ..."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
+    progress: bool = typer.Option(True, help="show progress bars"),
+) -> None:
+    """Search cache plans on a calibration set and write the Pareto front (plans, JSON, plot, summary)."""
+    from .runner import load_pipeline
+
+    if method not in METHODS:
+        raise typer.BadParameter(f"--method {method!r} is not one of {', '.join(METHODS)}.")
+    pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
+    front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts, seed=seed,
+                       pop_size=pop_size, generations=generations, resume=resume, max_span=max_span,
+                       iterations=iterations, progress=progress)
+    typer.echo(f"wrote {out}/front.json, {out}/front.png, {out}/summary.md and {len(front.get('points', []))} plans:")
+    for p in front.get("points", []):
+        typer.echo(f"  {p['plan']}  compute ratio {p['compute_ratio']:.3f}  quality {p['quality']:.3f}")
+    typer.echo(f"use one with: dcache generate --cache {Path(out) / 'plans' / '<plan>.plan.json'} --steps {steps}")
+
+
+def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33", out: str = "dcache-search",
+               steps: int = 28, prompts: str = DEFAULT_CALIB_LABELS, seed: int = 0, pop_size: int = 16,
+               generations: int = 8, resume: bool = False, max_span: int = 8, iterations: int = 60,
+               progress: bool = True, seed_methods: tuple[str, ...] = ("fora", "fixed_interval", "fbcache", "easycache"),
+               on_generation=None) -> dict:
+    """The search behind `dcache search`, on an already loaded pipeline; returns the front (as in front.json)."""
+    from dcache.schedules import search
+
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}.")
+    if hasattr(pipe, "set_progress_bar_config"):
+        pipe.set_progress_bar_config(disable=True)
+    prompt_list = [p.strip() for p in prompts.split(",") if p.strip()]
+    calib = make_calibration(pipe, is_tiny, prompt_list, steps=steps, seed=seed)
+    template = search.make_template(calib)
+    ratios, counts = parse_budget(budget, template.num_steps)
+    if method == "ecad":
+        seeds = dynamic_seed_plans(pipe, calib, seed_methods)
+        return search.ecad_search(calib, out, search.ECADConfig(pop_size=pop_size, generations=generations, seed=seed),
+                                  seed_plans=seeds, resume=resume, template=template, progress=progress,
+                                  on_generation=on_generation)
+    if method == "lemica":
+        return search.lemica_search(calib, out, search.LeMiCaConfig(budgets=counts, max_span=max_span),
+                                    template=template, progress=progress)
+    if method == "dp":
+        return search.dp_search(calib, out, search.DPConfig(budgets=counts), template=template, progress=progress)
+    from dcache.schedules.search import router
+
+    cfg = router.RouterConfig(objective=method, iterations=iterations, seed=seed, target_ratios=tuple(ratios))
+    return router.router_search(calib, out, cfg, resume=resume, template=template, progress=progress)
