@@ -10,9 +10,11 @@ residual rectification and timestep adjustment, exported as a Plan.
    and step i, the feature F_i (`metric="residual"`: the stack residual R_i = h_out - h_in that the engine caches;
    `metric="output"`: the model output v_i as in the paper), and pools over inputs
        e(j, i) = sum|F_i - F_j| / sum|F_i|          (relL1 of reusing computed step j at step i).
-   A DP over segments (j computed, j+1..m-1 reuse j) picks the fewest computed steps such that every reused step has
-   e(j, i) <= threshold (delta), runs of reuse <= max_consecutive, and the first warmup_steps compute; ties go to
-   the least total error. If that needs more computed steps than the budget `max_compute_ratio * N`, the budget
+   A DP over segments (j computed, j+1..m-1 reuse j; states = the last two computed steps) picks the fewest
+   computed steps such that every reused step has error <= threshold (delta), runs of reuse <= max_consecutive, and
+   the first warmup_steps compute; ties go to the least total error. A reused step's error is e(j, i), or with
+   `rectify` the smaller of e(j, i) and the profiled error of the rectified forecast (part 2), so rectification
+   lets the DP reuse more steps at the same delta. If that needs more computed steps than the budget `max_compute_ratio * N`, the budget
    wins and delta is relaxed to the smallest feasible max error (minimax), then least total error; the plan's
    extras say `delta_met: false`.
 2. Closed-form residual rectification. For a reused step i with source j and the computed step j' before j:
@@ -281,7 +283,9 @@ def calibrate_ertacache(target: Any, run_fn: Callable[[], Any] | Sequence[Callab
         k_fit[branch], k_applied[branch], errors[branch] = k_row, applied, err_row
 
     uses_forecast = any(Action.FORECAST.value in "".join(rows) for rows in actions.values())
-    extras = {"ertacache": {"threshold": config.threshold, "delta_met": delta_met, "error_cap": max(caps),
+    finite = lambda v: v if v is None or math.isfinite(v) else None  # noqa: E731  (JSON has no inf)
+    errors = {b: [finite(v) for v in row] for b, row in errors.items()}
+    extras = {"ertacache": {"threshold": config.threshold, "delta_met": delta_met, "error_cap": finite(max(caps)),
                             "metric": config.metric, "k": k_fit, "k_applied": k_applied, "error": errors,
                             "phi": [1.0] * n, "phi_fitted": False, "engine_gap": ENGINE_GAP}}
     provenance = {"method": "ertacache", "config": config.to_dict(),
