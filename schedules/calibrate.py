@@ -410,21 +410,24 @@ def _output_tensor(result: Any) -> torch.Tensor:
 
 def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | float | None = None,
                    quality: str | None = None, reference_fn: RunFn | None = None, grid: Sequence | None = None,
-                   num_steps: int | None = None, **fixed: Any) -> TargetResult:
+                   knob: str | None = None, num_steps: int | None = None, **fixed: Any) -> TargetResult:
     """Sweep `method`'s main knob over `grid` and pick the fastest setting meeting the target.
 
     speed="2x":       among settings with ideal speed-up >= 2, the one with the best PSNR (the least lossy way to
                       be that fast);
     quality="psnr>=30": the setting with the highest ideal speed-up whose PSNR vs the uncached output is >= 30 dB.
     run_fn runs one generation and returns its output (tensor, or pipeline output with .images); reference_fn
-    (default run_fn without caching) gives the uncached output. `fixed` are other knobs of the method.
+    (default run_fn without caching) gives the uncached output. `knob` / `grid` override the swept knob and its
+    values (MAIN_KNOBS holds the defaults); `fixed` are other knobs of the method.
     """
     kind, goal = _parse_target(speed, quality)
-    if method not in MAIN_KNOBS and grid is None:
-        raise ValueError(f"no main knob known for {method!r} (known: {sorted(MAIN_KNOBS)}); pass grid=[...] and "
-                         f"name the knob with knob=... in MAIN_KNOBS.")
-    knob_name, default_grid = MAIN_KNOBS[method]
-    values = list(grid) if grid is not None else list(default_grid)
+    preset = dcache.presets().get(method)
+    base = preset.method if preset is not None else method
+    if base not in MAIN_KNOBS and (knob is None or grid is None):
+        raise ValueError(f"no main knob known for {method!r} (known: {sorted(MAIN_KNOBS)}); pass knob='<field>' and "
+                         f"grid=[...] to sweep one of its config fields.")
+    knob_name = knob if knob is not None else MAIN_KNOBS[base][0]
+    values = list(grid) if grid is not None else list(MAIN_KNOBS[base][1])
     transformer = target if isinstance(target, nn.Module) and not hasattr(target, "scheduler") else getattr(
         target, "transformer", None)
     if getattr(transformer, "_dcache_engine", None) is not None:

@@ -161,6 +161,10 @@ def test_resolve_target_speed_and_quality(model):
     impossible = calibrate.resolve_target("fixed_interval", target=model, run_fn=run, speed="50x",
                                           num_steps=STEPS, grid=(2,))
     assert not impossible.met and impossible.config is None
+    custom = calibrate.resolve_target("fbcache-fast", target=model, run_fn=run, speed="1.2x", num_steps=STEPS,
+                                      knob="warmup_steps", grid=(2, 12))  # a preset and another knob
+    assert custom.met and custom.config.threshold == 0.12 and custom.value in (2, 12)
+    assert [r["value"] for r in custom.sweep] == [2, 12]
     with pytest.raises(ValueError, match="exactly one target"):
         calibrate.resolve_target("fbcache", target=model, run_fn=run)
     with pytest.raises(ValueError, match="psnr>="):
