@@ -153,7 +153,7 @@ def make_template(calib: Calibration) -> Template:
         costs = eng.flops.costs
         block_cost = [_last_cost(costs, s.index) for s in eng.blocks]
         module_cost = [_last_cost(costs, ("m", u)) for u in range(len(pairs))]
-        branches = sorted({c.branch for c in rec.calls}, key=lambda b: (b != "cond", b))
+        branches = list(dict.fromkeys(c.branch for c in rec.calls))  # in call order within a step
         return Template(header=header, num_steps=plan.num_steps, branches=branches,
                         module_units=[f"b{b}.{m}" for b, m in pairs], module_block=[b for b, _ in pairs],
                         block_cost=block_cost, module_cost=module_cost)
