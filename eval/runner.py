@@ -90,6 +90,13 @@ class EvalConfig:
             raise ValueError(f"--batch-size {self.batch_size} must be >= 1.")
         if not self.methods:
             raise ValueError("--methods is empty; pass e.g. --methods fora,fbcache or a plan file.")
+        names = self.metrics.split(",") if isinstance(self.metrics, str) else list(self.metrics)
+        unknown = [n.strip() for n in names if n.strip() and n.strip().lower() not in METRICS
+                   and n.strip().lower() != "auto"]
+        if unknown:
+            from .metrics import MetricError
+
+            raise MetricError(f"unknown metric(s) {unknown}; choose from {sorted(METRICS)} or 'auto'.")
 
 
 @dataclass(frozen=True)
@@ -265,15 +272,14 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, progress: bool = True,
     classifier: a DigitClassifier object to judge the tiny model with (tests); default cfg.classifier or bundled.
     on_record(variant label, item): called after each new record is written (tests interrupt runs with it).
     """
-    from accelerate import PartialState
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
 
     import dcache
-    from dcache.pipelines.runner import TINY, GenerationJob, load_pipeline
+    from dcache.pipelines.runner import GenerationJob, load_pipeline
 
     cfg.check()
-    state = PartialState()
+    state = process_state(cfg.device)
     variants = make_variants(cfg.methods)
     device = _process_device(cfg.device, state)
     pipe, is_tiny = _quiet_load(load_pipeline, cfg.model, device, cfg.dtype)
@@ -391,6 +397,16 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, progress: bool = True,
         files = write_report(out, results, merged)
     state.wait_for_everyone()
     return EvalResult(out, results, files)
+
+
+def process_state(device: str) -> Any:
+    """accelerate's PartialState; CPU work (or no GPU) uses the gloo backend (torchrun / `accelerate launch
+    --multi_gpu` on CPU machines), so processes split work and gather results there too."""
+    from accelerate import PartialState
+
+    cpu = (str(device).startswith("cpu") or not torch.cuda.is_available()
+           or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"))
+    return PartialState(cpu=cpu)
 
 
 def _quiet_load(load_pipeline: Callable, model: str | None, device: str, dtype: str) -> tuple[Any, bool]:

@@ -1,0 +1,170 @@
+"""Typer commands `dcache eval`, `dcache analyze` (and a batch `generate` for prompt files).
+
+The `dcache` CLI (pipelines/cli.py) registers them; this module also runs on its own, which is what
+`accelerate launch` needs:
+
+    accelerate launch --num_processes 2 -m dcache.eval.cli eval --methods fora,fbcache --seeds 8 --out eval-out
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from typing import Optional
+
+import typer
+
+ERRORS = (ValueError, FileNotFoundError, ImportError, RuntimeError, TypeError)
+
+
+def _fail(exc: Exception) -> None:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _command_line(name: str) -> str:
+    argv = sys.argv[1:]
+    if argv and argv[0] == name:
+        argv = argv[1:]
+    return "dcache " + name + (" " + shlex.join(argv) if argv else "")
+
+
+def _overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise typer.BadParameter(f"--set {pair!r} must look like key=value, e.g. --set threshold=0.1")
+        key, value = pair.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def eval_command(
+    model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
+    methods: list[str] = typer.Option(["fora"], "--methods", "-m",
+                                      help="comma-separated methods / presets / plan files; settings as "
+                                           "name:key=value:key=value (repeatable)"),
+    prompts: str = typer.Option("builtin", help="'builtin', a prompt file (.txt/.json/.jsonl), or labels like 0,1,2 "
+                                                "for the tiny model"),
+    num_prompts: Optional[int] = typer.Option(None, help="use the first N prompts"),
+    seeds: int = typer.Option(2, help="number of seeds per prompt (seeds seed-offset .. seed-offset + N - 1)"),
+    seed_offset: int = typer.Option(0, help="first seed"),
+    steps: Optional[int] = typer.Option(None, help="inference steps (pipeline default if unset)"),
+    guidance: Optional[float] = typer.Option(None, help="guidance scale (pipeline default if unset)"),
+    batch_size: Optional[int] = typer.Option(None, help="prompts per pipeline call (default 10 tiny, 1 otherwise)"),
+    repeats: int = typer.Option(3, help="timed repeats per pipeline call"),
+    warmup: int = typer.Option(1, help="untimed warm-up calls per method and process"),
+    metrics: str = typer.Option("auto", help="comma-separated: psnr,ssim,lpips,max_abs,mean_abs,temporal,fid,"
+                                             "accuracy,clip_score,image_reward, or auto"),
+    flops: bool = typer.Option(True, "--flops/--no-flops", help="count FLOPs of one call per method"),
+    device: str = typer.Option("cpu", help="cpu, cuda, cuda:1, auto (accelerate's device per process)"),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
+    height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
+    grid_items: int = typer.Option(1, help="pipeline calls shown in the image grids"),
+    classifier: Optional[str] = typer.Option(None, help="digit classifier .safetensors (tiny model fid/accuracy)"),
+    out: str = typer.Option("dcache-eval", help="report folder (resumes when it holds the same eval)"),
+) -> None:
+    """Evaluate caching methods against the uncached pipeline: report.md/.html, results.json, grids, Pareto plot."""
+    from .runner import EvalConfig, run_eval
+
+    method_list = [m.strip() for spec in methods for m in spec.split(",") if m.strip()]
+    cfg = EvalConfig(model=model, methods=method_list, prompts=prompts, num_prompts=num_prompts, seeds=seeds,
+                     seed_offset=seed_offset, steps=steps, guidance=guidance, batch_size=batch_size, repeats=repeats,
+                     warmup=warmup, flops=flops, metrics=metrics, device=device, dtype=dtype, height=height,
+                     width=width, grid_items=grid_items, classifier=classifier, out=out,
+                     command=_command_line("eval"))
+    try:
+        result = run_eval(cfg)
+    except ERRORS as exc:
+        _fail(exc)
+        return
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:  # already initialised by the run
+        from .report import markdown_table, table_rows
+
+        typer.echo(markdown_table(*table_rows(result.results)))
+        typer.echo(f"wrote {result.out_dir}/: {', '.join(result.files)}")
+
+
+def analyze_command(
+    model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
+    prompts: str = typer.Option("builtin", help="'builtin', a prompt file, or labels like 0,1,2 for the tiny model"),
+    num_prompts: Optional[int] = typer.Option(None, help="use the first N prompts"),
+    seeds: int = typer.Option(1, help="number of seeds per prompt"),
+    steps: Optional[int] = typer.Option(None, help="inference steps (pipeline default if unset)"),
+    guidance: Optional[float] = typer.Option(None, help="guidance scale (pipeline default if unset)"),
+    batch_size: Optional[int] = typer.Option(None, help="prompts per pipeline call"),
+    device: str = typer.Option("cpu", help="cpu, cuda, ..."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
+    height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
+    out: str = typer.Option("dcache-analyze", help="output folder for PNGs, analysis.json, summary.md"),
+) -> None:
+    """Redundancy analysis: per step x block heat maps, the MagCache curve, suggested settings."""
+    from .analyze import AnalyzeConfig, run_analyze
+
+    cfg = AnalyzeConfig(model=model, prompts=prompts, num_prompts=num_prompts, seeds=seeds, steps=steps,
+                        guidance=guidance, batch_size=batch_size, device=device, dtype=dtype, height=height,
+                        width=width, out=out, command=_command_line("analyze"))
+    try:
+        result = run_analyze(cfg)
+    except ERRORS as exc:
+        _fail(exc)
+        return
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:  # already initialised by the run
+        typer.echo((result.out_dir / "summary.md").read_text().split("## Figures")[0].rstrip())
+        typer.echo(f"wrote {result.out_dir}/: {', '.join(result.files)}")
+
+
+def generate_prompts_command(
+    prompts: str = typer.Option(..., help="prompt file (.txt/.json/.jsonl), 'builtin', or labels for the tiny model"),
+    model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
+    cache: str = typer.Option("magcache", help="method, preset or plan file; 'none' for uncached"),
+    seeds: int = typer.Option(1, help="seeds per prompt"),
+    steps: Optional[int] = typer.Option(None), guidance: Optional[float] = typer.Option(None),
+    batch_size: Optional[int] = typer.Option(None, help="prompts per pipeline call"),
+    device: str = typer.Option("cpu"), dtype: str = typer.Option("float32"),
+    height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
+    out: str = typer.Option("dcache-out", help="folder for images/, index.json, stats.json"),
+    set_: list[str] = typer.Option([], "--set", help="method config override key=value (repeatable)"),
+) -> None:
+    """Batch generation of a prompt file x seeds with one method (split over processes under accelerate launch)."""
+    from .batch import generate_batch
+
+    try:
+        result = generate_batch(model=model, prompts=prompts, seeds=seeds, cache=cache, overrides=_overrides(set_),
+                                steps=steps, guidance=guidance, batch_size=batch_size, device=device, dtype=dtype,
+                                height=height, width=width, out=out)
+    except ERRORS as exc:
+        _fail(exc)
+        return
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:  # already initialised by the run
+        s = result.summary
+        typer.echo(f"{s['images']} images ({s['prompts']} prompts x {s['seeds']} seeds) with {s['cache']}: compute "
+                   f"ratio {s['compute_ratio']:.3f} (ideal {s['ideal_speedup']:.2f}x); wrote {result.out_dir}/")
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="dcache evaluation commands (also available as `dcache eval` / `dcache analyze`).")
+app.command("eval")(eval_command)
+app.command("analyze")(analyze_command)
+app.command("generate")(generate_prompts_command)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["eval_command", "analyze_command", "generate_prompts_command", "app", "main"]
