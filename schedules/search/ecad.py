@@ -137,9 +137,12 @@ def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConf
             raise ValueError(f"the checkpoint in {out} is for a genome of {state.algorithm.problem.n_var} bits, this "
                              f"model/steps give {n_var}; use a new output folder.")
     else:
-        seeds = {name: rows_to_genome(convert_rows(plan, template, Granularity.MODULE))
-                 for name, plan in (seed_plans or {}).items()}
-        seeds.update(heuristic_seeds(template))
+        # seed order: whole-step fixed intervals, then the given plans, then the per-component heuristics
+        heuristics = heuristic_seeds(template)
+        seeds = {k: v for k, v in heuristics.items() if k.endswith("-all")}
+        seeds.update({name: rows_to_genome(convert_rows(plan, template, Granularity.MODULE))
+                      for name, plan in (seed_plans or {}).items()})
+        seeds.update({k: v for k, v in heuristics.items() if not k.endswith("-all")})
         seeds = {k: v for k, v in seeds.items() if not v.all()}
         rng = np.random.default_rng(config.seed)
         uniq: dict[str, np.ndarray] = {}

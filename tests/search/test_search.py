@@ -86,8 +86,8 @@ def test_ecad_resume_gives_the_same_front(calib, template, tmp_path):
 
 
 def test_ecad_seeds_enter_the_population(calib, template, tmp_path):
-    seed = template.plan("stack", ["C", "R", "R", "C", "C"], method="seed")
-    front = ecad_search(calib, tmp_path, ECADConfig(pop_size=4, generations=1), template=template, progress=False,
+    seed = template.plan("stack", ["C", "C", "R", "R", "C"], method="seed")  # unlike every fixed interval
+    front = ecad_search(calib, tmp_path, ECADConfig(pop_size=8, generations=1), template=template, progress=False,
                         seed_plans={"myseed": seed})
     assert any(e["seed"] == "myseed" for e in front["evaluated"])
 
