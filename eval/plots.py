@@ -141,8 +141,7 @@ def heatmap(matrix: np.ndarray | torch.Tensor, path: str | Path, *, title: str, 
     else:
         size = (min(2.5 + 0.32 * cols, 16), min(1.6 + 0.16 * rows, 12))
     fig, ax = plt.subplots(figsize=size)
-    cm = plt.get_cmap(cmap).copy()
-    cm.set_bad("0.85")
+    cm = plt.get_cmap(cmap).with_extremes(bad="0.85")
     im = ax.imshow(np.ma.masked_invalid(m), aspect="auto", cmap=cm, vmin=vmin, vmax=vmax, interpolation="nearest")
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)

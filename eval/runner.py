@@ -577,6 +577,7 @@ def aggregate(cfg: EvalConfig, variants: list[Variant], records: dict[str, list[
             capped = [min(x, PSNR_CAP_DB) for x in vals] if name == "psnr" else vals
             row[name] = finite_mean(capped)
             row[f"{name}_min"] = min(vals) if vals else None
+            row[f"{name}_max"] = max(vals) if vals else None
             row[f"{name}_median"] = _median(vals) if vals else None
         row["per_image"] = per_image
         if "fid" in names:
