@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from .search_cli import search_command
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="dcache: feature caching for diffusion transformers in diffusers pipelines.")
 
@@ -120,14 +122,12 @@ def support() -> None:
     typer.echo(render_markdown())
 
 
+app.command("search")(search_command)
+
+
 def main() -> None:
     app()
 
 
 if __name__ == "__main__":
     main()
-
-
-from .search_cli import search_command  # noqa: E402  (dcache search: plan search, pipelines/search_cli.py)
-
-app.command("search")(search_command)
