@@ -152,8 +152,13 @@ def suggest(stats: dict, gamma: dict[str, list[float]], units: list[str]) -> dic
         warm = 1
         while warm < n and warm in high:  # the leading run of fast-changing steps
             warm += 1
+        cutoff = 0
+        while cutoff < n - warm and (n - 1 - cutoff) in high:  # the trailing run of fast-changing steps
+            cutoff += 1
         out["warmup_steps"] = warm
-        out["retention_ratio"] = round(warm / n, 2) if n else 0.2
+        out["cutoff_steps"] = cutoff
+        # MagCache's published default keeps the first 20% of steps; keep at least that
+        out["retention_ratio"] = round(max(0.2, warm / n), 2) if n else 0.2
         out["median_stack_change"] = median
     block_units = [u for u in units if u != STACK]
     if block_units:
@@ -309,9 +314,11 @@ def render_summary(analysis: dict, files: list[str]) -> str:
               f"{', '.join(analysis['statistics'])}.", ""]
     lines += ["## Suggested settings", ""]
     if "warmup_steps" in s:
-        lines.append(f"- Always compute the first **{s['warmup_steps']}** step(s) (stack residual changes more than "
-                     f"2x the median {s['median_stack_change']:.3f} there): `warmup_steps={s['warmup_steps']}`, "
-                     f"`retention_ratio={s['retention_ratio']}`.")
+        lines.append(f"- Always compute the first **{s['warmup_steps']}** and the last **{s['cutoff_steps']}** "
+                     f"step(s): there the stack residual changes more than 2x its median "
+                     f"({s['median_stack_change']:.3f} per step). For FORA / fixed-interval: "
+                     f"`warmup_steps={s['warmup_steps']}`, `cutoff_steps={s['cutoff_steps']}`; for MagCache "
+                     f"`retention_ratio={s['retention_ratio']}` (at least its default 0.2).")
     if "magcache" in s:
         m = s["magcache"]
         lines.append(f"- MagCache: `{m['spec']}` with the measured curve as `ratios` (analysis.json "

@@ -41,6 +41,8 @@ def fmt(v: Any, digits: int = 3) -> str:
             return "∞" if v > 0 else "-∞"
         if abs(v) >= 1000:
             return f"{v:,.0f}"
+        if 0 < abs(v) < 0.5 * 10 ** -digits:  # would print as 0.000: say how small
+            return f"{v:.1e}"
         return f"{v:.{digits}f}"
     return str(v)
 
@@ -111,6 +113,8 @@ def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
             value = key(r) if callable(key) else r.get(key)
             if label == "uncached" and key in ("psnr", "ssim", "lpips", "max_abs", "mean_abs", "temporal"):
                 value = None  # the reference itself
+            elif key == "psnr" and r.get("psnr_max") is not None and r.get("psnr_min") == math.inf:
+                value = math.inf  # every image identical (the mean uses the 100 dB cap)
             cells.append(fmt(value, digits))
         body.append(cells)
     return header, body
@@ -297,11 +301,13 @@ def render_markdown(results: dict, figs: dict[str, Path]) -> str:
 
 
 CSS = """
-body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1200px;color:#222;
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1400px;color:#222;
      padding:0 16px}
+.tablewrap{overflow-x:auto;max-width:100%}
 h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd;padding-bottom:4px}
-table{border-collapse:collapse;font-size:13px;margin:8px 0}
-th,td{border:1px solid #ddd;padding:4px 8px;text-align:right;white-space:nowrap}
+table{border-collapse:collapse;font-size:12px;margin:8px 0}
+th,td{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap}
+th{white-space:normal;max-width:92px;vertical-align:bottom;font-size:11px}
 th{background:#f3f5f7} td:first-child,th:first-child{text-align:left;font-weight:600}
 tr:nth-child(even) td{background:#fafbfc} tr.ref td{color:#555;background:#eef3f8}
 td.best{background:#e3f4e3 !important;font-weight:600}
@@ -330,7 +336,7 @@ def _best_cells(header: list[str], body: list[list[str]], results: dict) -> set[
                 vals.append((float(row[c].rstrip("x").replace(",", "").replace("∞", "inf")), r))
             except ValueError:
                 pass
-        if len(vals) > 1:
+        if len(vals) > 1 and len({v for v, _ in vals}) > 1:  # highlight only where methods differ
             target = max(v for v, _ in vals) if sign > 0 else min(v for v, _ in vals)
             best |= {(r, c) for v, r in vals if v == target}
     return best
@@ -352,13 +358,14 @@ def render_html(results: dict, figs: dict[str, Path]) -> str:
         parts.append(f"<pre>{e(results['command'])}</pre>")
     parts.append("<dl class='meta'>" + "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in _summary_lines(results))
                  + "</dl>")
-    parts.append("<h2>Results</h2><table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in header)
+    parts.append("<h2>Results</h2><div class='tablewrap'><table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in header)
                  + "</tr></thead><tbody>")
     for r, row in enumerate(body):
         cls = " class='ref'" if r == 0 else ""
         cells = "".join(f"<td{' class=best' if (r, c) in best else ''}>{e(v)}</td>" for c, v in enumerate(row))
         parts.append(f"<tr{cls}>{cells}</tr>")
-    parts.append("</tbody></table><p class='small'>Green: best cached value per column.</p>")
+    parts.append("</tbody></table></div><p class='small'>Green: best cached value per column (where methods "
+                 "differ); &#8734; = every image identical to uncached.</p>")
     if "pareto" in figs:
         parts += ["<h2>Speed-up vs quality</h2>", _img(figs["pareto"], "Pareto plot")]
     if "grid" in figs:
