@@ -14,7 +14,7 @@ input through untouched (no compute), probe (front) and tail (back) blocks alway
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
@@ -34,6 +34,8 @@ from .streams import StreamSlots, bind_arguments
 
 HOOK_NAME = "dcache"
 _EPS = 1e-12
+# Engine bookkeeping never runs inside a compiled graph (it branches on Python state every step).
+_eager = torch.compiler.disable
 
 
 @dataclass
@@ -220,6 +222,7 @@ class Engine:
         return sum(b.nbytes for b in self.branches.values())
 
     # ------------------------------------------------------------------------------------------------ calls
+    @_eager
     def begin_call(self, args: tuple, kwargs: dict) -> None:
         self._hook_scheduler()
         name, pos = self._timestep_slot
@@ -235,6 +238,7 @@ class Engine:
             bstate = self.branches[branch] = BranchState()
         self.call = CallState(record, record.step, branch, len(record.calls), timestep, bstate)
 
+    @_eager
     def end_call(self) -> None:
         call, self.call = self.call, None
         if call is None or call.actions is None:
@@ -401,10 +405,14 @@ class Engine:
         bstate.pending_post = pending
 
     # ------------------------------------------------------------------------------------------------ blocks
-    def run_block(self, slot: BlockSlot, forward: Callable, args: tuple, kwargs: dict) -> Any:
+    # Every block call is split in three so that, under torch.compile, only the block's own forward is traced:
+    #   block_enter (eager: bookkeeping, decision, reuse) -> forward (traced) -> block_exit (eager: caching).
+    @_eager
+    def block_enter(self, slot: BlockSlot, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+        """(True, state) when the block must run, (False, output) when its result comes from the cache."""
         call = self.call
         if call is None:  # a block called outside a transformer forward: not ours to cache
-            return forward(*args, **kwargs)
+            return True, None
         hidden, encoder = slot.slots.read(args, kwargs)
         if slot.index == 0:
             self._on_stack_input(call, slot, hidden, args, kwargs)
@@ -413,58 +421,64 @@ class Engine:
             if self.granularity is Granularity.STACK:
                 self._after_probe_decision(call)
         shape = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else ()
-        cost = self.flops.cost(slot.index, shape)
+        out = self._cached_block_output(call, slot, hidden, encoder)
+        if out is not None:
+            call.flops_total += self.flops.cost(slot.index, shape) or 0.0
+            if slot.index == len(self.blocks) - 1:
+                call.stack_output = slot.slots.split_output(out)[0]
+            return False, out
+        if self.granularity is Granularity.STACK and slot.segment_first and slot.role == "middle":
+            call.segment_inputs[slot.list_index] = (hidden, encoder)
+        return True, (call, hidden, encoder, shape, self.flops.start(slot.index, shape))
+
+    def _cached_block_output(self, call: CallState, slot: BlockSlot, hidden, encoder) -> Any:
+        """The block's result without running it, or None when the block must compute."""
+        if self.granularity is Granularity.MODULE:
+            return None
+        if self.granularity is Granularity.BLOCK:
+            action = call.actions[slot.index]
+            if action == Action.COMPUTE.value:
+                return None
+            return self._apply_cached(slot, call.bstate.units[slot.index], action, call.step, hidden, encoder)
+        if slot.role != "middle":
+            return None
+        action = call.actions[0]
+        if action == Action.COMPUTE.value:
+            return None
+        if not slot.segment_first:
+            return slot.slots.make_output(hidden, encoder)  # skipped: the segment residual was applied already
+        return self._apply_cached(slot, call.bstate.units[("seg", slot.list_index)], action, call.step, hidden,
+                                  encoder)
+
+    @_eager
+    def block_exit(self, slot: BlockSlot, state: Any, out: Any) -> Any:
+        if state is None:
+            return out
+        call, hidden, encoder, shape, counter = state
+        self.flops.stop(counter, slot.index, shape)
+        cost = self.flops.cost(slot.index, shape) or 0.0
+        call.flops_total += cost
+        call.flops_computed += cost  # MODULE granularity: skipped modules subtract their share
         if self.granularity is Granularity.STACK:
-            out = self._run_stack_block(call, slot, forward, args, kwargs, hidden, encoder, shape)
-        elif self.granularity is Granularity.BLOCK:
-            out = self._run_unit_block(call, slot, forward, args, kwargs, hidden, encoder, shape)
-        else:
-            out = self._compute(call, slot, forward, args, kwargs, shape)
-        if cost is None:
-            cost = self.flops.cost(slot.index, shape)
-        call.flops_total += cost or 0.0
+            if slot.role == "probe" and slot.index == self.decision_block - 1:
+                self._on_probe_output(call, slot.slots.split_output(out)[0])
+            elif slot.role == "middle" and slot.segment_last and self.schedule.may_reuse(call.branch, 0):
+                seg_h, seg_e = call.segment_inputs.pop(slot.list_index)
+                out_h, out_e = slot.slots.split_output(out)
+                self._store(call, ("seg", slot.list_index), [out_h, out_e], [seg_h, seg_e])
+        elif self.granularity is Granularity.BLOCK and self.schedule.may_reuse(call.branch, slot.index):
+            out_h, out_e = slot.slots.split_output(out)
+            self._store(call, slot.index, [out_h, out_e], [hidden, encoder])
         if slot.index == len(self.blocks) - 1:
             call.stack_output = slot.slots.split_output(out)[0]
         return out
 
-    def _compute(self, call: CallState, slot: BlockSlot, forward: Callable, args: tuple, kwargs: dict,
-                 shape: tuple) -> Any:
-        with self.flops.measure(slot.index, shape):
-            out = forward(*args, **kwargs)
-        call.flops_computed += self.flops.cost(slot.index, shape) or 0.0  # MODULE: skipped modules subtract
-        return out
-
-    def _run_stack_block(self, call, slot, forward, args, kwargs, hidden, encoder, shape):
-        if slot.role != "middle":
-            out = self._compute(call, slot, forward, args, kwargs, shape)
-            if slot.role == "probe" and slot.index == self.decision_block - 1:
-                self._on_probe_output(call, slot.slots.split_output(out)[0])
-            return out
-        action = call.actions[0]
-        key = ("seg", slot.list_index)
-        if action == Action.COMPUTE.value:
-            if slot.segment_first:
-                call.segment_inputs[slot.list_index] = (hidden, encoder)
-            out = self._compute(call, slot, forward, args, kwargs, shape)
-            if slot.segment_last and self.schedule.may_reuse(call.branch, 0):
-                seg_h, seg_e = call.segment_inputs.pop(slot.list_index)
-                out_h, out_e = slot.slots.split_output(out)
-                self._store(call, key, [out_h, out_e], [seg_h, seg_e])
-            return out
-        if not slot.segment_first:
-            return slot.slots.make_output(hidden, encoder)  # skipped: the segment residual was applied already
-        hist = call.bstate.units[key]
-        return self._apply_cached(slot, hist, action, call.step, hidden, encoder)
-
-    def _run_unit_block(self, call, slot, forward, args, kwargs, hidden, encoder, shape):
-        action = call.actions[slot.index]
-        if action == Action.COMPUTE.value:
-            out = self._compute(call, slot, forward, args, kwargs, shape)
-            if self.schedule.may_reuse(call.branch, slot.index):
-                out_h, out_e = slot.slots.split_output(out)
-                self._store(call, slot.index, [out_h, out_e], [hidden, encoder])
-            return out
-        return self._apply_cached(slot, call.bstate.units[slot.index], action, call.step, hidden, encoder)
+    @_eager
+    def abort(self, state: Any) -> None:
+        """A forward raised: close an open FLOP counter and drop the call."""
+        if isinstance(state, tuple) and state:
+            self.flops.stop(state[-1], None, None)
+        self.call = None
 
     def _store(self, call: CallState, key: Any, outs: list, ins: list) -> None:
         """Cache residual = out - in per stream (hidden, encoder), reusing the old buffer in place when possible."""
@@ -493,30 +507,37 @@ class Engine:
         return slot.slots.make_output(out_h, out_e)
 
     # ------------------------------------------------------------------------------------------------ modules
-    def run_module(self, unit: int, forward: Callable, args: tuple, kwargs: dict) -> Any:
+    @_eager
+    def module_enter(self, unit: int, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         call = self.call
         if call is None or call.actions is None:
-            return forward(*args, **kwargs)
+            return True, None
         action = call.actions[unit]
-        shape_key = ("m", unit)
         first = args[0] if args and isinstance(args[0], torch.Tensor) else next(
             (v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
         shape = tuple(first.shape) if first is not None else ()
-        if action == Action.COMPUTE.value:
-            with self.flops.measure(shape_key, shape):  # the block already counted it; skipped modules subtract
-                out = forward(*args, **kwargs)
-            if self.schedule.may_reuse(call.branch, unit):
-                leaves, spec = tree_flatten(out)
-                hist = call.bstate.history(unit, self.order)
-                hist.update([t for t in leaves if isinstance(t, torch.Tensor)], call.step)
-                hist.spec = spec  # type: ignore[attr-defined]
-                hist.is_tensor = [isinstance(t, torch.Tensor) for t in leaves]  # type: ignore[attr-defined]
-            return out
-        call.flops_computed -= self.flops.cost(shape_key, shape) or 0.0
+        key = ("m", unit)
+        if action == Action.COMPUTE.value:  # the block already counts its modules' FLOPs; measure the share
+            return True, (call, key, shape, self.flops.start(key, shape))
+        call.flops_computed -= self.flops.cost(key, shape) or 0.0
         hist = call.bstate.units[unit]
         tensors = iter(hist.read(action == Action.FORECAST.value, call.step))
         leaves = [next(tensors) if is_t else None for is_t in hist.is_tensor]  # type: ignore[attr-defined]
-        return tree_unflatten(leaves, hist.spec)  # type: ignore[attr-defined]
+        return False, tree_unflatten(leaves, hist.spec)  # type: ignore[attr-defined]
+
+    @_eager
+    def module_exit(self, unit: int, state: Any, out: Any) -> Any:
+        if state is None:
+            return out
+        call, key, shape, counter = state
+        self.flops.stop(counter, key, shape)
+        if self.schedule.may_reuse(call.branch, unit):
+            leaves, spec = tree_flatten(out)
+            hist = call.bstate.history(unit, self.order)
+            hist.update([t for t in leaves if isinstance(t, torch.Tensor)], call.step)
+            hist.spec = spec  # type: ignore[attr-defined]
+            hist.is_tensor = [isinstance(t, torch.Tensor) for t in leaves]  # type: ignore[attr-defined]
+        return out
 
 
 _TIMESTEP_NAMES = ("timestep", "timesteps", "t", "time_step", "sigma", "sigmas")
@@ -554,12 +575,13 @@ class _TransformerHook(ModelHook):
         self.engine = engine
         self.context_listener = _ContextListener(engine.tracker)
 
+    @torch.compiler.disable(recursive=False)
     def new_forward(self, module: nn.Module, *args, **kwargs):
         self.engine.begin_call(args, kwargs)
         try:
             out = self.fn_ref.original_forward(*args, **kwargs)
         except BaseException:
-            self.engine.call = None
+            self.engine.abort(None)
             raise
         self.engine.end_call()
         return out
@@ -573,8 +595,17 @@ class _BlockHook(ModelHook):
         super().__init__()
         self.engine, self.slot = engine, slot
 
+    @torch.compiler.disable(recursive=False)  # this frame stays eager; the original forward below is traced
     def new_forward(self, module: nn.Module, *args, **kwargs):
-        return self.engine.run_block(self.slot, self.fn_ref.original_forward, args, kwargs)
+        run, state = self.engine.block_enter(self.slot, args, kwargs)
+        if not run:
+            return state
+        try:
+            out = self.fn_ref.original_forward(*args, **kwargs)
+        except BaseException:
+            self.engine.abort(state)
+            raise
+        return self.engine.block_exit(self.slot, state, out)
 
 
 class _ModuleHook(ModelHook):
@@ -582,5 +613,14 @@ class _ModuleHook(ModelHook):
         super().__init__()
         self.engine, self.unit = engine, unit
 
+    @torch.compiler.disable(recursive=False)
     def new_forward(self, module: nn.Module, *args, **kwargs):
-        return self.engine.run_module(self.unit, self.fn_ref.original_forward, args, kwargs)
+        run, state = self.engine.module_enter(self.unit, args, kwargs)
+        if not run:
+            return state
+        try:
+            out = self.fn_ref.original_forward(*args, **kwargs)
+        except BaseException:
+            self.engine.abort(state)
+            raise
+        return self.engine.module_exit(self.unit, state, out)

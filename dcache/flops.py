@@ -6,8 +6,7 @@ own count, taken from the same measurement. Counted once per (unit, input shape)
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -22,17 +21,22 @@ class FlopBook:
     def known(self, unit: Any, shape: tuple) -> bool:
         return (unit, shape) in self.costs
 
-    @contextlib.contextmanager
-    def measure(self, unit: Any, shape: tuple) -> Iterator[None]:
-        """Count the FLOPs of the wrapped region for `unit` unless already known (or compiling / disabled)."""
+    def start(self, unit: Any, shape: tuple) -> FlopCounterMode | None:
+        """Open a FLOP counter for `unit` unless its cost is known (or compiling / disabled); pair with `stop`."""
         if not self.enabled or self.known(unit, shape) or _compiling():
-            yield
-            return
+            return None
         counter = FlopCounterMode(display=False)
-        with counter:
-            yield
-        self.costs[(unit, shape)] = float(counter.get_total_flops())
-        self.by_unit[unit] = self.costs[(unit, shape)]
+        counter.__enter__()
+        return counter
+
+    def stop(self, counter: FlopCounterMode | None, unit: Any, shape: tuple | None) -> None:
+        """Close a counter from `start`; `unit` None discards the count (the forward raised)."""
+        if counter is None:
+            return
+        counter.__exit__(None, None, None)
+        if unit is not None:
+            self.costs[(unit, shape)] = float(counter.get_total_flops())
+            self.by_unit[unit] = self.costs[(unit, shape)]
 
     def cost(self, unit: Any, shape: tuple) -> float | None:
         return self.costs.get((unit, shape), self.by_unit.get(unit))
