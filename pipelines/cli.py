@@ -123,6 +123,8 @@ def support() -> None:
 
 
 app.command("search")(search_command)
+from dcache.eval.cli import analyze_command, eval_command  # noqa: E402  (eval/cli.py imports only typer at load)
+app.command("eval")(eval_command); app.command("analyze")(analyze_command)  # noqa: E702
 
 
 def main() -> None:
