@@ -40,9 +40,9 @@ from .tables import known_identities, lookup_table, model_identity
 class InvarDiffConfig(MethodConfig):
     method = "invardiff"
     nonskip_ratio: float = knob(0.1, low=0.0, high=1.0, doc="fraction of the first steps never reused")
-    step_quantile: float = knob(0.2, low=0.0, high=1.0, doc="step gate: quantile level of the step change below "
+    step_quantile: float = knob(0.6, low=0.0, high=1.0, doc="step gate: quantile level of the step change below "
                                                              "which a whole step is reused (0 = no step reuse)")
-    module_quantile: float = knob(0.5, low=0.0, high=1.0, doc="quantile level of a module type's change below which "
+    module_quantile: float = knob(0.8, low=0.0, high=1.0, doc="quantile level of a module type's change below which "
                                                                "the module is reused (0 = none)")
     module_quantiles: dict = knob({}, doc="per module name overrides of module_quantile, e.g. {'ff': 0.6, "
                                           "'attn': 0.3}")
@@ -51,7 +51,7 @@ class InvarDiffConfig(MethodConfig):
     max_consecutive: int = knob(3, low=1, high=1000, doc="most consecutive reuses of a module")
     correction: bool = knob(True, doc="second calibration pass: turn reuses whose real drift exceeds "
                                       "correction_tol into computes")
-    correction_tol: float = knob(0.15, low=0.0, high=100.0, doc="largest relL1 drift of a reused module output "
+    correction_tol: float = knob(0.5, low=0.0, high=100.0, doc="largest relL1 drift of a reused module output "
                                                                  "(correction pass)")
     plan: str | None = knob(None, types=(str,), doc="path of a calibrated InvarDiff plan file")
 

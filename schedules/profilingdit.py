@@ -44,9 +44,9 @@ class ProfilingDiTConfig(MethodConfig):
                                                                 "least foreground-focused)")
     background_blocks: list | None = knob(None, types=(list, tuple), doc="explicit background block indices "
                                                                           "(overrides the profiling)")
-    background_interval: int = knob(3, low=1, high=1000, doc="a background block computes every this many steps "
+    background_interval: int = knob(4, low=1, high=1000, doc="a background block computes every this many steps "
                                                               "in the window")
-    foreground_interval: int = knob(1, low=1, high=1000, doc="a foreground block computes every this many steps "
+    foreground_interval: int = knob(2, low=1, high=1000, doc="a foreground block computes every this many steps "
                                                               "in the window (1 = always)")
     step_start: float = knob(0.15, low=0.0, high=1.0, doc="caching starts at this fraction of the steps")
     step_end: float = knob(1.0, low=0.0, high=1.0, doc="caching stops at this fraction of the steps")

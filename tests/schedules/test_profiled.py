@@ -499,16 +499,26 @@ def test_flowcache_threshold_zero_is_bit_identical(df_pipe, df_reference):
 # ------------------------------------------------------------------------------------------------ bundled model
 @pytest.fixture(scope="module")
 def bundled():
+    """The bundled tiny model and classifier (or, with DCACHE_TEST_TINY_ASSETS=<folder>, a train_tiny output)."""
+    import os
+
+    folder = os.environ.get("DCACHE_TEST_TINY_ASSETS")
     try:
+        if folder:
+            from dcache.pipelines.digit_classifier import DigitClassifier
+
+            pipe = DigitFlowPipeline.from_pretrained(f"{folder}/tiny-digits", local_files_only=True)
+            pipe.set_progress_bar_config(disable=True)
+            return pipe, DigitClassifier.from_file(f"{folder}/digit-classifier.safetensors")
         from dcache.pipelines.bundled import load_digit_classifier, load_tiny_pipeline
 
         return load_tiny_pipeline(), load_digit_classifier()
-    except (ImportError, FileNotFoundError) as exc:
+    except (ImportError, FileNotFoundError, OSError) as exc:
         pytest.skip(f"the bundled tiny model is not built yet ({exc})")
 
 
 BUNDLED_STEPS = 28
-BUNDLED_CAL, BUNDLED_EVAL = list(range(10)), list(range(10)) * 2
+BUNDLED_CAL, BUNDLED_EVAL = [0, 3, 5, 8], list(range(10))  # calibrate on 4 digits, judge one sample per class
 
 
 @pytest.fixture(scope="module")
@@ -517,13 +527,15 @@ def bundled_reference(bundled):
     return generate(pipe, BUNDLED_EVAL, EVAL_SEED, steps=BUNDLED_STEPS)
 
 
-# method -> (calibration kwargs, most FLOP compute ratio, least PSNR vs uncached in dB); measured values in the
-# comments (28 steps, calibrated on one image per class, evaluated on 20 other images).
+# method -> (calibration overrides, most FLOP compute ratio, least PSNR vs uncached in dB), with margin below what
+# was measured at 28 steps on a 600-step train_tiny checkpoint (calibrated on 10 digits, 20 samples judged):
+#   ertacache (default, delta 0.1)          0.446 / 44.4 dB      invardiff (default)    0.601 / 37.3 dB
+#   profilingdit (default, 4/2 intervals)   0.500 / 38.1 dB      bac (default, 0.5)     0.551 / 40.2 dB
 QUALITY = {
-    "ertacache": (dict(threshold=0.1, max_consecutive=3), 0.80, 30.0),
-    "invardiff": (dict(step_quantile=0.2, module_quantile=0.5), 0.80, 30.0),
-    "profilingdit": (dict(background_interval=3, foreground_interval=2), 0.80, 30.0),
-    "bac": (dict(compute_ratio=0.5), 0.80, 30.0),
+    "ertacache": (dict(), 0.55, 36.0),
+    "invardiff": (dict(), 0.70, 31.0),
+    "profilingdit": (dict(), 0.60, 32.0),
+    "bac": (dict(), 0.65, 33.0),
 }
 
 
