@@ -73,7 +73,7 @@ def pareto_plot(points: Sequence[ParetoPoint], path: str | Path, *, quality_name
     front of the measured points is a line. Non-finite quality (output identical to the uncached one, PSNR inf)
     is drawn on a dashed line above the finite points. The reference (`reference` label) is a black star."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.8, 4.6))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
     finite_q = [p.quality for p in points if _ok(p.quality) and p.label != reference]
     span = (max(finite_q) - min(finite_q)) if len(finite_q) > 1 else 1.0
     span = span or 1.0
@@ -109,7 +109,7 @@ def pareto_plot(points: Sequence[ParetoPoint], path: str | Path, *, quality_name
                        label=None if _ok(p.speedup) else p.label)
             if _ok(p.speedup):
                 ax.plot([p.speedup, p.ideal_speedup], [q, q], color=color, lw=0.8, ls=":", zorder=2)
-        if _ok(anchor):
+        if _ok(anchor) and len(points) <= 5:  # more points: the legend names them (labels would collide)
             near = sum(1 for (x, y) in placed if abs(x - anchor) < 0.08 * max(anchor, 1) and abs(y - q) < 0.06 * span)
             ax.annotate(p.label, (anchor, q), textcoords="offset points", xytext=(6, 5 - 11 * near), fontsize=8,
                         color=color)
@@ -124,7 +124,7 @@ def pareto_plot(points: Sequence[ParetoPoint], path: str | Path, *, quality_name
     ax.set_title(title, fontsize=11)
     ax.grid(alpha=0.3)
     ax.margins(x=0.12, y=0.12)
-    ax.legend(fontsize=7, loc="best", framealpha=0.85)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), framealpha=0.85, borderaxespad=0)
     return _save(fig, path)
 
 
@@ -184,7 +184,7 @@ def _font(size: int = 11):
 
 
 def image_grid(rows: Sequence[tuple[str, torch.Tensor, Sequence[str] | None]], path: str | Path, *,
-               tile: int = 96, pad: int = 4, label_width: int = 150, caption_height: int = 16,
+               tile: int = 96, pad: int = 4, label_width: int = 170, caption_height: int = 16,
                note: str | None = None) -> Path:
     """Rows (label, images [N, C, H, W] in [0, 1], per-image captions or None) as one PNG. Tiles are resized to
     `tile` pixels high (nearest-neighbour when upscaling small images, so pixels stay visible)."""
@@ -220,7 +220,13 @@ def image_grid(rows: Sequence[tuple[str, torch.Tensor, Sequence[str] | None]], p
 
 
 def _wrap_text(draw, text: str, xy: tuple[int, int], width: int, font) -> None:
-    words, lines, line = text.replace("(", " (").split(), [], ""
+    words, lines, line = [], [], ""
+    for w in text.replace("(", " (").replace(",", ", ").split():
+        while draw.textlength(w, font=font) > width and len(w) > 1:  # a word wider than the column: split it
+            cut = max(1, int(len(w) * width / draw.textlength(w, font=font)))
+            words.append(w[:cut])
+            w = w[cut:]
+        words.append(w)
     for w in words:
         trial = (line + " " + w).strip()
         if draw.textlength(trial, font=font) <= width or not line:

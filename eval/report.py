@@ -313,7 +313,8 @@ tr:nth-child(even) td{background:#fafbfc} tr.ref td{color:#555;background:#eef3f
 td.best{background:#e3f4e3 !important;font-weight:600}
 dl.meta{display:grid;grid-template-columns:max-content auto;gap:2px 14px;font-size:13px}
 dl.meta dt{color:#666} dl.meta dd{margin:0}
-img{max-width:100%;border:1px solid #eee} pre{background:#f6f8fa;padding:8px;font-size:12px;overflow-x:auto}
+img{max-width:100%;border:1px solid #eee}
+pre{background:#f6f8fa;padding:8px;font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}
 .small{font-size:12px;color:#555} .fig{margin:10px 0}
 """
 

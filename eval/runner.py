@@ -140,8 +140,9 @@ def make_variants(specs: Sequence[str]) -> list[Variant]:
         if is_file and not Path(name).is_file():
             raise FileNotFoundError(f"--methods: plan/config file {name!r} does not exist.")
         label = Path(name).stem if is_file else name
-        if overrides:
-            label += "(" + ",".join(f"{k}={v}" for k, v in overrides.items()) + ")"
+        if overrides:  # file paths in settings show as their file name
+            label += "(" + ",".join(f"{k}={Path(v).name if isinstance(v, str) and os.sep in v else v}"
+                                    for k, v in overrides.items()) + ")"
         base, n = label, 2
         while label in labels or label == UNCACHED:
             label, n = f"{base}#{n}", n + 1

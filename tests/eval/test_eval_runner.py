@@ -238,3 +238,13 @@ def test_two_processes_give_identical_numbers(eval_run, tiny_dir, classifier_pat
     # each process generated its own half of the items
     assert sorted(p.name for p in (out / ".work" / "uncached").glob("*.pt")) == \
         ["s0-p0-1.pt", "s0-p2-3.pt", "s1-p0-1.pt", "s1-p2-3.pt"]
+
+
+def test_dcache_cli_has_eval_and_analyze():
+    from typer.testing import CliRunner
+
+    from dcache.pipelines.cli import app
+
+    for command in ("eval", "analyze"):
+        r = CliRunner().invoke(app, [command, "--help"])
+        assert r.exit_code == 0 and "--out" in r.output
