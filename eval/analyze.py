@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 
-from dcache.plan import atomic_write_text
 
 from .plots import curve_plot, heatmap
 

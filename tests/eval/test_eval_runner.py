@@ -13,7 +13,6 @@ import re
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
