@@ -13,6 +13,7 @@ input through untouched (no compute), probe (front) and tail (back) blocks alway
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,24 +157,32 @@ class Engine:
         return getattr(self.pipeline, "scheduler", None) if self.pipeline is not None else None
 
     def _hook_scheduler(self) -> None:
+        """Wrap the scheduler *instance*'s set_timesteps / step (never the class).
+
+        The wrappers are methods bound to the instance, so a deep copy of the scheduler (some pipelines copy it)
+        gets wrappers bound to the copy, which run the copy's own state and do not drive this engine.
+        """
         scheduler = self._current_scheduler()
         if scheduler is None or scheduler is self._hooked_scheduler:
             return
         self._unhook_scheduler()
-        set_timesteps, step = scheduler.set_timesteps, scheduler.step
+        engine = self
+        set_timesteps, step = getattr(scheduler, "set_timesteps").__func__, getattr(scheduler, "step").__func__
 
-        def wrapped_set_timesteps(*args, **kwargs):
-            out = set_timesteps(*args, **kwargs)
-            self._on_set_timesteps(scheduler)
+        def wrapped_set_timesteps(sched, *args, **kwargs):
+            out = set_timesteps(sched, *args, **kwargs)
+            if sched is engine._hooked_scheduler:
+                engine._on_set_timesteps(sched)
             return out
 
-        def wrapped_step(*args, **kwargs):
-            out = step(*args, **kwargs)
-            if self.tracker.on_scheduler_step():
-                self._finish_generation()
+        def wrapped_step(sched, *args, **kwargs):
+            out = step(sched, *args, **kwargs)
+            if sched is engine._hooked_scheduler and engine.tracker.on_scheduler_step():
+                engine._finish_generation()
             return out
 
-        scheduler.set_timesteps, scheduler.step = wrapped_set_timesteps, wrapped_step
+        scheduler.set_timesteps = types.MethodType(wrapped_set_timesteps, scheduler)
+        scheduler.step = types.MethodType(wrapped_step, scheduler)
         self._hooked_scheduler = scheduler
 
     def _unhook_scheduler(self) -> None:

@@ -212,5 +212,9 @@ class PlanSchedule(Schedule):
             return True
         return unit in reused
 
+    def plan_extras(self) -> dict:
+        """Method data (e.g. per-step coefficients) carried over when a replayed run is exported again."""
+        return self.plan.extras
+
     def config_dict(self) -> dict:
         return {"name": self.name, "plan_provenance": self.plan.provenance}

@@ -553,18 +553,14 @@ def test_quality_floor_on_the_bundled_model(name, bundled, bundled_reference):
     assert accuracy >= 0.85
 
 
-# ------------------------------------------------------------------------------------------------ engine gaps
-@pytest.mark.xfail(strict=True, reason="engine gap: SkyReelsV2DiffusionForcingPipeline deep-copies the hooked "
-                                       "scheduler per frame; the copies' step() runs the original's bound method")
-def test_engine_gap_pipeline_that_deep_copies_its_scheduler(df_pipe, df_reference):
+# ------------------------------------------------------------------------------------------------ engine edges
+def test_pipeline_that_deep_copies_its_scheduler(df_pipe, df_reference):
     with dcache.apply(df_pipe, prof.TrackSchedule()):
         out = run_df(df_pipe)
     assert torch.equal(out, df_reference)
 
 
-@pytest.mark.xfail(strict=True, reason="engine gap: PlanSchedule (dcache.apply(pipe, plan)) has no plan_extras, so "
-                                       "handle.plan() drops plan.extras (e.g. ERTACache's k / phi)")
-def test_engine_gap_plan_replay_drops_extras(pipe, plans):
+def test_plan_replay_keeps_extras(pipe, plans):
     with dcache.apply(pipe, plans["ertacache"]) as handle:
         generate(pipe, EVAL_LABELS, EVAL_SEED)
         assert handle.plan().extras == plans["ertacache"].extras
