@@ -20,6 +20,8 @@ the first block, as in TeaCache. CogVideoX: the time embedding `emb`. Wan2.1: th
 TeaCache's `e0`, so the Wan tables are the `use_ret_steps` sets (5 warm-up steps, last step not forced).
 HiDream: the block's `temb` (timestep + pooled-text embedding; TeaCache used the timestep embedding alone).
 The coefficients are fitted for one step count and resolution; thresholds do not transfer across step counts.
+Entries written by calibrate_teacache carry the fitted x interval ("x_range"); outside it the estimate is extended
+in proportion from the nearest end and kept >= 0 (see TeaCacheSchedule.estimate).
 """
 
 from __future__ import annotations
@@ -131,8 +133,8 @@ def resolve_entry(config: TeaCacheConfig, model: nn.Module) -> dict:
                              f"{identity}; calibrate this model with calibrate_teacache(...) or pass "
                              f"coefficients=[...].")
         entry = {**entry, **_normalize_entry(found.table)}
-    if config.coefficients is not None:
-        entry = {**entry, "coefficients": config.coefficients}
+    if config.coefficients is not None:  # explicit coefficients: no calibrated x_range applies to them
+        entry = {**entry, "coefficients": config.coefficients, "x_range": None}
     if entry.get("coefficients") is None:
         variants = [v for v in known_variants("teacache", identity) if v != config.variant]
         hint = f" Registered variants of this model: {variants}; pass variant=..." if variants else ""
@@ -160,6 +162,8 @@ class TeaCacheSchedule(Schedule):
         self.ret_ratio = float(pick(config.ret_ratio, "ret_ratio", 0.0))
         self.cutoff_steps = int(pick(config.cutoff_steps, "cutoff_steps", 1))
         self.source = entry.get("source", "")
+        x_range = entry.get("x_range")  # calibrated entries: the x interval the polynomial was fitted on
+        self.x_range = (float(x_range[0]), float(x_range[1])) if x_range and 0 < x_range[0] < x_range[1] else None
         self.name = "teacache"
         self._acc: dict[str, list[float]] = {}
 
@@ -178,7 +182,7 @@ class TeaCacheSchedule(Schedule):
         if forced or x is None:
             acc[:] = [0.0, 0]
             return Action.COMPUTE
-        acc[0] += poly4(self.coefficients, x)
+        acc[0] += self.estimate(x)
         limit = self.config.max_skip_steps
         if acc[0] < self.threshold and (limit < 0 or acc[1] < limit):
             acc[1] += 1
@@ -186,10 +190,25 @@ class TeaCacheSchedule(Schedule):
         acc[:] = [0.0, 0]
         return Action.COMPUTE
 
+    def estimate(self, x: float) -> float:
+        """poly(x); for a calibrated entry (with x_range), outside the fitted interval the estimate is scaled in
+        proportion from the nearest end, poly(edge) * x / edge, and never negative: a degree-4 fit over a narrow
+        interval is meaningless outside it (e.g. poly(0) < 0 would let the accumulator fall and reuse forever).
+        Published coefficient sets have no x_range and are used as fitted, like the reference."""
+        if self.x_range is None:
+            return poly4(self.coefficients, x)
+        lo, hi = self.x_range
+        edge = min(max(x, lo), hi)
+        y = poly4(self.coefficients, edge)
+        if edge != x:
+            y *= x / edge
+        return max(y, 0.0)
+
     def config_dict(self) -> dict:
         return {**self.config.to_dict(), "effective": {
             "coefficients": list(self.coefficients), "threshold": self.threshold, "ret_steps": self.ret_steps,
-            "ret_ratio": self.ret_ratio, "cutoff_steps": self.cutoff_steps, "source": self.source}}
+            "ret_ratio": self.ret_ratio, "cutoff_steps": self.cutoff_steps, "source": self.source,
+            "x_range": list(self.x_range) if self.x_range else None}}
 
 
 # ------------------------------------------------------------------------------------------------------------------
