@@ -1,0 +1,902 @@
+"""Every dcache method against diffusers' built-in caches and cache-dit, on the bundled tiny model, in one process.
+
+    python benchmarks/methods.py                      # full sweep (~1-2 h on 2 busy CPU cores), writes benchmarks/results/
+    python benchmarks/methods.py --quick              # a tiny subset in < 1 min (the smoke test runs this)
+    python benchmarks/methods.py --only 'magcache|MagCache' --heldout-seeds 5 --out /tmp/m
+
+Protocol (same for every library; one pipeline object, one transformer, caches put on and taken off in turn):
+  * Tuning run: labels 0..9 in one batch, seed 0, 28 steps, split CFG (batched CFG for the peers that need it, see
+    _peers.py). Calibrations (dcache MagCache ratios / TeaCache coefficients / ERTACache, BAC, InvarDiff and
+    ProfilingDiT plans, diffusers MagCache's calibrate mode) use this run only.
+  * Sweep: each method's main knob is searched (a log grid, then bisection) for the compute-ratio bands ~0.75, 0.5,
+    0.33, 0.25 on the tuning run; every evaluated setting is a point (compute ratio, PSNR/SSIM of the tuning batch).
+    Knob families (e.g. MagCache K=3 -> K=8) are only searched for the bands the previous family cannot reach.
+  * Selected settings (per band, the setting whose compute ratio is closest to the band centre, within +-18%) are
+    evaluated fully:
+      - batch 1 (label 3, seed 0): compute ratio of that call, 1 warm-up, then `--repeats` cached runs interleaved
+        with as many uncached runs of an identical twin pipeline (wall clock and process CPU time, medians);
+        measured speed-up = median uncached / median cached; measured/ideal = speed-up * compute ratio.
+      - held-out seeds 1000.. (`--heldout-seeds` x 10 labels): PSNR (over all pixels) and SSIM (torchmetrics, mean)
+        vs the uncached images of the same seeds, classifier accuracy, and the Frechet distance between the digit
+        classifier's features of the cached and the uncached samples; batch-10 speed-up from the process CPU time
+        of these runs against the uncached ones (CPU time: the machine is shared, wall clock is not stable enough
+        between rows that run minutes apart).
+  * Compute ratio = block FLOPs computed / block FLOPs of the uncached run, counted for every library by the same
+    FlopCounterMode meter on the blocks (_peers.BlockMeter); dcache's own stats() must agree (checked, reported).
+  * After every contender the pipeline must give bit-identical uncached output again (checked; a failure is
+    reported and the pipeline reloaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "warning")  # cache-dit logs every context at info level
+
+import numpy as np
+import torch
+
+
+def _load_peers():
+    """benchmarks/_peers.py by path: benchmarks/ is not a package and must not become an importable name."""
+    name = "dcache_benchmark_peers"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "_peers.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+peers = _load_peers()
+Applied, Contender, Search, setting_text = peers.Applied, peers.Contender, peers.Search, peers.setting_text
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+BANDS = (0.75, 0.5, 0.33, 0.25)
+BAND_TOL = 1.18  # a point is in band c if c / 1.18 <= ratio <= c * 1.18
+GOOD_ENOUGH = 1.06  # the search stops refining a band once a point is this close
+TUNE_SEED = 0
+HELDOUT_SEED0 = 1000
+FLOOR_SEED0 = 2000
+B1_LABEL = 3
+LIBRARIES = ("dcache", "diffusers", "cache-dit")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Metrics
+# ------------------------------------------------------------------------------------------------------------------
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    from dcache.pipelines.runner import psnr as _psnr
+
+    return _psnr(a, b)
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor) -> float:
+    from dcache.eval.metrics import ssim_per_image
+
+    return float(ssim_per_image(a.float(), b.float()).mean())
+
+
+def frechet(a: torch.Tensor, b: torch.Tensor) -> float:
+    from dcache.eval.metrics import frechet_distance
+
+    return frechet_distance(a, b)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The bench: pipelines, jobs, references
+# ------------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Bench:
+    steps: int
+    tune_labels: list[int]
+    heldout_seeds: list[int]
+    repeats: int
+    seed_labels: list[int] = field(default_factory=lambda: list(range(10)))  # labels of each held-out seed
+    warm_twin: bool = True
+    pipe: Any = None
+    twin: Any = None  # an identical uncached pipeline: the interleaved baseline of the timing runs
+    meter: Any = None
+    classifier: Any = None
+    refs: dict = field(default_factory=dict)
+
+    def load(self) -> None:
+        from dcache.pipelines.bundled import load_digit_classifier, load_tiny_pipeline
+
+        self.pipe = load_tiny_pipeline()
+        self.twin = load_tiny_pipeline()
+        self.meter = peers.BlockMeter(self.pipe.transformer)  # before any cache, see _peers.BlockMeter
+        self.classifier = load_digit_classifier()
+
+    def reload(self) -> None:
+        from dcache.pipelines.bundled import load_tiny_pipeline
+
+        self.meter.remove()
+        self.pipe = load_tiny_pipeline()
+        self.meter = peers.BlockMeter(self.pipe.transformer)
+
+    def run(self, pipe, labels: list[int], seed: int, mode: str) -> torch.Tensor:
+        out = pipe(labels=labels, num_inference_steps=self.steps, generator=torch.Generator().manual_seed(seed),
+                   cfg_mode=mode, output_type="pt")
+        return out.images.detach().float()
+
+    def tune(self, pipe, mode: str) -> torch.Tensor:
+        return self.run(pipe, self.tune_labels, TUNE_SEED, mode)
+
+    def b1(self, pipe, mode: str) -> torch.Tensor:
+        return self.run(pipe, [B1_LABEL], TUNE_SEED, mode)
+
+    def heldout_labels(self) -> list[int]:
+        return self.seed_labels * len(self.heldout_seeds)
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.classifier.features(images).double()
+
+    def accuracy(self, images: torch.Tensor) -> float:
+        with torch.no_grad():
+            predicted = self.classifier.predict(images)
+        return float((predicted == torch.tensor(self.heldout_labels())).double().mean())
+
+    def timed(self, fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = fn()
+        return out, time.perf_counter() - wall, time.process_time() - cpu
+
+    def references(self, modes: set[str], fd_floor: bool) -> None:
+        """Uncached outputs (per CFG mode in use), block FLOPs, held-out images/features/timings, FD floor."""
+        r = self.refs
+        for mode in ("split", *sorted(modes - {"split"})):
+            with self.meter.count():
+                r[("tune", mode)] = self.tune(self.pipe, mode)
+            r[("tune_flops", mode)] = self.meter.flops
+            with self.meter.count():
+                r[("b1", mode)] = self.b1(self.pipe, mode)
+            r[("b1_flops", mode)] = self.meter.flops
+        r["modes_identical"] = all(torch.equal(r[(job, "split")], r[(job, mode)]) for job in ("tune", "b1")
+                                   for mode in modes)
+        images, cpu, wall = [], [], []
+        for seed in self.heldout_seeds:
+            out, w, c = self.timed(lambda: self.run(self.pipe, self.seed_labels, seed, "split"))
+            images.append(out)
+            wall.append(w)
+            cpu.append(c)
+        r[("heldout", "split")] = torch.cat(images)
+        r[("heldout_cpu", "split")], r[("heldout_wall", "split")] = cpu, wall
+        r["heldout_features"] = self.features(r[("heldout", "split")])
+        r["heldout_acc"] = self.accuracy(r[("heldout", "split")])
+        if fd_floor:  # the same number of uncached samples from other seeds: how far apart two sample sets are
+            other = torch.cat([self.run(self.pipe, self.seed_labels, FLOOR_SEED0 + i, "split")
+                               for i in range(len(self.heldout_seeds))])
+            r["fd_floor"] = frechet(self.features(other), r["heldout_features"])
+        else:
+            r["fd_floor"] = float("nan")
+
+    def heldout_ref(self, mode: str) -> tuple[torch.Tensor, list[float]]:
+        """Uncached held-out images and CPU times in `mode` (batched CFG: computed on first use unless identical)."""
+        key = ("heldout", mode)
+        if key not in self.refs:
+            images, cpu = [], []
+            for seed in self.heldout_seeds:
+                out, _, c = self.timed(lambda: self.run(self.twin, self.seed_labels, seed, mode))
+                images.append(out)
+                cpu.append(c)
+            if self.refs["modes_identical"] and torch.equal(torch.cat(images), self.refs[("heldout", "split")]):
+                self.refs[key] = self.refs[("heldout", "split")]
+            else:
+                self.refs[key] = torch.cat(images)
+            self.refs[("heldout_cpu", mode)] = cpu
+        return self.refs[key], self.refs[("heldout_cpu", mode)]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# dcache contenders
+# ------------------------------------------------------------------------------------------------------------------
+
+TIED = "@"  # a family value "@knob" takes the searched knob's value (e.g. PAB mlp_range follows spatial_range)
+
+
+def resolve_setting(setting: dict) -> dict:
+    return {k: (setting[v[1:]] if isinstance(v, str) and v.startswith(TIED) else v) for k, v in setting.items()}
+
+
+def dcache_contenders(bench: Bench) -> list[Contender]:
+    import dcache
+    from dcache.schedules import calibrate as cal
+
+    state: dict[str, Any] = {}
+    tune_run = lambda pipe: (lambda: bench.tune(pipe, "split"))  # noqa: E731
+
+    def applied_from(handle, extra_remove: Callable[[], None] | None = None) -> Applied:
+        def remove():
+            if extra_remove is not None:
+                extra_remove()
+            handle.remove()
+
+        def ratio():
+            try:
+                return float(handle.stats().compute_ratio)
+            except Exception:  # no generation yet
+                return None
+
+        return Applied(remove=remove, compute_ratio=ratio)
+
+    def plain(method: str, rename: dict | None = None):
+        def enable(pipe, s):
+            overrides = {(rename or {}).get(k, k): v for k, v in resolve_setting(s).items()}
+            return applied_from(dcache.apply(pipe, method, **overrides))
+
+        return enable
+
+    def calibrated(method: str):
+        """MagCache / TeaCache: calibrated once on the tuning run with dcache's calibration API (registered)."""
+        def enable(pipe, s):
+            key = f"cal:{method}"
+            if key not in state:
+                if method == "magcache":
+                    state[key] = cal.calibrate_magcache(pipe, tune_run(pipe), register=True)
+                else:
+                    state[key] = cal.calibrate_teacache(pipe, [tune_run(pipe)], register=True)
+            return applied_from(dcache.apply(pipe, method, **resolve_setting(s)))
+
+        return enable
+
+    def planned(method: str):
+        """Plan methods: calibrate a plan per setting on the tuning run (memoized), apply the plan."""
+        module = __import__(f"dcache.schedules.{method}", fromlist=["_"])
+        calibrate = getattr(module, f"calibrate_{method}")
+
+        def enable(pipe, s):
+            s = resolve_setting(s)
+            key = f"plan:{method}:{setting_text(s)}"
+            if key not in state:
+                state[key] = calibrate(pipe, [tune_run(pipe)], **s)
+            plan = state[key]
+            handle = dcache.apply(pipe, plan)
+            undo = None
+            if method == "ertacache" and len(plan.extras.get("ertacache", {}).get("phi", [])) == plan.num_steps:
+                undo = module.apply_timestep_adjustment(pipe, plan)
+            return applied_from(handle, undo)
+
+        return enable
+
+    specs: dict[str, dict] = {
+        "magcache": dict(search=Search("threshold", "log", 0.005, 2.0), enable=calibrated("magcache"),
+                         families=[{"max_skip_steps": 3, "retention_ratio": 0.2},
+                                   {"max_skip_steps": 8, "retention_ratio": 0.1}],
+                         note="ratios from dcache.schedules.calibrate.calibrate_magcache on the tuning run"),
+        "teacache": dict(search=Search("threshold", "log", 0.01, 8.0), enable=calibrated("teacache"),
+                         families=[{}, {"ret_ratio": 0.1}],
+                         note="coefficients from calibrate_teacache on the tuning run"),
+        "fbcache": dict(search=Search("threshold", "log", 0.01, 1.0), quick={"threshold": 0.2}),
+        "easycache": dict(search=Search("threshold", "log", 0.005, 2.0), families=[{}, {"ret_ratio": 0.1}]),
+        "cg_taylor": dict(search=Search("threshold", "log", 0.005, 2.0), families=[{}, {"warmup_steps": 3}]),
+        "flowcache": dict(search=Search("threshold", "log", 0.01, 4.0), families=[{}, {"max_consecutive": 6}],
+                          note="chunk policy on a non-chunked model: whole-call reuse"),
+        "taylorseer": dict(search=Search("interval", "values", values=(2, 3, 4, 5, 6, 8, 10))),
+        "fora": dict(search=Search("interval", "values", values=(2, 3, 4, 5, 6, 8)), quick={"interval": 3}),
+        "fixed_interval": dict(search=Search("interval", "values", values=(2, 3, 4, 5, 6, 8))),
+        "delta_dit": dict(search=Search("interval", "values", values=(2, 3, 4, 6, 8)),
+                          families=[{"cached_ratio": 0.5}, {"cached_ratio": 0.75}]),
+        "pab": dict(search=Search("spatial_range", "values", values=(2, 3, 4, 6, 8, 12)),
+                    families=[{}, {"window_low": 0.0, "window_high": 1000.0},
+                              {"window_low": 0.0, "window_high": 1000.0, "mlp_range": TIED + "spatial_range"}]),
+        "ertacache": dict(search=Search("threshold", "log", 0.01, 2.0), enable=planned("ertacache"),
+                          families=[{}, {"max_consecutive": 6}],
+                          note="plan calibrated per setting on the tuning run; timestep adjustment applied"),
+        "bac": dict(search=Search("compute_ratio", "values", values=(0.8, 0.6, 0.45, 0.35, 0.27, 0.2)),
+                    enable=planned("bac"), note="plan calibrated per setting on the tuning run"),
+        "invardiff": dict(search=Search("step_quantile", "values", values=(0.2, 0.4, 0.6, 0.8, 0.95)),
+                          enable=planned("invardiff"),
+                          families=[{"module_quantile": TIED + "step_quantile"},
+                                    {"module_quantile": TIED + "step_quantile", "max_consecutive": 6,
+                                     "nonskip_ratio": 0.05}],
+                          note="plan calibrated per setting on the tuning run"),
+        "profilingdit": dict(search=Search("background_interval", "values", values=(2, 3, 4, 6, 8)),
+                             enable=planned("profilingdit"),
+                             families=[{"background_ratio": 0.5}, {"background_ratio": 0.75, "step_start": 0.1}],
+                             note="plan calibrated per setting on the tuning run"),
+    }
+    contenders = []
+    for method in sorted(dcache.methods()):
+        spec = specs.get(method, {})
+        contenders.append(Contender(
+            "dcache", method, spec.get("search"), spec.get("enable") or plain(method),
+            families=spec.get("families", [{}]), note=spec.get("note", "" if method in specs else
+                                                              "not in this benchmark's knob table: defaults only"),
+            quick=spec.get("quick")))
+    # Same algorithm and settings as cache-dit's DBCache rows (F1B0, warm-up 4, then 2): an implementation check.
+    contenders.append(Contender(
+        "dcache", "fbcache F1B0W4", Search("threshold", "log", 0.01, 2.0), plain("fbcache"),
+        families=[{"probe_blocks": 1, "tail_blocks": 0, "warmup_steps": 4},
+                  {"probe_blocks": 1, "tail_blocks": 0, "warmup_steps": 2}],
+        note="cache-dit DBCache F1B0W4 settings on dcache's fbcache"))
+    # Whole-stack TaylorSeer (the taylorseer-lite preset): the counterpart of diffusers' TaylorSeer use_lite_mode.
+    contenders.append(Contender(
+        "dcache", "taylorseer stack", Search("interval", "values", values=(2, 3, 4, 5, 6, 8)),
+        lambda p, s: plain("taylorseer")(p, {**s, "granularity": "stack"}), note="taylorseer granularity=stack"))
+    return contenders
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Sweep: search the knob for the bands, then evaluate the selected settings
+# ------------------------------------------------------------------------------------------------------------------
+
+def in_band(ratio: float, centre: float, tol: float = BAND_TOL) -> bool:
+    return centre / tol <= ratio <= centre * tol
+
+
+def band_of(ratio: float) -> float | None:
+    hits = [c for c in BANDS if in_band(ratio, c)]
+    return min(hits, key=lambda c: abs(math.log(ratio / c))) if hits else None
+
+
+class Sweeper:
+    def __init__(self, bench: Bench, log: Callable[[str], None]):
+        self.bench = bench
+        self.log = log
+
+    # -- one setting on the tuning run -------------------------------------------------------------------------
+    def evaluate(self, c: Contender, setting: dict) -> dict:
+        b = self.bench
+        mode = c.cfg_mode
+        # dcache counts its block FLOPs itself (the same FlopCounterMode count, checked against the meter on every
+        # selected row's batch-1 call); the meter's per-block FlopCounterMode costs ~60% extra time, so the search
+        # uses it only for the peers, whose ratio nothing else reports.
+        use_meter = c.library != "dcache"
+        applied = c.enable(b.pipe, setting)
+        try:
+            with b.meter.count() if use_meter else contextlib.nullcontext():
+                images = b.tune(b.pipe, mode)
+            lib_ratio = applied.compute_ratio()
+        finally:
+            applied.remove()
+        ref = b.refs[("tune", mode)]
+        ratio = b.meter.flops / b.refs[("tune_flops", mode)] if use_meter else lib_ratio
+        point = dict(setting=setting, text=setting_text(resolve_setting(setting)), ratio=ratio, lib_ratio=lib_ratio,
+                     metered=use_meter, psnr=psnr(images, ref), ssim=ssim(images, ref))
+        self.log(f"    {c.label:28s} {point['text']:48s} ratio {point['ratio']:.3f}"
+                 + (f" (lib {lib_ratio:.3f})" if lib_ratio is not None else "") + f"  PSNR {point['psnr']:.2f}")
+        return point
+
+    def search(self, c: Contender, quick: bool) -> list[dict]:
+        """Points of the tuning run for the settings the search visits."""
+        points: dict[str, dict] = {}
+
+        def visit(setting):
+            key = setting_text(setting)
+            if key not in points:
+                points[key] = self.evaluate(c, setting)
+            return points[key]
+
+        if quick:
+            visit(dict(c.quick or {}))
+            return list(points.values())
+        s = c.search
+        if s is None:
+            visit({})
+            return list(points.values())
+        missing = set(BANDS)
+        for family in c.families:
+            if not missing:
+                break
+            fam_points = []
+            if s.kind == "values":
+                for v in s.values:
+                    p = visit({**family, s.knob: v})
+                    fam_points.append((v, p))
+                    if p["ratio"] < min(BANDS) / BAND_TOL:
+                        break  # later values only reuse more
+            else:
+                fam_points = self._bisect_search(s, family, visit, missing)
+            for _, p in fam_points:
+                for centre in list(missing):
+                    if in_band(p["ratio"], centre):
+                        missing.discard(centre)
+        return list(points.values())
+
+    def _bisect_search(self, s: Search, family: dict, visit, missing: set) -> list[tuple[float, dict]]:
+        """A 5-point grid over [lo, hi] (log or linear), up to 2 extensions past hi while the lowest band is out of
+        reach, then per missing band up to 2 bisections of the bracket whose ratios straddle the band centre."""
+        log = s.kind == "log"
+        to_x = (lambda v: math.log(v)) if log else (lambda v: v)
+        x_lo, x_hi = to_x(s.lo), to_x(s.hi)
+
+        def value_at(x: float) -> float:
+            v = math.exp(x) if log else x
+            return float(round(v)) if s.integer else float(f"{v:.4g}")
+
+        evaluated: dict[float, dict] = {}
+        for i in range(5):
+            x = x_lo + i * (x_hi - x_lo) / 4
+            evaluated[x] = visit({**family, s.knob: value_at(x)})
+        for ext in (1, 2):  # the range did not reach the lowest band: go past hi (x3 per step in log space)
+            if min(p["ratio"] for p in evaluated.values()) <= min(missing) * BAND_TOL:
+                break
+            x = x_hi + ext * (math.log(3) if log else (x_hi - x_lo) / 2)
+            try:
+                evaluated[x] = visit({**family, s.knob: value_at(x)})
+            except ValueError:  # past the knob's valid range
+                break
+        for centre in sorted(missing, reverse=True):
+            for _ in range(2):
+                xs = sorted(evaluated)
+                best = min(xs, key=lambda x: abs(math.log(max(evaluated[x]["ratio"], 1e-9) / centre)))
+                if abs(math.log(max(evaluated[best]["ratio"], 1e-9) / centre)) <= math.log(GOOD_ENOUGH):
+                    break
+                # the bracket: neighbouring points whose ratios straddle the centre (ratio falls as the knob grows)
+                bracket = next(((a, b) for a, b in zip(xs, xs[1:])
+                                if (evaluated[a]["ratio"] - centre) * (evaluated[b]["ratio"] - centre) < 0), None)
+                if bracket is None or bracket[1] - bracket[0] < (x_hi - x_lo) / 32:
+                    break  # the range never crosses the centre (another family may), or it is a step of the ratio
+                x = (bracket[0] + bracket[1]) / 2
+                evaluated[x] = visit({**family, s.knob: value_at(x)})
+        return [(value_at(x), p) for x, p in sorted(evaluated.items())]
+
+    # -- selection ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def select(points: list[dict], quick: bool) -> list[tuple[float | None, dict]]:
+        """(band, point) pairs: per band the closest point within tolerance, each point at most once."""
+        if quick:
+            return [(band_of(p["ratio"]), p) for p in points]
+        pairs = sorted(((abs(math.log(p["ratio"] / c)), c, i) for c in BANDS for i, p in enumerate(points)
+                        if p["ratio"] > 0 and in_band(p["ratio"], c)))
+        taken_bands, taken_points, chosen = set(), set(), []
+        for _, centre, i in pairs:
+            if centre in taken_bands or i in taken_points:
+                continue
+            taken_bands.add(centre)
+            taken_points.add(i)
+            chosen.append((centre, points[i]))
+        if not chosen and points:  # nothing in any band (e.g. a method with one fixed setting): its best point
+            chosen.append((None, min(points, key=lambda p: p["ratio"])))
+        return sorted(chosen, key=lambda bp: -bp[1]["ratio"])
+
+    # -- full evaluation of a selected setting -----------------------------------------------------------------
+    def full(self, c: Contender, band: float | None, point: dict) -> dict:
+        b = self.bench
+        mode = c.cfg_mode
+        setting = point["setting"]
+        row = dict(library=c.library, method=c.method, setting=point["text"], band=band, cfg_mode=mode,
+                   ratio=point["ratio"], lib_ratio=point["lib_ratio"], psnr_tune=point["psnr"],
+                   ssim_tune=point["ssim"], note=c.note)
+        applied = c.enable(b.pipe, setting)
+        try:
+            # batch 1: the call's compute ratio, a warm-up, then cached runs interleaved with the uncached twin
+            with b.meter.count():
+                b.b1(b.pipe, mode)
+            row["b1_ratio"] = b.meter.flops / b.refs[("b1_flops", mode)]
+            row["b1_lib_ratio"] = applied.compute_ratio()
+            if b.warm_twin:
+                b.b1(b.pipe, mode)
+                b.b1(b.twin, mode)
+            cached_w, cached_c, unc_w, unc_c = [], [], [], []
+            out_b1 = None
+            for _ in range(b.repeats):
+                _, w, t = b.timed(lambda: b.b1(b.twin, mode))
+                unc_w.append(w)
+                unc_c.append(t)
+                out_b1, w, t = b.timed(lambda: b.b1(b.pipe, mode))
+                cached_w.append(w)
+                cached_c.append(t)
+            row.update(b1_wall_cached=median(cached_w), b1_wall_uncached=median(unc_w),
+                       b1_cpu_cached=median(cached_c), b1_cpu_uncached=median(unc_c),
+                       psnr_b1=psnr(out_b1, b.refs[("b1", mode)]))
+            row["b1_speedup_wall"] = row["b1_wall_uncached"] / row["b1_wall_cached"]
+            row["b1_speedup_cpu"] = row["b1_cpu_uncached"] / row["b1_cpu_cached"]
+            row["b1_ideal"] = 1.0 / row["b1_ratio"] if row["b1_ratio"] > 0 else float("inf")
+            row["b1_meas_over_ideal"] = row["b1_speedup_wall"] * row["b1_ratio"]
+            row["b1_meas_over_ideal_cpu"] = row["b1_speedup_cpu"] * row["b1_ratio"]
+            # held-out seeds, batch 10 each
+            images, cpu, lib_ratios = [], [], []
+            for seed in b.heldout_seeds:
+                out, _, t = b.timed(lambda: b.run(b.pipe, b.seed_labels, seed, mode))
+                images.append(out)
+                cpu.append(t)
+                lib_ratios.append(applied.compute_ratio())
+        finally:
+            applied.remove()
+        ref_images, ref_cpu = b.heldout_ref(mode)
+        images = torch.cat(images)
+        features = b.features(images)
+        row.update(
+            psnr_heldout=psnr(images, ref_images), ssim_heldout=ssim(images, ref_images),
+            acc_heldout=b.accuracy(images),
+            fd_heldout=frechet(features, b.refs["heldout_features"]) if len(images) > 1 else float("nan"),
+            b10_cpu_cached=median(cpu), b10_cpu_uncached=median(ref_cpu),
+            heldout_lib_ratio=(float(np.mean(lib_ratios)) if all(r is not None for r in lib_ratios) else None))
+        row["b10_speedup_cpu"] = row["b10_cpu_uncached"] / row["b10_cpu_cached"]
+        row["ideal"] = 1.0 / row["ratio"] if row["ratio"] > 0 else float("inf")
+        self.log(f"  => {c.label} [{row['setting']}] band {band}: ratio {row['ratio']:.3f}, b1 {row['b1_speedup_wall']:.2f}x "
+                 f"wall ({row['b1_meas_over_ideal']:.2f} of ideal), held-out PSNR {row['psnr_heldout']:.2f} "
+                 f"SSIM {row['ssim_heldout']:.3f} acc {row['acc_heldout']:.2f} FD {row['fd_heldout']:.3f}")
+        return row
+
+    def check_restored(self, c: Contender) -> bool:
+        """The pipeline gives bit-identical uncached output after the contender's caches were taken off."""
+        b = self.bench
+        with b.meter.count():
+            out = b.b1(b.pipe, "split")
+        flops_ok = abs(b.meter.flops - b.refs[("b1_flops", "split")]) < 1e-6 * b.refs[("b1_flops", "split")]
+        return bool(torch.equal(out, b.refs[("b1", "split")]) and flops_ok)
+
+    def contender(self, c: Contender, quick: bool) -> dict:
+        started = time.time()
+        result = dict(library=c.library, method=c.method, note=c.note, cfg_mode=c.cfg_mode, points=[], rows=[],
+                      error=None)
+        try:
+            self.log(f"[{c.label}] search")
+            result["points"] = self.search(c, quick)
+            for band, point in self.select(result["points"], quick):
+                result["rows"].append(self.full(c, band, point))
+        except Exception as exc:  # a contender that crashes is a result, not the end of the benchmark
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            result["traceback"] = traceback.format_exc(limit=6)
+            self.log(f"  !! {c.label} failed: {result['error']}")
+        result["restored"] = self.check_restored(c)
+        if not result["restored"]:
+            self.log(f"  !! {c.label}: uncached output changed after removal; reloading the pipeline")
+            self.bench.reload()
+        result["seconds"] = time.time() - started
+        return result
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------------------------
+
+def fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "—"
+        if math.isinf(v):
+            return "∞"
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def all_rows(results: list[dict]) -> list[dict]:
+    return [row for r in results for row in r["rows"]]
+
+
+def band_analysis(rows: list[dict]) -> list[str]:
+    lines = ["| band | rows | best PSNR (held-out) | best dcache | best diffusers | best cache-dit | lowest FD | "
+             "lowest-FD dcache | lowest-FD peer |", "|---|---|---|---|---|---|---|---|---|"]
+    verdicts = []
+    for centre in BANDS:
+        inb = [r for r in rows if r["band"] == centre and math.isfinite(r.get("psnr_heldout", float("nan")))]
+        if not inb:
+            lines.append(f"| ~{centre} | 0 | — | — | — | — | — | — | — |")
+            continue
+
+        def name(r, metric):
+            return f"{r['library']}:{r['method']} ({fmt(r[metric], 2 if metric == 'psnr_heldout' else 3)} @ {r['ratio']:.2f})"
+
+        def best(lib, metric, high):
+            cand = [r for r in inb if (lib is None or r["library"] == lib or (lib == "peer" and r["library"] != "dcache"))
+                    and r.get(metric) is not None and math.isfinite(r[metric])]
+            if not cand:
+                return None
+            return max(cand, key=lambda r: r[metric]) if high else min(cand, key=lambda r: r[metric])
+
+        top, top_fd = best(None, "psnr_heldout", True), best(None, "fd_heldout", False)
+        cells = [f"~{centre}", str(len(inb)), name(top, "psnr_heldout")]
+        for lib in LIBRARIES:
+            r = best(lib, "psnr_heldout", True)
+            cells.append(name(r, "psnr_heldout") if r else "—")
+        cells.append(name(top_fd, "fd_heldout") if top_fd else "—")
+        for lib in ("dcache", "peer"):
+            r = best(lib, "fd_heldout", False)
+            cells.append(name(r, "fd_heldout") if r else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+        d_psnr, p_psnr = best("dcache", "psnr_heldout", True), best("peer", "psnr_heldout", True)
+        d_fd, p_fd = best("dcache", "fd_heldout", False), best("peer", "fd_heldout", False)
+        parts = []
+        if d_psnr and p_psnr:
+            gap = d_psnr["psnr_heldout"] - p_psnr["psnr_heldout"]
+            who = "dcache" if gap >= 0 else f"a peer ({p_psnr['library']}:{p_psnr['method']})"
+            parts.append(f"PSNR: {who} leads by {abs(gap):.2f} dB")
+        if d_fd and p_fd:
+            who = "dcache" if d_fd["fd_heldout"] <= p_fd["fd_heldout"] else \
+                f"a peer ({p_fd['library']}:{p_fd['method']})"
+            parts.append(f"FD: {who} is lower ({fmt(d_fd['fd_heldout'], 3)} dcache vs {fmt(p_fd['fd_heldout'], 3)} peer)")
+        if parts:
+            verdicts.append(f"- ~{centre}: " + "; ".join(parts) + ".")
+    return lines + [""] + verdicts
+
+
+def ratio_03_table(rows: list[dict]) -> list[str]:
+    sel = [r for r in rows if 0.25 <= r.get("b1_ratio", 0) <= 0.38]
+    if not sel:
+        return ["(no row with a batch-1 compute ratio in 0.25..0.38)"]
+    lines = ["| library | method | setting | b1 compute ratio | b1 ideal | b1 measured (wall) | measured/ideal (wall) | "
+             "measured/ideal (CPU) |", "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(sel, key=lambda r: (LIBRARIES.index(r["library"]), -r["b1_meas_over_ideal"])):
+        lines.append(f"| {r['library']} | {r['method']} | {r['setting']} | {r['b1_ratio']:.3f} | {fmt(r['b1_ideal'])}x | "
+                     f"{fmt(r['b1_speedup_wall'])}x | {fmt(r['b1_meas_over_ideal'])} | {fmt(r['b1_meas_over_ideal_cpu'])} |")
+    for lib in LIBRARIES:
+        vals = [r["b1_meas_over_ideal"] for r in sel if r["library"] == lib]
+        if vals:
+            lines.append(f"\n{lib}: median measured/ideal {median(vals):.2f} over {len(vals)} rows"
+                         f" (range {min(vals):.2f}..{max(vals):.2f})")
+    return lines
+
+
+def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple[Path, Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = all_rows(results)
+    md, js, png = out / f"{stem}.md", out / f"{stem}.json", out / f"{stem}_pareto.png"
+    js.write_text(json.dumps(dict(meta=meta, results=results), indent=1, default=_json_default))
+    pareto_png(results, meta, png)
+    lines = [f"# dcache methods vs diffusers caches vs cache-dit (tiny model)", "",
+             "```", meta["command"], "```", "",
+             f"{meta['date']} · {meta['runtime_s'] / 60:.1f} min · torch {meta['torch']} · diffusers {meta['diffusers']}"
+             f" · cache-dit {meta['cache_dit']} · {meta['threads']} torch thread(s) · {meta['cpu']} · load average at "
+             f"start {meta['load_start']}, end {meta.get('load_end', '?')}", "",
+             f"Bundled tiny model (FluxTransformer2DModel, 2 double + 6 single blocks), {meta['steps']} steps, CFG "
+             f"{meta['guidance']}. Tuning run: labels {meta['tune_labels']} seed {TUNE_SEED} (every calibration and the "
+             f"knob search use it). Held-out: seeds {meta['heldout_seeds'][0]}..{meta['heldout_seeds'][-1]} x labels "
+             f"{meta['seed_labels'][0]}..{meta['seed_labels'][-1]} = {meta['heldout_samples']} samples. Batch 1: label {B1_LABEL}, seed {TUNE_SEED}.", "",
+             "Columns: **ratio** = block FLOPs computed / uncached on the tuning batch (FlopCounterMode on the blocks, "
+             "same meter for every library; dcache's own stats agree, see the check below); **ideal** = 1/ratio; "
+             "**b1 ratio** = the same at batch 1; **b1 ×** = measured batch-1 speed-up, wall clock, median of "
+             f"{meta['repeats']} runs after a warm-up, interleaved with an uncached twin pipeline; **meas/ideal** = "
+             "b1 × · b1 ratio; **b10 ×** = held-out batch-10 speed-up from process CPU time; **PSNR tune / b1 / "
+             "held-out**, **SSIM**, **acc** (digit classifier on the held-out samples), **FD** = Fréchet distance of "
+             "classifier features, cached vs uncached held-out samples.", ""]
+    lines += [f"Uncached held-out accuracy {meta['uncached_acc']:.3f}; FD between the uncached held-out samples and "
+              f"as many uncached samples of other seeds (the seed-to-seed scale of FD): {fmt(meta['fd_floor'], 3)}. "
+              f"Split and batched CFG give bit-identical uncached outputs: {meta['modes_identical']}.", ""]
+    header = ("| library | method | setting | band | ratio | ideal | b1 ratio | b1 × | meas/ideal | b10 × | PSNR tune | "
+              "PSNR b1 | PSNR held-out | SSIM | acc | FD |")
+    lines += ["## Results", "", header, "|" + "---|" * 16]
+    lines.append(f"| — | uncached | — | — | 1.000 | 1.00 | 1.000 | 1.00 | 1.00 | 1.00 | ∞ | ∞ | ∞ | 1.000 | "
+                 f"{meta['uncached_acc']:.2f} | 0.000 |")
+    for r in rows:
+        lines.append(
+            f"| {r['library']} | {r['method']} | {r['setting']} | {fmt(r['band'])} | {r['ratio']:.3f} | {fmt(r['ideal'])} | "
+            f"{r['b1_ratio']:.3f} | {fmt(r['b1_speedup_wall'])} | {fmt(r['b1_meas_over_ideal'])} | "
+            f"{fmt(r['b10_speedup_cpu'])} | {fmt(r['psnr_tune'])} | {fmt(r['psnr_b1'])} | {fmt(r['psnr_heldout'])} | "
+            f"{fmt(r['ssim_heldout'], 3)} | {fmt(r['acc_heldout'])} | {fmt(r['fd_heldout'], 3)} |")
+    lines += ["", "## Best per compute-ratio band", "",
+              f"Band c holds rows with c/{BAND_TOL} <= ratio <= c*{BAND_TOL} (one row per method and band, the setting "
+              "closest to c). Quality on the held-out samples.", ""]
+    lines += band_analysis(rows)
+    lines += ["", "## Measured vs ideal speed-up at batch 1, compute ratio ~0.3", "",
+              "Rows whose batch-1 compute ratio is 0.25..0.38. The tiny model spends a large share of a batch-1 call "
+              "outside the blocks (embedders, RoPE, norms, the pipeline loop and Python dispatch), which no block cache "
+              "removes; what differs between libraries is the overhead of the cache path itself.", ""]
+    lines += ratio_03_table(rows)
+    lines += ["", "## Checks and failures", ""]
+    for r in results:
+        flags = []
+        if r.get("error"):
+            flags.append(f"**error**: `{r['error']}`")
+        if not r.get("restored", True):
+            flags.append("**uncached output changed after removal** (pipeline reloaded)")
+        lib_checks = [(row["b1_ratio"], row["b1_lib_ratio"]) for row in r["rows"] if row.get("b1_lib_ratio") is not None]
+        if lib_checks:
+            worst = max(abs(x - y) for x, y in lib_checks)
+            flags.append(f"stats().compute_ratio vs the meter (batch-1 call of each row): max |Δ| {worst:.4f} over "
+                         f"{len(lib_checks)} rows")
+        no_reuse = [p for p in r["points"] if p["ratio"] > 0.999]
+        if r["points"] and len(no_reuse) == len(r["points"]):
+            flags.append("**no reuse at any setting tried**")
+        if r.get("note"):
+            flags.append(r["note"])
+        lines.append(f"- {r['library']}:{r['method']} ({len(r['points'])} settings tried, {r.get('seconds', 0):.0f} s): "
+                     + "; ".join(flags))
+    for name, reason in meta.get("unavailable", {}).items():
+        lines.append(f"- {name}: not run — {reason}")
+    lines += ["", f"![Pareto plot]({png.name})", ""]
+    md.write_text("\n".join(lines) + "\n")
+    return md, js, png
+
+
+def _json_default(obj):
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    if isinstance(obj, tuple):
+        return list(obj)
+    return str(obj)
+
+
+MARKERS = {"dcache": "o", "diffusers": "s", "cache-dit": "^"}
+LIB_COLORS = {"dcache": "#1f77b4", "diffusers": "#d62728", "cache-dit": "#2ca02c"}
+
+
+def pareto_png(results: list[dict], meta: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in all_rows(results) if math.isfinite(r.get("psnr_heldout", float("nan")))]
+    methods = sorted({(r["library"], r["method"]) for r in rows}, key=lambda lm: (LIBRARIES.index(lm[0]), lm[1]))
+    cmap = plt.get_cmap("tab20")
+    color = {lm: cmap(i % 20) for i, lm in enumerate(methods)}
+    fig, axes = plt.subplots(1, 3, figsize=(21, 7.5))
+    panels = [
+        (axes[0], "ratio", "compute ratio (block FLOPs computed / uncached, tuning batch)", "psnr_heldout",
+         "held-out PSNR vs uncached (dB)", True),
+        (axes[1], "b1_speedup_wall", "measured speed-up, batch 1 (wall clock)", "psnr_heldout",
+         "held-out PSNR vs uncached (dB)", False),
+        (axes[2], "ratio", "compute ratio", "fd_heldout", "Fréchet distance of classifier features (lower is better)",
+         True),
+    ]
+    for ax, xkey, xlabel, ykey, ylabel, invert in panels:
+        for lm in methods:
+            pts = [r for r in rows if (r["library"], r["method"]) == lm and math.isfinite(r.get(ykey, float("nan")))]
+            if pts:
+                ax.scatter([r[xkey] for r in pts], [r[ykey] for r in pts], marker=MARKERS[lm[0]], s=48,
+                           color=color[lm], edgecolors="black", linewidths=0.4, zorder=3)
+        for lib in LIBRARIES:  # the library's Pareto front: best quality reachable at this speed or faster
+            pts = [(r[xkey], r[ykey]) for r in rows if r["library"] == lib and math.isfinite(r.get(ykey, float("nan")))]
+            if not pts:
+                continue
+            higher_quality = ykey != "fd_heldout"
+            faster = (lambda a, b: a <= b) if invert else (lambda a, b: a >= b)
+            front = []
+            for x, y in pts:
+                dominated = any(faster(x2, x) and (y2 > y if higher_quality else y2 < y) and (x2, y2) != (x, y)
+                                for x2, y2 in pts)
+                if not dominated:
+                    front.append((x, y))
+            front.sort()
+            ax.plot([p[0] for p in front], [p[1] for p in front], color=LIB_COLORS[lib], lw=2.2, alpha=0.75,
+                    zorder=2, label=f"{lib} Pareto front")
+        for centre in BANDS if xkey == "ratio" else ():
+            ax.axvspan(centre / BAND_TOL, centre * BAND_TOL, color="0.9", zorder=0)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if invert:
+            ax.invert_xaxis()  # faster to the right
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower left" if ykey != "fd_heldout" else "upper left", fontsize=9)
+    axes[0].set_title("Quality vs compute (shaded: ratio bands 0.75 / 0.5 / 0.33 / 0.25)")
+    axes[1].set_title("Quality vs measured batch-1 speed-up")
+    axes[2].set_title("Distribution distance vs compute")
+    handles = [plt.Line2D([], [], marker=MARKERS[lm[0]], color="none", markerfacecolor=color[lm],
+                          markeredgecolor="black", markersize=8, label=f"{lm[0]}: {lm[1]}") for lm in methods]
+    fig.legend(handles=handles, loc="center right", fontsize=8.5, frameon=False, ncol=1,
+               title="marker: ○ dcache  □ diffusers  △ cache-dit")
+    fig.suptitle(f"Tiny FLUX-class model, {meta['steps']} steps, {meta['heldout_samples']} held-out samples",
+                 fontsize=13)
+    fig.tight_layout(rect=(0, 0, 0.83, 0.96))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny subset: one setting of a few methods, 10 steps (< 1 min)")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default benchmarks/results)")
+    ap.add_argument("--steps", type=int, default=None, help="denoising steps (default 28; --quick 6)")
+    ap.add_argument("--heldout-seeds", type=int, default=None, help="held-out seeds x 10 labels (default 10; --quick: "
+                                                                    "1 seed x 4 labels)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed batch-1 runs per row (default 5; quick 3)")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (fixed for the whole run)")
+    ap.add_argument("--only", default=None, help="regex on 'library:method' of the contenders to run")
+    ap.add_argument("--no-cache-dit", action="store_true", help="leave cache-dit out")
+    ap.add_argument("--no-fd-floor", action="store_true", help="skip the seed-to-seed FD reference")
+    ap.add_argument("--resume", action="store_true", help="reuse contenders already in <out>/<stem>.json")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    quick = args.quick
+    steps = args.steps or (6 if quick else 28)
+    heldout = args.heldout_seeds or (1 if quick else 10)
+    repeats = args.repeats or (3 if quick else 5)
+    out = args.out or RESULTS
+    stem = "methods_quick" if quick else "methods"
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    started = time.time()
+    command = "python benchmarks/methods.py" + "".join(" " + shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+
+    def log(msg: str) -> None:
+        print(f"[{time.time() - started:7.1f}s] {msg}", flush=True)
+
+    import diffusers
+    from dcache.pipelines.tiny_pipeline import DEFAULT_GUIDANCE
+
+    bench = Bench(steps=steps, tune_labels=[0, 1] if quick else list(range(10)),
+                  heldout_seeds=[HELDOUT_SEED0 + i for i in range(heldout)], repeats=repeats,
+                  seed_labels=[0, 1, 2, 3] if quick else list(range(10)), warm_twin=not quick)
+    bench.load()
+
+    unavailable: dict[str, str] = {}
+    contenders = dcache_contenders(bench)
+    contenders += peers.diffusers_contenders(steps, lambda pipe: bench.tune(pipe, "split"))
+    cache_dit_version = "not installed"
+    if not args.no_cache_dit and not quick:
+        reason = peers.cache_dit_unavailable()
+        if reason is None:
+            import cache_dit
+
+            cache_dit_version = cache_dit.__version__
+            contenders += peers.cache_dit_contenders(steps)
+        else:
+            unavailable["cache-dit"] = reason
+    if quick:
+        contenders = [c for c in contenders if c.quick is not None]
+    if args.only:
+        contenders = [c for c in contenders if re.search(args.only, c.label)]
+    log(f"references (uncached); {len(contenders)} contenders")
+    bench.references({c.cfg_mode for c in contenders}, fd_floor=not (quick or args.no_fd_floor))
+
+    meta = dict(command=command, date=time.strftime("%Y-%m-%d %H:%M"), steps=steps, guidance=DEFAULT_GUIDANCE,
+                tune_labels=bench.tune_labels, heldout_seeds=bench.heldout_seeds, seed_labels=bench.seed_labels,
+                heldout_samples=len(bench.heldout_labels()), repeats=repeats, threads=args.threads,
+                torch=torch.__version__, diffusers=diffusers.__version__, cache_dit=cache_dit_version,
+                cpu=f"{platform.machine()} x{os.cpu_count()}", load_start=_load(), quick=quick,
+                uncached_acc=bench.refs["heldout_acc"], fd_floor=bench.refs["fd_floor"],
+                modes_identical=bench.refs["modes_identical"], unavailable=unavailable,
+                uncached_b10_cpu=median(bench.refs[("heldout_cpu", "split")]),
+                uncached_b10_wall=median(bench.refs[("heldout_wall", "split")]))
+
+    previous: dict[str, dict] = {}
+    if args.resume and (out / f"{stem}.json").is_file():
+        old = json.loads((out / f"{stem}.json").read_text())
+        same = all(old["meta"].get(k) == meta[k] for k in ("steps", "heldout_seeds", "repeats", "threads"))
+        if same:
+            previous = {f"{r['library']}:{r['method']}": r for r in old["results"] if not r.get("error")}
+    sweeper = Sweeper(bench, log)
+    results: list[dict] = []
+    for c in contenders:
+        if c.label in previous:
+            log(f"[{c.label}] reused from {out / (stem + '.json')}")
+            results.append(previous[c.label])
+            continue
+        results.append(sweeper.contender(c, quick))
+        meta.update(runtime_s=time.time() - started, load_end=_load())
+        write_report(results, meta, out, stem)  # after every contender: a crash keeps what was measured
+    meta.update(runtime_s=time.time() - started, load_end=_load())
+    md, _, png = write_report(results, meta, out, stem)
+    log(f"wrote {md} and {png} in {(time.time() - started) / 60:.1f} min")
+    return md
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{v:.1f}" for v in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+if __name__ == "__main__":
+    main()

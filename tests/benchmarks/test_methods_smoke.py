@@ -1,0 +1,59 @@
+"""benchmarks/methods.py --quick runs end to end on the bundled model (no cache-dit needed) and writes a table with
+finite numbers for dcache and for diffusers' built-in caches, the JSON beside it and the Pareto plot."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "methods.py"
+
+
+def _assets_present() -> bool:
+    from dcache.pipelines.bundled import DIGIT_CLASSIFIER_PATH, TINY_MODEL_DIR
+
+    return (TINY_MODEL_DIR / "model_index.json").is_file() and DIGIT_CLASSIFIER_PATH.is_file()
+
+
+@pytest.mark.skipif(not _assets_present(), reason="the bundled tiny model / classifier assets are not built yet")
+def test_quick_benchmark_table_has_dcache_and_diffusers_rows(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("dcache_methods_benchmark", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # dataclasses look their module up there
+    spec.loader.exec_module(bench)
+    threads = torch.get_num_threads()
+    try:
+        md = bench.main(["--quick", "--no-cache-dit", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)  # the script pins its thread count
+
+    text = md.read_text()
+    assert "python benchmarks/methods.py --quick --no-cache-dit" in text  # the exact command heads the table
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| dcache |") or line.startswith("| diffusers |")]
+    libraries = {r[0] for r in rows}
+    assert libraries == {"dcache", "diffusers"}, libraries
+    for r in rows:
+        ratio, ideal, b1_ratio, b1_speedup, meas_over_ideal, b10_speedup = map(float, r[4:10])
+        assert 0 < ratio <= 1.0 + 1e-9 and 0 < b1_ratio <= 1.0 + 1e-9
+        assert ideal == pytest.approx(1 / ratio, rel=0.01)
+        for v in (b1_speedup, meas_over_ideal, b10_speedup):
+            assert math.isfinite(v) and v > 0
+        psnr_cells = r[10:13]
+        assert all(c == "∞" or math.isfinite(float(c)) for c in psnr_cells)
+        ssim, acc, fd = float(r[13]), float(r[14]), float(r[15])
+        assert 0 <= ssim <= 1.0 + 1e-9 and 0 <= acc <= 1 and math.isfinite(fd) and fd >= 0
+
+    data = json.loads((tmp_path / "methods_quick.json").read_text())
+    results = data["results"]
+    assert all(r["error"] is None and r["restored"] for r in results), [(r["method"], r["error"]) for r in results]
+    # dcache's own stats count the same block FLOPs as the benchmark's meter
+    for r in results:
+        for row in r["rows"]:
+            if row["b1_lib_ratio"] is not None:
+                assert row["b1_lib_ratio"] == pytest.approx(row["b1_ratio"], abs=1e-3)
+    assert (tmp_path / "methods_quick_pareto.png").stat().st_size > 10_000
