@@ -304,14 +304,56 @@ def teacache_points(rec: Recording) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
 
 
+def x_sequences(rec: Recording) -> list[list[float | None]]:
+    """Per run and branch, the modulated-input relL1 of each call in step order (None where not measured)."""
+    key = Signal.MODULATED_REL_L1.value
+    return [[c.get(key) for c in calls] for run in rec.runs for calls in run.values()]
+
+
+def simulate_teacache(table: dict[str, Any], sequences: list[list[float | None]], threshold: float) -> float:
+    """Fraction of calls TeaCache would compute at `threshold` on recorded x sequences (assumes caching leaves x as
+    recorded; x depends mostly on the timestep, so this is close)."""
+    from .teacache import TeaCacheConfig, TeaCacheSchedule
+
+    schedule = TeaCacheSchedule(TeaCacheConfig(threshold=threshold), {**table, "threshold": threshold})
+    computed = total = 0
+    for seq in sequences:
+        schedule.reset(None)  # type: ignore[arg-type]  (reset ignores the generation info)
+        for step, x in enumerate(seq):
+            signals = {} if x is None else {Signal.MODULATED_REL_L1: x}
+            ctx = CallContext(step=step, num_steps=len(seq), branch="b", call_index=step, timestep=None,
+                              signals=signals)
+            computed += schedule.decide(ctx) is Action.COMPUTE
+            total += 1
+    return computed / max(total, 1)
+
+
+def suggest_teacache_threshold(table: dict[str, Any], sequences: list[list[float | None]],
+                               target_compute_ratio: float) -> float:
+    """The smallest threshold (log grid, 4 significant digits) whose simulated compute fraction is <= the target."""
+    from .teacache import TeaCacheConfig, TeaCacheSchedule
+
+    estimate = TeaCacheSchedule(TeaCacheConfig(threshold=1.0), dict(table)).estimate
+    sums = [sum(abs(estimate(x)) for x in seq if x is not None) for seq in sequences]
+    if not any(sums):
+        raise ValueError("no modulated-input signal was recorded; the calibration runs had fewer than 2 steps.")
+    top = 1.01 * max(sums)  # at this threshold every skippable call reuses
+    for threshold in np.geomspace(top * 1e-6, top, 400):
+        if simulate_teacache(table, sequences, float(threshold)) <= target_compute_ratio:
+            return float(f"{threshold:.4g}")
+    return float(f"{top:.4g}")
+
+
 def calibrate_teacache(target: Any, run_fn: RunFn | Sequence[RunFn], *, runs: int = 1, num_steps: int | None = None,
                        path: str | os.PathLike | None = None, register: bool = True,
-                       threshold: float | None = None) -> dict[str, Any]:
+                       threshold: float | None = None, target_compute_ratio: float = 0.6) -> dict[str, Any]:
     """TeaCache coefficients (numpy.polyfit(x, y, 4), highest power first) from uncached runs.
 
-    Returns {"coefficients": [...], "points": n, "x_range": [lo, hi], "fit_rel_error": mean|fit - y| / mean|y|}
-    (plus "threshold" when given: it becomes the table's recommended threshold). Several runs (different prompts /
-    seeds) give a steadier fit: TeaCache's authors used 70 prompts.
+    Returns {"coefficients": [...], "points": n, "x_range": [lo, hi], "fit_rel_error": mean|fit - y| / mean|y|,
+    "threshold": t}. The threshold is the one given, else the smallest one at which TeaCache, simulated on the
+    recorded x sequences, computes at most `target_compute_ratio` of the calls (0.6: about 1.7x); it becomes the
+    table's recommended threshold. Several runs (different prompts / seeds) give a steadier fit: TeaCache's authors
+    used 70 prompts.
     """
     signals = TEACACHE_SIGNALS
     rec = record_signals(target, run_fn, signals, runs=runs, num_steps=num_steps)
@@ -327,7 +369,12 @@ def calibrate_teacache(target: Any, run_fn: RunFn | Sequence[RunFn], *, runs: in
         "x_range": [float(x.min()), float(x.max())],
         "fit_rel_error": float(np.abs(fit - y).mean() / max(np.abs(y).mean(), 1e-12)),
     }
-    if threshold is not None:
+    if threshold is None:
+        if not 0.0 < target_compute_ratio <= 1.0:
+            raise ValueError(f"target_compute_ratio={target_compute_ratio} must be in (0, 1].")
+        table["threshold"] = suggest_teacache_threshold(table, x_sequences(rec), target_compute_ratio)
+        table["threshold_for"] = {"compute_ratio": target_compute_ratio}
+    else:
         table["threshold"] = float(threshold)
     _finish(rec, "teacache", table, path, register, {"signals": sorted(s.value for s in signals)})
     return table
@@ -456,31 +503,3 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
         return TargetResult(method, knob_name, None, None, False, sweep)
     return TargetResult(method, knob_name, values[best], configs[best], True, sweep)
 
-
-# ------------------------------------------------------------------------------------------------------------------
-# Tables of the bundled tiny model (dcache.pipelines.bundled: FLUX-class digits, 28 steps, split CFG), so that
-# `dcache.apply(tiny_pipe, "magcache" | "teacache")` and `dcache generate` work out of the box. Produced by the two
-# functions above on the bundled weights (MagCache: labels 0..9 x2, seed 0; TeaCache: labels 0..9, seeds 11-13);
-# tests/schedules/test_quality_tiny.py checks them against a fresh calibration and prints new ones if the model
-# is retrained (`python tests/schedules/test_quality_tiny.py --tables`).
-# ------------------------------------------------------------------------------------------------------------------
-
-BUNDLED_TINY_IDENTITY = ("FluxTransformer2DModel(num_layers=2,num_single_layers=6,num_attention_heads=4,"
-                         "attention_head_dim=32,in_channels=4,joint_attention_dim=64)")
-BUNDLED_TINY_MAGCACHE = {
-    "cond": [1.0, 1.00837, 0.99093, 0.96078, 0.97254, 0.95582, 0.95449, 0.96024, 0.95957, 0.96593, 0.96317, 0.93426,
-             0.97365, 0.95735, 0.94841, 0.93703, 0.94734, 0.95222, 0.95076, 0.93966, 0.93843, 0.94185, 0.94252,
-             0.95329, 0.92903, 0.97154, 0.99012, 1.05156],
-    "uncond": [1.0, 1.01029, 0.9933, 0.96229, 0.97274, 0.95606, 0.95508, 0.96346, 0.96015, 0.96651, 0.96344, 0.93439,
-               0.97467, 0.95783, 0.94847, 0.93999, 0.94784, 0.9556, 0.95297, 0.94216, 0.9404, 0.94475, 0.94373,
-               0.95754, 0.93245, 0.972, 0.99183, 1.05158],
-}
-BUNDLED_TINY_TEACACHE = {
-    "coefficients": [-428669.65430359036, 113330.85968104038, -10935.869641196381, 460.55467054076666,
-                     -7.120939568103307],
-    "x_range": [0.05064287720764352, 0.09090448545612123],
-    "threshold": 0.1,  # 28 steps: compute ratio 0.57, PSNR 46 dB vs uncached; 0.2 -> 0.34, 35 dB
-    "source": "calibrate_teacache on the bundled tiny digit model (3 runs, 162 points)",
-}
-register_table("magcache", BUNDLED_TINY_IDENTITY, BUNDLED_TINY_MAGCACHE)
-register_table("teacache", BUNDLED_TINY_IDENTITY, BUNDLED_TINY_TEACACHE)

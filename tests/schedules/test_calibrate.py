@@ -101,6 +101,17 @@ def test_teacache_points_are_modulated_and_output_rel_l1(model, tmp_path):
     assert torch.isfinite(out).all() and handle.stats().compute_ratio < 1.0
 
 
+def test_teacache_suggests_a_threshold_for_a_target_compute_ratio(model):
+    with saved_tables():
+        result = calibrate.calibrate_teacache(model, lambda: denoise(model), num_steps=STEPS,
+                                              target_compute_ratio=0.5)
+        assert result["threshold_for"] == {"compute_ratio": 0.5}
+        out, handle = run_with(model, "teacache")  # the registered table's threshold
+    # the simulation replays the recorded signals; the real run drifts a little from them
+    assert handle.stats().compute_ratio == pytest.approx(0.5, abs=0.1)
+    assert torch.isfinite(out).all()
+
+
 def test_calibration_file_merges_entries_by_key_and_is_written_atomically(tmp_path, model):
     path = tmp_path / "cal.json"
     make = lambda steps, table: calibrate.CalibrationEntry(

@@ -5,8 +5,8 @@ For each method at a stated setting:
   * compute ratio (block FLOPs computed / uncached, over the whole generation) at most the stated value;
   * PSNR of the images vs the uncached images at least the stated floor;
   * the digit classifier recognises at least 85% of the requested digits.
-MagCache and TeaCache use the tables dcache ships for this model (dcache.schedules.calibrate), which a test checks
-against a fresh calibration.
+MagCache and TeaCache use the tables dcache ships for this model (pipelines/assets/calibration.json), which a test
+checks against a fresh calibration.
 Floors come from measurements (`python tests/schedules/test_quality_tiny.py` prints them) with a margin; each
 case's comment gives the measured values.
 """
@@ -25,7 +25,7 @@ from schedule_testkit import true_compute_ratio
 
 import dcache
 from dcache.schedules import calibrate
-from dcache.schedules.tables import model_identity
+from dcache.schedules.tables import lookup_table
 
 bundled = pytest.importorskip("dcache.pipelines.bundled")
 # DCACHE_TINY_ASSETS=<folder> measures another build of the assets (e.g. a fresh train_tiny --out <folder>).
@@ -141,16 +141,26 @@ def test_uncached_reference_is_recognised(classifier, reference):
     assert accuracy(classifier, reference) >= MIN_ACCURACY
 
 
-def test_registered_tables_match_a_fresh_calibration(pipe):
-    """The tables shipped for this model are what calibration gives today (else the model was retrained:
-    paste the output of `python tests/schedules/test_quality_tiny.py --tables` into schedules/calibrate.py)."""
-    assert model_identity(pipe.transformer) == calibrate.BUNDLED_TINY_IDENTITY
+def test_shipped_calibration_matches_a_fresh_calibration(pipe):
+    """The tables dcache ships for this model (pipelines/assets/calibration.json, registered when dcache.pipelines
+    is imported) are what calibration gives today; else the model was retrained and the file must be rewritten
+    (`dcache calibrate`, or `python tests/schedules/test_quality_tiny.py --tables` prints fresh tables)."""
+    presets = pytest.importorskip("dcache.pipelines.presets")
+    if not presets.BUNDLED_CALIBRATION.is_file():
+        pytest.skip("no calibration shipped for the bundled model yet")
+    shipped = calibrate.load_calibration(presets.BUNDLED_CALIBRATION)
+    magcache = shipped.find("magcache", model=pipe.transformer, num_steps=STEPS)
+    teacache = shipped.find("teacache", model=pipe.transformer, num_steps=STEPS)
+    assert magcache is not None and teacache is not None
+    assert lookup_table("magcache", pipe.transformer) == magcache.table  # registered on import
     fresh = calibrated_tables(pipe)
     for branch in ("cond", "uncond"):
-        assert fresh["magcache"][branch] == pytest.approx(calibrate.BUNDLED_TINY_MAGCACHE[branch], abs=2e-3)
-    x = np.linspace(*calibrate.BUNDLED_TINY_TEACACHE["x_range"], 9)
-    shipped = np.polyval(calibrate.BUNDLED_TINY_TEACACHE["coefficients"], x)
-    assert np.polyval(fresh["teacache"]["coefficients"], x) == pytest.approx(shipped, rel=0.05)
+        # another batch of labels / seeds than the shipped file's: ratios agree to ~6e-4
+        assert fresh["magcache"][branch] == pytest.approx(magcache.table[branch], abs=3e-3)
+    x = np.linspace(*teacache.table["x_range"], 9)
+    # the fitted output-change estimates agree to ~5% across calibration batches
+    assert np.polyval(fresh["teacache"]["coefficients"], x) == pytest.approx(
+        np.polyval(teacache.table["coefficients"], x), rel=0.12)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
