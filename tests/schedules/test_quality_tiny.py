@@ -155,8 +155,8 @@ def test_shipped_calibration_matches_a_fresh_calibration(pipe):
     assert lookup_table("magcache", pipe.transformer) == magcache.table  # registered on import
     fresh = calibrated_tables(pipe)
     for branch in ("cond", "uncond"):
-        # another batch of labels / seeds than the shipped file's: ratios agree to ~6e-4
-        assert fresh["magcache"][branch] == pytest.approx(magcache.table[branch], abs=3e-3)
+        # another batch of labels / seeds than the shipped file's: ratios agree to ~6e-4 (3e-3 at the last step)
+        assert fresh["magcache"][branch] == pytest.approx(magcache.table[branch], abs=5e-3)
     x = np.linspace(*teacache.table["x_range"], 9)
     # the fitted output-change estimates agree to ~5% across calibration batches
     assert np.polyval(fresh["teacache"]["coefficients"], x) == pytest.approx(
