@@ -84,10 +84,10 @@ def rel_l1(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def true_compute_ratio(handle: dcache.Handle) -> float:
-    """Computed / total block FLOPs of the last generation.
+    """Computed / total block FLOPs of the last generation, counted independently of `stats().compute_ratio`.
 
-    STACK / BLOCK: the engine's own number. MODULE: total minus the cost of every skipped module unit, because the
-    engine's `flops_computed` counts a computed module twice (inside its block and again by itself; reported).
+    STACK / BLOCK: the engine's own number. MODULE: total minus the cost of every skipped module unit (an early
+    engine counted a computed module twice; the matrix cross-checks the engine's number against this one).
     """
     eng = handle.engine
     if eng.granularity.value != "module":

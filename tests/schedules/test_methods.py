@@ -99,6 +99,7 @@ def test_reuse_happens_and_stays_close(case, model, reference):
     stats = handle.stats()
     assert stats.units_reused + stats.units_forecast > 0, stats.per_step
     assert ratio < case.max_ratio, (ratio, stats.per_step)
+    assert stats.compute_ratio == pytest.approx(ratio)  # the engine's FLOP accounting agrees
     assert torch.isfinite(out).all()
     assert rel_l1(out, reference[1]) < ERR
 
