@@ -246,6 +246,19 @@ def test_teacache_accumulates_the_rescaled_signal_and_forces_first_and_last_step
     assert "".join(p[0] for p in pairs) == "".join(p[1] for p in pairs) == "CRRRCRRRCC"
 
 
+def test_teacache_calibrated_estimate_is_proportional_outside_the_fitted_range():
+    coeffs = (0.0, 0.0, 50.0, -5.0, 0.2)  # fitted on [0.05, 0.1]; poly(0) = 0.2, poly(0.02) = 0.12
+    entry = {"coefficients": coeffs, "x_range": [0.05, 0.1]}
+    schedule = teacache.TeaCacheSchedule(dcache.config_for("teacache", threshold=1.0), entry)
+    poly = lambda x: teacache.poly4(coeffs, x)
+    assert schedule.estimate(0.07) == pytest.approx(poly(0.07))  # inside: the polynomial
+    assert schedule.estimate(0.02) == pytest.approx(poly(0.05) * 0.02 / 0.05)  # below: scaled from the low end
+    assert schedule.estimate(0.3) == pytest.approx(poly(0.1) * 3.0)  # above: scaled from the high end
+    assert schedule.estimate(0.0) == 0.0
+    published = teacache.TeaCacheSchedule(dcache.config_for("teacache", threshold=1.0), {"coefficients": coeffs})
+    assert published.estimate(0.0) == pytest.approx(0.2)  # published sets: the polynomial as fitted
+
+
 def test_teacache_poly4_is_numpy_poly1d():
     np = pytest.importorskip("numpy")
     for x in (0.0, 0.01, 0.1, 0.7):
