@@ -21,7 +21,9 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import StateManager
 from torch import nn
+from torch._C._dynamo.eval_frame import get_eval_frame_callback
 from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.flop_counter import FlopCounterMode
 
 from dcache.kernels import rel_l1_stats, residual_apply, residual_capture
 
@@ -143,15 +145,36 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------------ hooks
     def _install(self) -> None:
-        HookRegistry.check_if_exists_or_initialize(self.transformer).register_hook(_TransformerHook(self), HOOK_NAME)
+        t = self.transformer
+        # accelerate's offload hook (enable_model_cpu_offload) wraps `forward` and restores `_old_forward` when it
+        # is removed after every pipeline call: dcache goes *under* it, as the forward accelerate calls.
+        accelerate_forward = t.forward if _has_accelerate_hook(t) else None
+        if accelerate_forward is not None:
+            t.forward = t._old_forward
+        HookRegistry.check_if_exists_or_initialize(t).register_hook(_TransformerHook(self), HOOK_NAME)
+        self._installed_forward = t.forward
+        if accelerate_forward is not None:
+            t._old_forward, t.forward = t.forward, accelerate_forward
         for slot in self.blocks:
             HookRegistry.check_if_exists_or_initialize(slot.block).register_hook(_BlockHook(self, slot), HOOK_NAME)
-            if self.granularity is Granularity.MODULE:
-                for name in slot.modules:
-                    module = submodule(slot.block, name)
-                    HookRegistry.check_if_exists_or_initialize(module).register_hook(
-                        _ModuleHook(self, self.module_unit[(slot.index, name)]), HOOK_NAME)
+        self._module_hooked: dict[int, nn.Module] = {}
+        if self.granularity is Granularity.MODULE:
+            self._hook_modules()
         self._hook_scheduler()
+
+    def _hook_modules(self) -> None:
+        """(Re)hook module units; a module replaced since (e.g. by a LoRA layer loaded after apply) is re-hooked."""
+        for slot in self.blocks:
+            for name in slot.modules:
+                unit = self.module_unit[(slot.index, name)]
+                module = submodule(slot.block, name)
+                old = self._module_hooked.get(unit)
+                if module is old:
+                    continue
+                if old is not None:
+                    HookRegistry.check_if_exists_or_initialize(old).remove_hook(HOOK_NAME, recurse=False)
+                HookRegistry.check_if_exists_or_initialize(module).register_hook(_ModuleHook(self, unit), HOOK_NAME)
+                self._module_hooked[unit] = module
 
     def _current_scheduler(self) -> Any:
         return getattr(self.pipeline, "scheduler", None) if self.pipeline is not None else None
@@ -196,7 +219,16 @@ class Engine:
         if self._removed:
             return
         self._finish_generation()
-        HookRegistry.check_if_exists_or_initialize(self.transformer).remove_hook(HOOK_NAME, recurse=True)
+        t = self.transformer
+        outer = t.forward
+        HookRegistry.check_if_exists_or_initialize(t).remove_hook(HOOK_NAME, recurse=True)
+        for module in self._module_hooked.values():  # modules swapped out of the tree since they were hooked
+            HookRegistry.check_if_exists_or_initialize(module).remove_hook(HOOK_NAME, recurse=False)
+        restored = t.forward
+        if outer is not self._installed_forward:  # someone (accelerate) wrapped dcache: keep their wrapper
+            t.forward = outer
+        if getattr(t, "_old_forward", None) is self._installed_forward:
+            t._old_forward = restored
         self._unhook_scheduler()
         self.branches.clear()
         self._removed = True
@@ -210,6 +242,8 @@ class Engine:
         self._start_generation(self.tracker.record)
 
     def _start_generation(self, record: GenerationRecord) -> None:
+        if self.granularity is Granularity.MODULE:
+            self._hook_modules()
         self.record = record
         self.generations += 1
         self.branches = {}
@@ -417,10 +451,11 @@ class Engine:
     # Every block call is split in three so that, under torch.compile, only the block's own forward is traced:
     #   block_enter (eager: bookkeeping, decision, reuse) -> forward (traced) -> block_exit (eager: caching).
     @_eager
-    def block_enter(self, slot: BlockSlot, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    def block_enter(self, slot: BlockSlot, forward: Any, args: tuple, kwargs: dict,
+                    compiling: bool = False) -> tuple[bool, Any]:
         """(True, state) when the block must run, (False, output) when its result comes from the cache."""
         call = self.call
-        if call is None:  # a block called outside a transformer forward: not ours to cache
+        if call is None or self.flops.counting:  # outside a transformer call, or inside a FLOP-counting pass
             return True, None
         hidden, encoder = slot.slots.read(args, kwargs)
         if slot.index == 0:
@@ -430,6 +465,8 @@ class Engine:
             if self.granularity is Granularity.STACK:
                 self._after_probe_decision(call)
         shape = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else ()
+        if compiling and not self.flops.known(slot.index, shape):
+            self.flops.count(slot.index, shape, forward, args, kwargs)
         out = self._cached_block_output(call, slot, hidden, encoder)
         if out is not None:
             call.flops_total += self.flops.cost(slot.index, shape) or 0.0
@@ -438,7 +475,8 @@ class Engine:
             return False, out
         if self.granularity is Granularity.STACK and slot.segment_first and slot.role == "middle":
             call.segment_inputs[slot.list_index] = (hidden, encoder)
-        return True, (call, hidden, encoder, shape, self.flops.start(slot.index, shape))
+        counter = None if compiling else self.flops.start(slot.index, shape)
+        return True, (call, hidden, encoder, shape, counter)
 
     def _cached_block_output(self, call: CallState, slot: BlockSlot, hidden, encoder) -> Any:
         """The block's result without running it, or None when the block must compute."""
@@ -484,8 +522,8 @@ class Engine:
 
     @_eager
     def abort(self, state: Any) -> None:
-        """A forward raised: close an open FLOP counter and drop the call."""
-        if isinstance(state, tuple) and state:
+        """A forward raised: close an open FLOP counter and drop the call (its record entry is never written)."""
+        if isinstance(state, tuple) and state and isinstance(state[-1], FlopCounterMode):
             self.flops.stop(state[-1], None, None)
         self.call = None
 
@@ -518,15 +556,18 @@ class Engine:
     # ------------------------------------------------------------------------------------------------ modules
     @_eager
     def module_enter(self, unit: int, args: tuple, kwargs: dict) -> tuple[bool, Any]:
-        call = self.call
-        if call is None or call.actions is None:
-            return True, None
-        action = call.actions[unit]
         first = args[0] if args and isinstance(args[0], torch.Tensor) else next(
             (v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
         shape = tuple(first.shape) if first is not None else ()
         key = ("m", unit)
-        if action == Action.COMPUTE.value:  # the block already counts its modules' FLOPs; measure the share
+        if self.flops.counting:  # inside the block's fake counting pass: count this module's share
+            self.flops.enter(key, shape)
+            return True, "counting"
+        call = self.call
+        if call is None or call.actions is None:
+            return True, None
+        action = call.actions[unit]
+        if action == Action.COMPUTE.value:  # the block counts its modules' FLOPs; measure this module's share
             return True, (call, key, shape, self.flops.start(key, shape))
         call.flops_computed -= self.flops.cost(key, shape) or 0.0
         hist = call.bstate.units[unit]
@@ -538,6 +579,9 @@ class Engine:
     def module_exit(self, unit: int, state: Any, out: Any) -> Any:
         if state is None:
             return out
+        if state == "counting":
+            self.flops.exit()
+            return out
         call, key, shape, counter = state
         self.flops.stop(counter, key, shape)
         if self.schedule.may_reuse(call.branch, unit):
@@ -547,6 +591,15 @@ class Engine:
             hist.spec = spec  # type: ignore[attr-defined]
             hist.is_tensor = [isinstance(t, torch.Tensor) for t in leaves]  # type: ignore[attr-defined]
         return out
+
+
+def _dynamo_active() -> bool:
+    """True when torch.compile is tracing around this (eager) hook frame."""
+    return get_eval_frame_callback() is not None
+
+
+def _has_accelerate_hook(module: nn.Module) -> bool:
+    return hasattr(module, "_hf_hook") and hasattr(module, "_old_forward")
 
 
 _TIMESTEP_NAMES = ("timestep", "timesteps", "t", "time_step", "sigma", "sigmas")
@@ -606,7 +659,8 @@ class _BlockHook(ModelHook):
 
     @torch.compiler.disable(recursive=False)  # this frame stays eager; the original forward below is traced
     def new_forward(self, module: nn.Module, *args, **kwargs):
-        run, state = self.engine.block_enter(self.slot, args, kwargs)
+        run, state = self.engine.block_enter(self.slot, self.fn_ref.original_forward, args, kwargs,
+                                             _dynamo_active())
         if not run:
             return state
         try:

@@ -1,14 +1,21 @@
 """Per-unit compute cost, counted from shapes by torch's FlopCounterMode the first time a unit runs on a shape.
 
 Ideal speed-up = (block FLOPs of an uncached call) / (block FLOPs actually computed); module units carry their
-own count, taken from the same measurement. Counted once per (unit, input shape) for the engine's lifetime.
+own count, taken in the same pass. Counted once per (unit, input shape) for the engine's lifetime:
+  * eager (the usual case): the counter wraps the unit's real first forward (`start` / `stop`), so it sees exactly
+    what ran, through any other hooks (offloading, casting);
+  * under torch.compile a dispatch mode around the real forward would stop dynamo from compiling the block, so the
+    count runs in a separate eager pass on fake tensors (`count`); a forward that cannot run on fake tensors is left
+    uncounted (stats then fall back to unit counts for it).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 
@@ -17,13 +24,50 @@ class FlopBook:
         self.enabled = enabled
         self.costs: dict[tuple[Any, tuple], float] = {}
         self.by_unit: dict[Any, float] = {}  # last known cost of each unit (any shape)
+        self.counting = False  # True while a counting pass runs (hooks then pass through)
+        self._open: list[tuple[Any, tuple, FlopCounterMode]] = []
 
     def known(self, unit: Any, shape: tuple) -> bool:
         return (unit, shape) in self.costs
 
+    def cost(self, unit: Any, shape: tuple) -> float | None:
+        return self.costs.get((unit, shape), self.by_unit.get(unit))
+
+    def record(self, unit: Any, shape: tuple, flops: float) -> None:
+        self.costs[(unit, shape)] = flops
+        self.by_unit[unit] = flops
+
+    @torch.compiler.disable
+    def count(self, unit: Any, shape: tuple, forward: Callable, args: tuple, kwargs: dict) -> None:
+        """Count `forward(*args, **kwargs)` for `unit` (nested units open their own counters via `enter`)."""
+        if not self.enabled or self.known(unit, shape):
+            return
+        self.counting = True
+        try:
+            try:
+                with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+                    fake_args, fake_kwargs = tree_map(
+                        lambda t: fake.from_tensor(t) if isinstance(t, torch.Tensor) else t, (args, kwargs))
+                    flops = self._run(forward, fake_args, fake_kwargs)
+            except Exception:  # an op without a fake kernel, data-dependent shapes, ...: leave it uncounted
+                return
+        finally:
+            self.counting = False
+        self.record(unit, shape, flops)
+
+    def _run(self, forward: Callable, args: tuple, kwargs: dict) -> float:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            try:
+                forward(*args, **kwargs)
+            finally:  # nested module counters opened by hooks must close before the outer modes do
+                while self._open:
+                    self._open.pop()[2].__exit__(None, None, None)
+        return float(counter.get_total_flops())
+
     def start(self, unit: Any, shape: tuple) -> FlopCounterMode | None:
-        """Open a FLOP counter for `unit` unless its cost is known (or compiling / disabled); pair with `stop`."""
-        if not self.enabled or self.known(unit, shape) or _compiling():
+        """Eager path: open a counter around the unit's real forward (None if already known); pair with `stop`."""
+        if not self.enabled or self.known(unit, shape):
             return None
         counter = FlopCounterMode(display=False)
         counter.__enter__()
@@ -35,12 +79,15 @@ class FlopBook:
             return
         counter.__exit__(None, None, None)
         if unit is not None:
-            self.costs[(unit, shape)] = float(counter.get_total_flops())
-            self.by_unit[unit] = self.costs[(unit, shape)]
+            self.record(unit, shape, float(counter.get_total_flops()))
 
-    def cost(self, unit: Any, shape: tuple) -> float | None:
-        return self.costs.get((unit, shape), self.by_unit.get(unit))
+    def enter(self, unit: Any, shape: tuple) -> None:
+        """Inside a counting pass: open a nested counter for an inner unit (a module)."""
+        counter = FlopCounterMode(display=False)
+        counter.__enter__()
+        self._open.append((unit, shape, counter))
 
-
-def _compiling() -> bool:
-    return bool(getattr(torch, "compiler", None) and torch.compiler.is_compiling())
+    def exit(self) -> None:
+        unit, shape, counter = self._open.pop()
+        counter.__exit__(None, None, None)
+        self.record(unit, shape, float(counter.get_total_flops()))

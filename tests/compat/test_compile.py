@@ -117,11 +117,6 @@ def test_compiled_outputs_match_eager(mode, order, method, eager_outputs):
     assert rel_error(after_remove, generate(make_pipeline())) <= COMPILE_ATOL
 
 
-FLOPS_REASON = (
-    "FlopBook.start() enters torch.utils.flop_counter.FlopCounterMode (a TorchDispatchMode) in block_enter and "
-    "keeps it active across the block's real forward on the first call of each (block, shape); dynamo does not "
-    "compile a frame while a dispatch mode is active and never retries that code: the blocks run eagerly for the "
-    "rest of the process (count_flops=False compiles them)")
 
 
 def _bare_block_graphs(mode: str) -> list[list[str]]:
@@ -135,8 +130,8 @@ def _bare_block_graphs(mode: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("mode,count_flops", [
-    pytest.param("regional", True, marks=pytest.mark.xfail(strict=True, reason=FLOPS_REASON)),
-    pytest.param("full", True, marks=pytest.mark.xfail(strict=True, reason=FLOPS_REASON)),
+    ("regional", True),
+    ("full", True),
     ("regional", False),
 ])
 def test_blocks_are_compiled_whole_under_a_static_plan(mode, count_flops):
@@ -162,8 +157,7 @@ def test_blocks_are_compiled_whole_under_a_static_plan(mode, count_flops):
 @pytest.mark.parametrize("mode,method", [("regional", "fbcache"), ("full", "fixed_interval"), ("full", "fbcache")])
 def test_no_recompile_storm(mode, method):
     """Dynamic methods with CFG: after one warm-up generation, the same generation again compiles nothing new, and the
-    recompile limit is never reached (past it dynamo silently runs the frame eagerly). count_flops=False so that the
-    blocks are compiled at all (see FLOPS_REASON)."""
+    recompile limit is never reached (past it dynamo silently runs the frame eagerly)."""
     counter = GraphCounter()
     with fresh_dynamo(fail_on_recompile_limit_hit=True):
         pipe = make_pipeline()

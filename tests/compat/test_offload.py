@@ -124,10 +124,6 @@ def test_model_cpu_offload_after_apply(offload_calls):
     assert handle.stats().compute_ratio < 1.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "maybe_free_model_hooks() -> enable_model_cpu_offload() -> accelerate remove_hook_from_module() restores "
-    "transformer.forward = transformer._old_forward, the forward from *before* dcache.apply: the dcache transformer "
-    "hook is dropped after the first generation while the handle still reports itself active"))
 def test_model_cpu_offload_before_apply_keeps_caching():
     """enable_model_cpu_offload first (the order diffusers' docs show), then dcache: every generation is cached."""
     pipe = make_pipeline()
@@ -139,10 +135,6 @@ def test_model_cpu_offload_before_apply_keeps_caching():
     assert torch.equal(first, second)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Handle.remove() -> HookRegistry.remove_hook sets transformer.forward back to the pre-dcache forward, "
-    "overwriting accelerate's CpuOffload wrapper installed on top of dcache's; the next call skips the onload hook "
-    "(on a GPU: weights left on the CPU, device-mismatch error)"))
 def test_remove_keeps_model_cpu_offload_working(offload_calls):
     pipe = make_pipeline()
     handle = dcache.apply(pipe, block_plan())
