@@ -485,31 +485,7 @@ class Sweeper:
                    ssim_tune=point["ssim"], note=c.note)
         applied = c.enable(b.pipe, setting)
         try:
-            # batch 1: the call's compute ratio, a warm-up, then cached runs interleaved with the uncached twin
-            with b.meter.count():
-                b.b1(b.pipe, mode)
-            row["b1_ratio"] = b.meter.flops / b.refs[("b1_flops", mode)]
-            row["b1_lib_ratio"] = applied.compute_ratio()
-            if b.warm_twin:
-                b.b1(b.pipe, mode)
-                b.b1(b.twin, mode)
-            cached_w, cached_c, unc_w, unc_c = [], [], [], []
-            out_b1 = None
-            for _ in range(b.repeats):
-                _, w, t = b.timed(lambda: b.b1(b.twin, mode))
-                unc_w.append(w)
-                unc_c.append(t)
-                out_b1, w, t = b.timed(lambda: b.b1(b.pipe, mode))
-                cached_w.append(w)
-                cached_c.append(t)
-            row.update(b1_wall_cached=median(cached_w), b1_wall_uncached=median(unc_w),
-                       b1_cpu_cached=median(cached_c), b1_cpu_uncached=median(unc_c),
-                       psnr_b1=psnr(out_b1, b.refs[("b1", mode)]))
-            row["b1_speedup_wall"] = row["b1_wall_uncached"] / row["b1_wall_cached"]
-            row["b1_speedup_cpu"] = row["b1_cpu_uncached"] / row["b1_cpu_cached"]
-            row["b1_ideal"] = 1.0 / row["b1_ratio"] if row["b1_ratio"] > 0 else float("inf")
-            row["b1_meas_over_ideal"] = row["b1_speedup_wall"] * row["b1_ratio"]
-            row["b1_meas_over_ideal_cpu"] = row["b1_speedup_cpu"] * row["b1_ratio"]
+            row.update(self.time_b1(applied, mode))
             # held-out seeds, batch 10 each
             images, cpu, lib_ratios = [], [], []
             for seed in b.heldout_seeds:
@@ -535,6 +511,52 @@ class Sweeper:
                  f"SSIM {row['ssim_heldout']:.3f} acc {row['acc_heldout']:.2f} FD {row['fd_heldout']:.3f}")
         return row
 
+    def time_b1(self, applied: Applied, mode: str) -> dict:
+        """Batch 1: the call's compute ratio (meter), a warm-up, then `repeats` cached runs interleaved with runs of
+        the uncached twin pipeline; medians of wall clock and process CPU time."""
+        b = self.bench
+        row: dict[str, Any] = {}
+        with b.meter.count():
+            b.b1(b.pipe, mode)
+        row["b1_ratio"] = b.meter.flops / b.refs[("b1_flops", mode)]
+        row["b1_lib_ratio"] = applied.compute_ratio()
+        if b.warm_twin:
+            b.b1(b.pipe, mode)
+            b.b1(b.twin, mode)
+        cached_w, cached_c, unc_w, unc_c = [], [], [], []
+        out_b1 = None
+        for _ in range(b.repeats):
+            _, w, t = b.timed(lambda: b.b1(b.twin, mode))
+            unc_w.append(w)
+            unc_c.append(t)
+            out_b1, w, t = b.timed(lambda: b.b1(b.pipe, mode))
+            cached_w.append(w)
+            cached_c.append(t)
+        row.update(b1_wall_cached=median(cached_w), b1_wall_uncached=median(unc_w),
+                   b1_cpu_cached=median(cached_c), b1_cpu_uncached=median(unc_c),
+                   psnr_b1=psnr(out_b1, b.refs[("b1", mode)]))
+        row["b1_speedup_wall"] = row["b1_wall_uncached"] / row["b1_wall_cached"]
+        row["b1_speedup_cpu"] = row["b1_cpu_uncached"] / row["b1_cpu_cached"]
+        row["b1_ideal"] = 1.0 / row["b1_ratio"] if row["b1_ratio"] > 0 else float("inf")
+        row["b1_meas_over_ideal"] = row["b1_speedup_wall"] * row["b1_ratio"]
+        row["b1_meas_over_ideal_cpu"] = row["b1_speedup_cpu"] * row["b1_ratio"]
+        return row
+
+    def overhead(self, c: Contender) -> dict | None:
+        """The cache path's own cost: threshold 0 (nothing reused), batch 1, timed like a row. None if n/a."""
+        if c.search is None or c.search.knob != "threshold" or c.method == "ertacache":  # ertacache: a plan
+            return None
+        setting = {**c.families[0], "threshold": 0.0}
+        applied = c.enable(self.bench.pipe, setting)
+        try:
+            row = self.time_b1(applied, c.cfg_mode)
+        finally:
+            applied.remove()
+        row["setting"] = setting_text(resolve_setting(setting))
+        self.log(f"  overhead {c.label}: b1 ratio {row['b1_ratio']:.3f}, {row['b1_speedup_wall']:.3f}x wall, "
+                 f"{row['b1_speedup_cpu']:.3f}x CPU")
+        return row
+
     def check_restored(self, c: Contender) -> bool:
         """The pipeline gives bit-identical uncached output after the contender's caches were taken off."""
         b = self.bench
@@ -552,6 +574,8 @@ class Sweeper:
             result["points"] = self.search(c, quick)
             for band, point in self.select(result["points"], quick):
                 result["rows"].append(self.full(c, band, point))
+            if not quick:
+                result["overhead"] = self.overhead(c)
         except Exception as exc:  # a contender that crashes is a result, not the end of the benchmark
             result["error"] = f"{type(exc).__name__}: {exc}"
             result["traceback"] = traceback.format_exc(limit=6)
@@ -656,7 +680,7 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
     lines = [f"# dcache methods vs diffusers caches vs cache-dit (tiny model)", "",
              "```", meta["command"], "```", "",
              f"{meta['date']} · {meta['runtime_s'] / 60:.1f} min · torch {meta['torch']} · diffusers {meta['diffusers']}"
-             f" · cache-dit {meta['cache_dit']} · {meta['threads']} torch thread(s) · {meta['cpu']} · load average at "
+             f" · cache-dit {meta['cache_dit']} · weights {meta.get('weights', '?')} · {meta['threads']} torch thread(s) · {meta['cpu']} · load average at "
              f"start {meta['load_start']}, end {meta.get('load_end', '?')}", "",
              f"Bundled tiny model (FluxTransformer2DModel, 2 double + 6 single blocks), {meta['steps']} steps, CFG "
              f"{meta['guidance']}. Tuning run: labels {meta['tune_labels']} seed {TUNE_SEED} (every calibration and the "
@@ -664,25 +688,29 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
              f"{meta['seed_labels'][0]}..{meta['seed_labels'][-1]} = {meta['heldout_samples']} samples. Batch 1: label {B1_LABEL}, seed {TUNE_SEED}.", "",
              "Columns: **ratio** = block FLOPs computed / uncached on the tuning batch (FlopCounterMode on the blocks, "
              "same meter for every library; dcache's own stats agree, see the check below); **ideal** = 1/ratio; "
-             "**b1 ratio** = the same at batch 1; **b1 ×** = measured batch-1 speed-up, wall clock, median of "
-             f"{meta['repeats']} runs after a warm-up, interleaved with an uncached twin pipeline; **meas/ideal** = "
-             "b1 × · b1 ratio; **b10 ×** = held-out batch-10 speed-up from process CPU time; **PSNR tune / b1 / "
+             "**b1 ratio** = the same at batch 1; **b1 × wall / CPU** = measured batch-1 speed-up (wall clock / process CPU "
+             f"time), medians of {meta['repeats']} runs after a warm-up, interleaved with an uncached twin pipeline; "
+             "**meas/ideal** = b1 × wall · b1 ratio; **b10 × CPU** = held-out batch-10 speed-up from process CPU time; **PSNR tune / b1 / "
              "held-out**, **SSIM**, **acc** (digit classifier on the held-out samples), **FD** = Fréchet distance of "
              "classifier features, cached vs uncached held-out samples.", ""]
     lines += [f"Uncached held-out accuracy {meta['uncached_acc']:.3f}; FD between the uncached held-out samples and "
               f"as many uncached samples of other seeds (the seed-to-seed scale of FD): {fmt(meta['fd_floor'], 3)}. "
               f"Split and batched CFG give bit-identical uncached outputs: {meta['modes_identical']}.", ""]
-    header = ("| library | method | setting | band | ratio | ideal | b1 ratio | b1 × | meas/ideal | b10 × | PSNR tune | "
-              "PSNR b1 | PSNR held-out | SSIM | acc | FD |")
-    lines += ["## Results", "", header, "|" + "---|" * 16]
-    lines.append(f"| — | uncached | — | — | 1.000 | 1.00 | 1.000 | 1.00 | 1.00 | 1.00 | ∞ | ∞ | ∞ | 1.000 | "
+    header = ("| library | method | setting | band | ratio | ideal | b1 ratio | b1 × wall | b1 × CPU | meas/ideal | "
+              "b10 × CPU | PSNR tune | PSNR b1 | PSNR held-out | SSIM | acc | FD |")
+    lines += ["## Results", "", header, "|" + "---|" * 17]
+    lines.append(f"| — | uncached | — | — | 1.000 | 1.00 | 1.000 | 1.00 | 1.00 | 1.00 | 1.00 | ∞ | ∞ | ∞ | 1.000 | "
                  f"{meta['uncached_acc']:.2f} | 0.000 |")
     for r in rows:
         lines.append(
             f"| {r['library']} | {r['method']} | {r['setting']} | {fmt(r['band'])} | {r['ratio']:.3f} | {fmt(r['ideal'])} | "
-            f"{r['b1_ratio']:.3f} | {fmt(r['b1_speedup_wall'])} | {fmt(r['b1_meas_over_ideal'])} | "
-            f"{fmt(r['b10_speedup_cpu'])} | {fmt(r['psnr_tune'])} | {fmt(r['psnr_b1'])} | {fmt(r['psnr_heldout'])} | "
-            f"{fmt(r['ssim_heldout'], 3)} | {fmt(r['acc_heldout'])} | {fmt(r['fd_heldout'], 3)} |")
+            f"{r['b1_ratio']:.3f} | {fmt(r['b1_speedup_wall'])} | {fmt(r['b1_speedup_cpu'])} | "
+            f"{fmt(r['b1_meas_over_ideal'])} | {fmt(r['b10_speedup_cpu'])} | {fmt(r['psnr_tune'])} | "
+            f"{fmt(r['psnr_b1'])} | {fmt(r['psnr_heldout'])} | {fmt(r['ssim_heldout'], 3)} | {fmt(r['acc_heldout'])} | "
+            f"{fmt(r['fd_heldout'], 3)} |")
+    notes = out / f"{stem}_notes.md"
+    if notes.is_file():  # the hand-written reading of these numbers (kept across --report-only rewrites)
+        lines += ["", notes.read_text().rstrip()]
     lines += ["", "## Best per compute-ratio band", "",
               f"Band c holds rows with c/{BAND_TOL} <= ratio <= c*{BAND_TOL} (one row per method and band, the setting "
               "closest to c). Quality on the held-out samples.", ""]
@@ -692,6 +720,16 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
               "outside the blocks (embedders, RoPE, norms, the pipeline loop and Python dispatch), which no block cache "
               "removes; what differs between libraries is the overhead of the cache path itself.", ""]
     lines += ratio_03_table(rows)
+    lines += ["", "## Cache-path overhead at zero reuse (batch 1)", "",
+              "Threshold 0: the cache is on, its signals are computed, nothing is reused (compute ratio 1). Speed-up "
+              "< 1 is the per-call cost of the cache machinery (hooks, signal reductions, host syncs), which the tiny "
+              "model cannot hide; a large model amortises it over far more FLOPs per call.", "",
+              "| library | method | setting | b1 ratio | speed-up (wall) | speed-up (CPU) |", "|---|---|---|---|---|---|"]
+    for r in results:
+        o = r.get("overhead")
+        if o:
+            lines.append(f"| {r['library']} | {r['method']} | {o['setting']} | {o['b1_ratio']:.3f} | "
+                         f"{o['b1_speedup_wall']:.3f} | {o['b1_speedup_cpu']:.3f} |")
     lines += ["", "## Checks and failures", ""]
     for r in results:
         flags = []
@@ -732,66 +770,83 @@ MARKERS = {"dcache": "o", "diffusers": "s", "cache-dit": "^"}
 LIB_COLORS = {"dcache": "#1f77b4", "diffusers": "#d62728", "cache-dit": "#2ca02c"}
 
 
+def _front(points: list[tuple[float, float]], x_lower_better: bool, y_higher_better: bool) -> list[tuple[float, float]]:
+    """The non-dominated points (better x and better y), sorted by x."""
+    def better_or_equal(a, b, lower):
+        return a <= b if lower else a >= b
+
+    front = [(x, y) for x, y in points
+             if not any(better_or_equal(x2, x, x_lower_better) and better_or_equal(y2, y, not y_higher_better)
+                        and (x2, y2) != (x, y) for x2, y2 in points)]
+    return sorted(set(front))
+
+
 def pareto_png(results: list[dict], meta: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in all_rows(results) if math.isfinite(r.get("psnr_heldout", float("nan")))]
-    methods = sorted({(r["library"], r["method"]) for r in rows}, key=lambda lm: (LIBRARIES.index(lm[0]), lm[1]))
+    finite = lambda v: isinstance(v, (int, float)) and math.isfinite(v)  # noqa: E731
+    rows = [r for r in all_rows(results) if finite(r.get("psnr_heldout"))]
+    points = [dict(p, library=r["library"], method=r["method"]) for r in results for p in r["points"]
+              if finite(p.get("psnr")) and p.get("ratio")]
+    methods = sorted({(r["library"], r["method"]) for r in rows + points},
+                     key=lambda lm: (LIBRARIES.index(lm[0]), lm[1]))
     cmap = plt.get_cmap("tab20")
     color = {lm: cmap(i % 20) for i, lm in enumerate(methods)}
-    fig, axes = plt.subplots(1, 3, figsize=(21, 7.5))
+    fig, axes = plt.subplots(2, 2, figsize=(17, 12.5))
     panels = [
-        (axes[0], "ratio", "compute ratio (block FLOPs computed / uncached, tuning batch)", "psnr_heldout",
-         "held-out PSNR vs uncached (dB)", True),
-        (axes[1], "b1_speedup_wall", "measured speed-up, batch 1 (wall clock)", "psnr_heldout",
-         "held-out PSNR vs uncached (dB)", False),
-        (axes[2], "ratio", "compute ratio", "fd_heldout", "Fréchet distance of classifier features (lower is better)",
-         True),
+        (axes[0, 0], rows, "ratio", "compute ratio (block FLOPs computed / uncached)  ← more compute",
+         "psnr_heldout", f"PSNR vs uncached, {meta['heldout_samples']} held-out samples (dB)",
+         "Held-out quality vs compute (selected settings)"),
+        (axes[0, 1], rows, "b1_speedup_wall", "measured speed-up at batch 1 (wall clock, vs uncached twin)",
+         "psnr_heldout", "PSNR vs uncached, held-out (dB)", "Held-out quality vs measured batch-1 speed-up"),
+        (axes[1, 0], rows, "ratio", "compute ratio  ← more compute", "fd_heldout",
+         "Fréchet distance of classifier features to uncached (log; lower is better)",
+         "Distribution distance vs compute (selected settings)"),
+        (axes[1, 1], points, "ratio", "compute ratio  ← more compute", "psnr",
+         f"PSNR vs uncached, tuning batch (seed {TUNE_SEED}) (dB)", "Every setting the search tried (tuning batch)"),
     ]
-    for ax, xkey, xlabel, ykey, ylabel, invert in panels:
+    for ax, data, xkey, xlabel, ykey, ylabel, title in panels:
+        by_ratio = xkey == "ratio"
+        higher_y = ykey != "fd_heldout"
         for lm in methods:
-            pts = [r for r in rows if (r["library"], r["method"]) == lm and math.isfinite(r.get(ykey, float("nan")))]
+            pts = [r for r in data if (r["library"], r["method"]) == lm and finite(r.get(ykey)) and finite(r.get(xkey))
+                   and (higher_y or r[ykey] > 0)]
             if pts:
-                ax.scatter([r[xkey] for r in pts], [r[ykey] for r in pts], marker=MARKERS[lm[0]], s=48,
-                           color=color[lm], edgecolors="black", linewidths=0.4, zorder=3)
-        for lib in LIBRARIES:  # the library's Pareto front: best quality reachable at this speed or faster
-            pts = [(r[xkey], r[ykey]) for r in rows if r["library"] == lib and math.isfinite(r.get(ykey, float("nan")))]
-            if not pts:
-                continue
-            higher_quality = ykey != "fd_heldout"
-            faster = (lambda a, b: a <= b) if invert else (lambda a, b: a >= b)
-            front = []
-            for x, y in pts:
-                dominated = any(faster(x2, x) and (y2 > y if higher_quality else y2 < y) and (x2, y2) != (x, y)
-                                for x2, y2 in pts)
-                if not dominated:
-                    front.append((x, y))
-            front.sort()
-            ax.plot([p[0] for p in front], [p[1] for p in front], color=LIB_COLORS[lib], lw=2.2, alpha=0.75,
-                    zorder=2, label=f"{lib} Pareto front")
-        for centre in BANDS if xkey == "ratio" else ():
-            ax.axvspan(centre / BAND_TOL, centre * BAND_TOL, color="0.9", zorder=0)
+                ax.scatter([r[xkey] for r in pts], [r[ykey] for r in pts], marker=MARKERS[lm[0]],
+                           s=36 if data is points else 58, color=color[lm], edgecolors="black", linewidths=0.4,
+                           zorder=3, alpha=0.85 if data is points else 1.0)
+        for lib in LIBRARIES:
+            pts = [(r[xkey], r[ykey]) for r in data if r["library"] == lib and finite(r.get(ykey))
+                   and finite(r.get(xkey)) and (higher_y or r[ykey] > 0)]
+            front = _front(pts, x_lower_better=by_ratio, y_higher_better=higher_y)
+            if front:
+                ax.plot([p[0] for p in front], [p[1] for p in front], color=LIB_COLORS[lib], lw=2.4, alpha=0.7,
+                        zorder=2, drawstyle="default", label=f"{lib}: Pareto front")
+        if by_ratio:
+            ax.invert_xaxis()  # faster to the right
+            for centre in BANDS:
+                ax.axvspan(centre / BAND_TOL, centre * BAND_TOL, color="0.5", alpha=0.08, zorder=0)
+                ax.text(centre, 1.0, f"~{centre}", transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                        fontsize=8, color="0.35")
+        if not higher_y:
+            ax.set_yscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        if invert:
-            ax.invert_xaxis()  # faster to the right
+        ax.set_title(title, pad=16 if by_ratio else 6)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="lower left" if ykey != "fd_heldout" else "upper left", fontsize=9)
-    axes[0].set_title("Quality vs compute (shaded: ratio bands 0.75 / 0.5 / 0.33 / 0.25)")
-    axes[1].set_title("Quality vs measured batch-1 speed-up")
-    axes[2].set_title("Distribution distance vs compute")
+            ax.legend(loc="lower left" if higher_y else "upper left", fontsize=9)
     handles = [plt.Line2D([], [], marker=MARKERS[lm[0]], color="none", markerfacecolor=color[lm],
                           markeredgecolor="black", markersize=8, label=f"{lm[0]}: {lm[1]}") for lm in methods]
-    fig.legend(handles=handles, loc="center right", fontsize=8.5, frameon=False, ncol=1,
-               title="marker: ○ dcache  □ diffusers  △ cache-dit")
-    fig.suptitle(f"Tiny FLUX-class model, {meta['steps']} steps, {meta['heldout_samples']} held-out samples",
-                 fontsize=13)
-    fig.tight_layout(rect=(0, 0, 0.83, 0.96))
-    fig.savefig(path, dpi=110)
+    fig.legend(handles=handles, loc="center right", fontsize=9, frameon=False, ncol=1,
+               title="○ dcache   □ diffusers   △ cache-dit", title_fontsize=10)
+    fig.suptitle(f"dcache vs diffusers caches vs cache-dit — tiny FLUX-class model, {meta['steps']} steps, "
+                 f"CFG {meta['guidance']}, shaded: compute-ratio bands", fontsize=13)
+    fig.tight_layout(rect=(0, 0, 0.84, 0.97))
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -806,12 +861,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None, help="denoising steps (default 28; --quick 6)")
     ap.add_argument("--heldout-seeds", type=int, default=None, help="held-out seeds x 10 labels (default 10; --quick: "
                                                                     "1 seed x 4 labels)")
-    ap.add_argument("--repeats", type=int, default=None, help="timed batch-1 runs per row (default 5; quick 3)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed batch-1 runs per row (default 7; quick 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (fixed for the whole run)")
     ap.add_argument("--only", default=None, help="regex on 'library:method' of the contenders to run")
     ap.add_argument("--no-cache-dit", action="store_true", help="leave cache-dit out")
     ap.add_argument("--no-fd-floor", action="store_true", help="skip the seed-to-seed FD reference")
     ap.add_argument("--resume", action="store_true", help="reuse contenders already in <out>/<stem>.json")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the table and plot from <out>/<stem>.json")
     return ap.parse_args(argv)
 
 
@@ -820,9 +876,13 @@ def main(argv: list[str] | None = None) -> Path:
     quick = args.quick
     steps = args.steps or (6 if quick else 28)
     heldout = args.heldout_seeds or (1 if quick else 10)
-    repeats = args.repeats or (3 if quick else 5)
+    repeats = args.repeats or (3 if quick else 7)
     out = args.out or RESULTS
     stem = "methods_quick" if quick else "methods"
+    if args.report_only:
+        data = json.loads((out / f"{stem}.json").read_text())
+        md, _, _ = write_report(data["results"], data["meta"], out, stem)
+        return md
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     started = time.time()
@@ -865,7 +925,7 @@ def main(argv: list[str] | None = None) -> Path:
                 torch=torch.__version__, diffusers=diffusers.__version__, cache_dit=cache_dit_version,
                 cpu=f"{platform.machine()} x{os.cpu_count()}", load_start=_load(), quick=quick,
                 uncached_acc=bench.refs["heldout_acc"], fd_floor=bench.refs["fd_floor"],
-                modes_identical=bench.refs["modes_identical"], unavailable=unavailable,
+                modes_identical=bench.refs["modes_identical"], unavailable=unavailable, weights=_weights_id(),
                 uncached_b10_cpu=median(bench.refs[("heldout_cpu", "split")]),
                 uncached_b10_wall=median(bench.refs[("heldout_wall", "split")]))
 
@@ -889,6 +949,16 @@ def main(argv: list[str] | None = None) -> Path:
     md, _, png = write_report(results, meta, out, stem)
     log(f"wrote {md} and {png} in {(time.time() - started) / 60:.1f} min")
     return md
+
+
+def _weights_id() -> str:
+    """sha256 prefix of the bundled transformer weights (the assets may be retrained between runs)."""
+    import hashlib
+
+    from dcache.pipelines.bundled import TINY_MODEL_DIR
+
+    path = TINY_MODEL_DIR / "transformer" / "diffusion_pytorch_model.safetensors"
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else "?"
 
 
 def _load() -> str:

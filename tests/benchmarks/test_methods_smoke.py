@@ -38,14 +38,14 @@ def test_quick_benchmark_table_has_dcache_and_diffusers_rows(tmp_path, monkeypat
     libraries = {r[0] for r in rows}
     assert libraries == {"dcache", "diffusers"}, libraries
     for r in rows:
-        ratio, ideal, b1_ratio, b1_speedup, meas_over_ideal, b10_speedup = map(float, r[4:10])
+        ratio, ideal, b1_ratio, b1_wall, b1_cpu, meas_over_ideal, b10_speedup = map(float, r[4:11])
         assert 0 < ratio <= 1.0 + 1e-9 and 0 < b1_ratio <= 1.0 + 1e-9
         assert ideal == pytest.approx(1 / ratio, rel=0.01)
-        for v in (b1_speedup, meas_over_ideal, b10_speedup):
+        for v in (b1_wall, b1_cpu, meas_over_ideal, b10_speedup):
             assert math.isfinite(v) and v > 0
-        psnr_cells = r[10:13]
+        psnr_cells = r[11:14]
         assert all(c == "∞" or math.isfinite(float(c)) for c in psnr_cells)
-        ssim, acc, fd = float(r[13]), float(r[14]), float(r[15])
+        ssim, acc, fd = float(r[14]), float(r[15]), float(r[16])
         assert 0 <= ssim <= 1.0 + 1e-9 and 0 <= acc <= 1 and math.isfinite(fd) and fd >= 0
 
     data = json.loads((tmp_path / "methods_quick.json").read_text())
