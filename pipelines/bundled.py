@@ -12,6 +12,7 @@ in `assets/tiny-digits/METRICS.json`.
 from pathlib import Path
 
 import torch
+from diffusers.utils import logging as diffusers_logging
 
 from .digit_classifier import DigitClassifier
 from .tiny_pipeline import DigitFlowPipeline
@@ -27,13 +28,20 @@ def load_tiny_pipeline(
 ) -> DigitFlowPipeline:
     """The bundled `DigitFlowPipeline` (FluxTransformer2DModel, 2 double + 6 single blocks) on `device` in `dtype`.
 
-    progress_bar: show diffusers' per-step progress bar during generation (off by default: a call takes ~0.3 s).
+    progress_bar: show diffusers' progress bars while loading and generating (off by default: a call takes ~0.3 s).
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype such as torch.float32 or torch.bfloat16, got {dtype!r}.")
     if not (TINY_MODEL_DIR / "model_index.json").is_file():
         raise FileNotFoundError(f"The bundled tiny model is missing from {TINY_MODEL_DIR}; reinstall dcache or run `{_RETRAIN}`.")
-    pipe = DigitFlowPipeline.from_pretrained(TINY_MODEL_DIR, torch_dtype=dtype, local_files_only=True)
+    bar_was_enabled = diffusers_logging.is_progress_bar_enabled()
+    if not progress_bar:
+        diffusers_logging.disable_progress_bar()  # the "Loading pipeline components" bar
+    try:
+        pipe = DigitFlowPipeline.from_pretrained(TINY_MODEL_DIR, dtype=dtype, local_files_only=True)
+    finally:
+        if bar_was_enabled:
+            diffusers_logging.enable_progress_bar()
     pipe.to(device)
     pipe.set_progress_bar_config(disable=not progress_bar)
     return pipe
