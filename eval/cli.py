@@ -31,16 +31,12 @@ def _command_line(name: str) -> str:
 
 
 def _overrides(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise typer.BadParameter(f"--set {pair!r} must look like key=value, e.g. --set threshold=0.1")
-        key, value = pair.split("=", 1)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+    from dcache.pipelines.runner import parse_overrides
+
+    try:
+        return parse_overrides(pairs)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def eval_command(

@@ -14,17 +14,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 def _parse_overrides(pairs: list[str]) -> dict:
-    """--set key=value (value parsed as JSON when it can be: numbers, lists, true/false)."""
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise typer.BadParameter(f"--set {pair!r} must look like key=value, e.g. --set threshold=0.1")
-        key, value = pair.split("=", 1)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+    from .runner import parse_overrides
+
+    try:
+        return parse_overrides(pairs)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _fail(exc: Exception) -> None:

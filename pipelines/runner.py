@@ -115,3 +115,17 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     """PSNR in dB of images in [0, 1] (inf when identical)."""
     mse = torch.mean((a.double() - b.double()) ** 2).item()
     return float("inf") if mse == 0 else 10.0 * float(np.log10(1.0 / mse))
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """CLI `--set key=value` pairs -> config overrides (values parsed as JSON when they can be: 0.1, [1, 2], true)."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--set {pair!r} must look like key=value, e.g. --set threshold=0.1")
+        key, value = pair.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
