@@ -41,6 +41,7 @@ def generate(
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
     height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
     set_: list[str] = typer.Option([], "--set", help="method config override key=value (repeatable)"),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: 1 for the bundled model)"),
 ) -> None:
     """Run uncached and cached on the same seeds; write a grid and stats; print the speed-up and PSNR."""
     from .generate import format_summary, generate as run
@@ -51,7 +52,7 @@ def generate(
     try:
         result = run(model=model, prompts=prompts, cache=cache, steps=steps, seed=seed, guidance=guidance, out=out,
                      repeats=repeats, device=device, dtype=dtype, height=height, width=width,
-                     overrides=_parse_overrides(set_))
+                     overrides=_parse_overrides(set_), threads=threads)
     except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
         _fail(exc)
         return

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 
+import torch
+
 import dcache
 from dcache.plan import atomic_write_text
 
@@ -26,10 +28,17 @@ class GenerateResult:
 def generate(*, model: str | None = None, prompts: list[str] | None = None, cache: str = "magcache",
              steps: int | None = None, seed: int = 0, guidance: float | None = None, out: str = "dcache-out",
              repeats: int = 3, device: str = "cpu", dtype: str = "float32", height: int | None = None,
-             width: int | None = None, overrides: dict[str, Any] | None = None) -> GenerateResult:
+             width: int | None = None, overrides: dict[str, Any] | None = None,
+             threads: int | None = None) -> GenerateResult:
     if repeats < 1:
         raise ValueError(f"--repeats {repeats} must be >= 1.")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
+    if is_tiny and str(device) == "cpu" and threads is None:
+        threads = 1  # the bundled model's tensors are tiny: extra intra-op threads only add contention
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads {threads} must be >= 1.")
+        torch.set_num_threads(threads)
     if is_tiny:
         prompts = prompts or TINY_DEFAULT_LABELS
         bad = [p for p in prompts if not p.strip().isdigit() or not 0 <= int(p) <= 9]

@@ -1,0 +1,43 @@
+"""`dcache generate` end to end on the bundled model, and its teaching errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from dcache.pipelines.cli import app
+
+runner = CliRunner()
+
+
+def test_generate_writes_grid_stats_and_a_replayable_plan(tmp_path):
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["generate", "--prompt", "3,7", "--steps", "12", "--repeats", "1",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["calls"] == 24 and stats["units_reused"] > 0  # split CFG: 2 calls per step
+    assert 1.0 < stats["ideal_speedup"] and stats["compute_ratio"] < 1.0
+    assert stats["psnr_db"] > 25.0
+    assert (out / "grid.png").stat().st_size > 0
+    assert "measured" in result.output and "PSNR" in result.output
+    replay = runner.invoke(app, ["generate", "--prompt", "3,7", "--steps", "12", "--repeats", "1",
+                                 "--cache", str(out / "plan.json"), "--out", str(tmp_path / "replay")])
+    assert replay.exit_code == 0, replay.output
+    again = json.loads((tmp_path / "replay" / "stats.json").read_text())
+    assert again["psnr_db"] == stats["psnr_db"]  # the plan replays the same decisions bit-exactly
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", "12"], "class labels 0-9"),
+    (["--cache", "magcash"], "Did you mean 'magcache'"),
+    (["--cache", "missing.json"], "does not exist"),
+    (["--model", "not a model"], "neither an existing folder nor a hub id"),
+    (["--set", "threshold=-1"], "threshold=-1 is invalid"),
+])
+def test_generate_rejects_bad_input_with_the_fix(tmp_path, args, message):
+    result = runner.invoke(app, ["generate", "--steps", "4", "--repeats", "1", "--out", str(tmp_path), *args])
+    assert result.exit_code != 0
+    assert message in result.output
