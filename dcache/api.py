@@ -34,7 +34,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
         raise RuntimeError(f"dcache is already applied to this {type(transformer).__name__}; call handle.remove() "
                            f"on the first handle before applying another method.")
     schedule, name, config = _resolve_schedule(method, overrides, transformer)
-    engine = Engine(transformer, adapter_for(transformer), schedule, scheduler=None, pipeline=pipeline,
+    engine = Engine(transformer, adapter_for(transformer), schedule, pipeline=pipeline,
                     num_steps=num_steps, count_flops=count_flops)
     if isinstance(schedule, PlanSchedule):
         _check_plan_fits(schedule.plan, engine)

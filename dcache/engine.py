@@ -75,7 +75,7 @@ class CallState:
 
 class Engine:
     def __init__(self, transformer: nn.Module, adapter: Adapter, schedule: Schedule, *,
-                 scheduler: Any = None, pipeline: Any = None, num_steps: int | None = None,
+                 pipeline: Any = None, num_steps: int | None = None,
                  count_flops: bool = True):
         self.transformer = transformer
         self.adapter = adapter
