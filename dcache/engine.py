@@ -652,20 +652,6 @@ class _TransformerHook(ModelHook):
         return module
 
 
-def _run_entered(engine: Engine, entered: tuple[bool, Any], forward: Any, args: tuple, kwargs: dict,
-                 exit_fn: Any) -> Any:
-    """enter -> (skip with the cached output | run the traced forward) -> exit; a raising forward aborts the call."""
-    run, state = entered
-    if not run:
-        return state
-    try:
-        out = forward(*args, **kwargs)
-    except BaseException:
-        engine.abort(state)
-        raise
-    return exit_fn(state, out)
-
-
 class _BlockHook(ModelHook):
     def __init__(self, engine: Engine, slot: BlockSlot):
         super().__init__()
@@ -673,10 +659,17 @@ class _BlockHook(ModelHook):
 
     @torch.compiler.disable(recursive=False)  # this frame stays eager; the original forward below is traced
     def new_forward(self, module: nn.Module, *args, **kwargs):
-        forward = self.fn_ref.original_forward
-        entered = self.engine.block_enter(self.slot, forward, args, kwargs, _dynamo_active())
-        return _run_entered(self.engine, entered, forward, args, kwargs,
-                            lambda state, out: self.engine.block_exit(self.slot, state, out))
+        # Inline on purpose: a helper frame here would be traced by dynamo (only this frame is skipped).
+        run, state = self.engine.block_enter(self.slot, self.fn_ref.original_forward, args, kwargs,
+                                             _dynamo_active())
+        if not run:
+            return state
+        try:
+            out = self.fn_ref.original_forward(*args, **kwargs)
+        except BaseException:
+            self.engine.abort(state)
+            raise
+        return self.engine.block_exit(self.slot, state, out)
 
 
 class _ModuleHook(ModelHook):
@@ -686,6 +679,12 @@ class _ModuleHook(ModelHook):
 
     @torch.compiler.disable(recursive=False)
     def new_forward(self, module: nn.Module, *args, **kwargs):
-        entered = self.engine.module_enter(self.unit, args, kwargs)
-        return _run_entered(self.engine, entered, self.fn_ref.original_forward, args, kwargs,
-                            lambda state, out: self.engine.module_exit(self.unit, state, out))
+        run, state = self.engine.module_enter(self.unit, args, kwargs)  # inline: see _BlockHook.new_forward
+        if not run:
+            return state
+        try:
+            out = self.fn_ref.original_forward(*args, **kwargs)
+        except BaseException:
+            self.engine.abort(state)
+            raise
+        return self.engine.module_exit(self.unit, state, out)
