@@ -1,6 +1,6 @@
 """Every dcache method against diffusers' built-in caches and cache-dit, on the bundled tiny model, in one process.
 
-    python benchmarks/methods.py                      # full sweep (~1-2 h on 2 busy CPU cores), writes benchmarks/results/
+    python benchmarks/methods.py                      # full sweep (~45 min on 2 shared CPU cores), writes benchmarks/results/
     python benchmarks/methods.py --quick              # a tiny subset in < 1 min (the smoke test runs this)
     python benchmarks/methods.py --only 'magcache|MagCache' --heldout-seeds 5 --out /tmp/m
 
