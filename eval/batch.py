@@ -1,27 +1,39 @@
-"""Batch generation for `dcache generate --prompts FILE`: many prompts x seeds with one caching method, split over
-processes under `accelerate launch`, resumable, one PNG per image plus index.json and stats.json.
+"""Batch generation behind `dcache generate --prompts FILE`: every prompt x seed with one caching method, split over
+processes under `accelerate launch`, resumable; one image per prompt and seed plus `manifest.json`.
 
-    generate_batch(model="tiny", prompts="builtin", seeds=2, cache="fora", out="gen-out")
+    generate_batch(model="tiny", prompts="prompts.txt", seeds=2, cache="fora", out="gen-out")
+    accelerate launch --multi_gpu --num_processes 2 -m dcache.pipelines.cli generate --prompts prompts.txt ...
 
-Items are (seed, batch of prompts) exactly as in `dcache eval`, so an image does not depend on the number of
-processes. Every image file is written atomically; a rerun skips items whose images exist (resume). Videos are
-written as GIFs (one per prompt and seed).
+Work is split into items = (seed, a batch of prompts), exactly as in `dcache eval`; an item runs with
+`torch.Generator().manual_seed(seed)`, so an image does not depend on the number of processes or their order.
+Each process writes the images of its own items (atomically: temporary file + rename) and a per-item marker in
+`<out>/.work/`; the main process gathers the entries and writes `manifest.json` last, atomically. A rerun of the
+same command skips finished items (resume); a run with different settings in the same folder is refused (its
+images would be mixed with the old ones). Videos are written as GIFs, one per prompt and seed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dcache.plan import atomic_write_text
 
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "dcache.generate"
+MANIFEST_VERSION = 1
+WORK_DIR = ".work"
+
 
 @dataclass
 class BatchResult:
     out_dir: Path
-    index: list[dict]
+    images: list[dict]  # manifest entries, sorted by (seed, prompt index)
     summary: dict[str, Any]
 
 
@@ -29,86 +41,154 @@ def generate_batch(*, model: str | None = None, prompts: str = "builtin", num_pr
                    seeds: int = 1, seed_offset: int = 0, cache: str | None = "magcache",
                    overrides: dict | None = None, steps: int | None = None, guidance: float | None = None,
                    batch_size: int | None = None, height: int | None = None, width: int | None = None,
-                   device: str = "cpu", dtype: str = "float32", out: str = "dcache-out",
-                   progress: bool = True) -> BatchResult:
-    """Generate every (prompt, seed) with `cache` (None or "none" = uncached) and write the images to `out`."""
+                   device: str = "cpu", dtype: str = "float32", threads: int | None = None,
+                   out: str = "dcache-out", command: str | None = None, progress: bool = True) -> BatchResult:
+    """Generate every (prompt, seed) with `cache` (None or "none" = uncached) into `out` (see the module doc)."""
+    import torch
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
 
     import dcache
-    from dcache.pipelines.images import save_video, to_uint8
     from dcache.pipelines.runner import GenerationJob, load_pipeline
 
-    from .prompts import load_prompts
-    from .runner import _process_device, _quiet_load, make_items, process_state
+    from .prompts import load_prompts, precheck_prompts
+    from .runner import _process_device, _quiet_load, claim_work_dir, make_items, process_state
 
     if seeds < 1:
-        raise ValueError(f"--seeds {seeds} must be >= 1.")
+        raise ValueError(f"--seeds {seeds} must be >= 1 (the number of seeds per prompt).")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"--batch-size {batch_size} must be >= 1.")
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads {threads} must be >= 1.")
+    precheck_prompts(prompts)  # a missing / empty / malformed file fails before the model loads
     state = process_state(device)
     dev = _process_device(device, state)
     pipe, is_tiny = _quiet_load(load_pipeline, model, dev, dtype)
+    if threads is None and is_tiny and dev == "cpu":
+        threads = 1  # the bundled model's tensors are tiny: extra intra-op threads only add contention
+    if threads is not None:
+        torch.set_num_threads(threads)
     if hasattr(pipe, "set_progress_bar_config"):
-        pipe.set_progress_bar_config(disable=True)
+        pipe.set_progress_bar_config(disable=True)  # our bar counts images; diffusers' would count steps
     prompt_list = load_prompts(prompts, is_tiny=is_tiny, limit=num_prompts)
-    items = make_items(prompt_list, list(range(seed_offset, seed_offset + seeds)), batch_size or (10 if is_tiny else 1))
-    out_dir = Path(out)
-    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    seed_list = list(range(seed_offset, seed_offset + seeds))
+    batch = batch_size or (10 if is_tiny else 1)
+    items = make_items(prompt_list, seed_list, batch)
     use_cache = cache not in (None, "", "none")
+    settings = {"model": model or "tiny (bundled)", "cache": cache if use_cache else None,
+                "overrides": overrides or {}, "prompts": prompt_list, "seeds": seed_list, "batch_size": batch,
+                "steps": steps, "guidance": guidance, "height": height, "width": width, "dtype": dtype}
+    out_dir = Path(out)
+    work = out_dir / WORK_DIR
+    fingerprint = _fingerprint(settings, cache if use_cache else None)
+    if state.is_main_process:
+        claim_work_dir(work, fingerprint, what="a batch generation")
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        claim_work_dir(work, fingerprint, what="a batch generation")  # only checks: the main process created it
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+
     handle = dcache.apply(pipe, cache, **(overrides or {})) if use_cache else None
-    entries, ratios = [], []
+    entries: list[dict] = []
     try:
         with state.split_between_processes(items) as mine:
             mine = list(mine)
-        for item in tqdm(mine, desc="generate", disable=not progress or not state.is_local_main_process, unit="call"):
-            names = [f"s{item.seed}-p{i:05d}" for i in item.prompt_indices]
-            meta_path = out_dir / "images" / f".{item.id}.json"
-            if meta_path.is_file():  # resume: this item finished (its images were written before the marker)
-                done = json.loads(meta_path.read_text())
-                entries += done["entries"]
-                ratios.append(done["compute"])
-                continue
-            job = GenerationJob(pipe, is_tiny, prompts=list(item.prompts), steps=steps, guidance=guidance,
-                                seed=item.seed, height=height, width=width)
-            images = job()
-            new = []
-            if job.frames_per_sample:
-                f = job.frames_per_sample
-                for k, name in enumerate(names):
-                    save_video(images[k * f:(k + 1) * f], out_dir / "images" / f"{name}.gif")
-                    new.append(f"{name}.gif")
-            else:
-                import PIL.Image
-
-                for arr, name in zip(to_uint8(images), names):
-                    path = out_dir / "images" / f"{name}.png"
-                    tmp = path.with_name(f".{name}.tmp.png")
-                    PIL.Image.fromarray(arr).save(tmp)
-                    tmp.replace(path)
-                    new.append(f"{name}.png")
-            stats = handle.stats() if handle is not None else None
-            compute = [stats.block_flops_computed, stats.block_flops_total] if stats is not None else [1.0, 1.0]
-            done_entries = [{"file": f"images/{file}", "prompt": item.prompts[k], "prompt_index": i,
-                             "seed": item.seed} for k, (i, file) in enumerate(zip(item.prompt_indices, new))]
-            atomic_write_text(meta_path, json.dumps({"entries": done_entries, "compute": compute}))
-            entries += done_entries
-            ratios.append(compute)
+        bar = tqdm(total=sum(len(i.prompts) for i in mine), desc="generate", unit="img", dynamic_ncols=True,
+                   disable=not progress or not state.is_local_main_process)
+        for item in mine:
+            marker = work / f"{item.id}.json"
+            done = _read_marker(marker, fingerprint, out_dir)
+            if done is None:
+                done = _generate_item(GenerationJob(pipe, is_tiny, prompts=list(item.prompts), steps=steps,
+                                                    guidance=guidance, seed=item.seed, height=height, width=width),
+                                      item, handle, out_dir, state.process_index)
+                atomic_write_text(marker, json.dumps({"fingerprint": fingerprint, "entries": done}))
+            entries += done
+            bar.update(len(item.prompts))
+        bar.close()
     finally:
         if handle is not None:
             handle.remove()
-    gathered = gather_object([(entries, ratios)])
+
+    gathered = gather_object([entries])
     state.wait_for_everyone()
-    index = sorted((e for part, _ in gathered for e in part), key=lambda e: (e["seed"], e["prompt_index"]))
-    computed = sum(c for _, rs in gathered for c, _ in rs)
-    total = sum(t for _, rs in gathered for _, t in rs)
+    images = sorted((e for part in gathered for e in part), key=lambda e: (e["seed"], e["prompt_index"]))
+    if len(images) != len(prompt_list) * len(seed_list):
+        raise RuntimeError(f"gathered {len(images)} of {len(prompt_list) * len(seed_list)} images; a process failed. "
+                           f"Rerun the same command to resume.")
+    computed = sum(e["block_flops"][0] for e in images)
+    total = sum(e["block_flops"][1] for e in images)
     ratio = computed / total if total else 1.0
-    summary = {"model": model or "tiny (bundled)", "cache": cache if use_cache else None, "overrides": overrides or {},
-               "images": len(index), "prompts": len(prompt_list), "seeds": seeds, "processes": state.num_processes,
-               "compute_ratio": ratio, "ideal_speedup": 1 / ratio if ratio > 0 else float("inf")}
+    summary = {**settings, "images": len(images), "num_prompts": len(prompt_list), "num_seeds": seeds,
+               "processes": state.num_processes, "compute_ratio": ratio,
+               "ideal_speedup": 1 / ratio if ratio > 0 else "inf"}
     if state.is_main_process:
-        atomic_write_text(out_dir / "index.json", json.dumps(index, indent=1))
-        atomic_write_text(out_dir / "stats.json", json.dumps(summary, indent=1))
+        manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "command": command,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "summary": summary, "images": images}
+        atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=1))
     state.wait_for_everyone()
-    return BatchResult(out_dir, index, summary)
+    return BatchResult(out_dir, images, summary)
 
 
-__all__ = ["generate_batch", "BatchResult"]
+def _generate_item(job: Any, item: Any, handle: Any, out_dir: Path, process: int) -> list[dict]:
+    """Run one pipeline call and write its images; returns their manifest entries."""
+    from dcache.pipelines.images import save_video, to_uint8
+
+    start = time.perf_counter()
+    images = job()  # [N, C, H, W] (videos: [N*F, C, H, W]) in [0, 1]
+    seconds = time.perf_counter() - start
+    names = [f"s{item.seed}-p{i:05d}" for i in item.prompt_indices]
+    files = []
+    if job.frames_per_sample:
+        f = job.frames_per_sample
+        for k, name in enumerate(names):
+            files.append(_atomic(out_dir / "images" / f"{name}.gif",
+                                 lambda tmp, k=k: save_video(images[k * f:(k + 1) * f], tmp)))
+    else:
+        import PIL.Image
+
+        for arr, name in zip(to_uint8(images), names):
+            files.append(_atomic(out_dir / "images" / f"{name}.png", lambda tmp, arr=arr: PIL.Image.fromarray(arr)
+                                 .save(tmp, format="PNG")))
+    stats = handle.stats() if handle is not None else None
+    flops = [stats.block_flops_computed, stats.block_flops_total] if stats is not None else [1.0, 1.0]
+    n = len(names)
+    return [{"file": f"images/{file}", "prompt": item.prompts[k], "prompt_index": i, "seed": item.seed,
+             "item": item.id, "compute_ratio": flops[0] / flops[1] if flops[1] else 1.0,
+             "block_flops": [flops[0] / n, flops[1] / n], "seconds": seconds / n, "process": process}
+            for k, (i, file) in enumerate(zip(item.prompt_indices, files))]
+
+
+def _atomic(path: Path, write: Any) -> str:
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path.name
+
+
+def _read_marker(marker: Path, fingerprint: str, out_dir: Path) -> list[dict] | None:
+    """The entries of a finished item, or None when it must be (re)generated (no marker, or an image is gone)."""
+    if not marker.is_file():
+        return None
+    try:
+        done = json.loads(marker.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if done.get("fingerprint") != fingerprint or not all((out_dir / e["file"]).is_file() for e in done["entries"]):
+        return None
+    return done["entries"]
+
+
+def _fingerprint(settings: dict, cache: str | None) -> str:
+    """Hash of everything that changes the images (a plan/config file by its content)."""
+    content = b""
+    if cache and (cache.endswith(".json") or os.sep in cache) and Path(cache).is_file():
+        content = Path(cache).read_bytes()
+    data = json.dumps(settings, sort_keys=True, default=str).encode()
+    return hashlib.sha256(data + content).hexdigest()[:16]
+
+
+__all__ = ["generate_batch", "BatchResult", "MANIFEST"]

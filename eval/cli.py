@@ -1,14 +1,15 @@
-"""Typer commands `dcache eval`, `dcache analyze` (and a batch `generate` for prompt files).
+"""Typer commands `dcache eval` and `dcache analyze` (batch generation is `dcache generate --prompts FILE`).
 
 The `dcache` CLI (pipelines/cli.py) registers them; this module also runs on its own, which is what
 `accelerate launch` needs:
 
     accelerate launch --num_processes 2 -m dcache.eval.cli eval --methods fora,fbcache --seeds 8 --out eval-out
+
+(`-m dcache.pipelines.cli` works the same and has every `dcache` command, e.g. `generate --prompts FILE`.)
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from typing import Optional
@@ -28,15 +29,6 @@ def _command_line(name: str) -> str:
     if argv and argv[0] == name:
         argv = argv[1:]
     return "dcache " + name + (" " + shlex.join(argv) if argv else "")
-
-
-def _overrides(pairs: list[str]) -> dict:
-    from dcache.pipelines.runner import parse_overrides
-
-    try:
-        return parse_overrides(pairs)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
 
 
 def eval_command(
@@ -118,41 +110,10 @@ def analyze_command(
         typer.echo(f"wrote {result.out_dir}/: {', '.join(result.files)}")
 
 
-def generate_prompts_command(
-    prompts: str = typer.Option(..., help="prompt file (.txt/.json/.jsonl), 'builtin', or labels for the tiny model"),
-    model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
-    cache: str = typer.Option("magcache", help="method, preset or plan file; 'none' for uncached"),
-    seeds: int = typer.Option(1, help="seeds per prompt"),
-    steps: Optional[int] = typer.Option(None), guidance: Optional[float] = typer.Option(None),
-    batch_size: Optional[int] = typer.Option(None, help="prompts per pipeline call"),
-    device: str = typer.Option("cpu"), dtype: str = typer.Option("float32"),
-    height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
-    out: str = typer.Option("dcache-out", help="folder for images/, index.json, stats.json"),
-    set_: list[str] = typer.Option([], "--set", help="method config override key=value (repeatable)"),
-) -> None:
-    """Batch generation of a prompt file x seeds with one method (split over processes under accelerate launch)."""
-    from .batch import generate_batch
-
-    try:
-        result = generate_batch(model=model, prompts=prompts, seeds=seeds, cache=cache, overrides=_overrides(set_),
-                                steps=steps, guidance=guidance, batch_size=batch_size, device=device, dtype=dtype,
-                                height=height, width=width, out=out)
-    except ERRORS as exc:
-        _fail(exc)
-        return
-    from accelerate import PartialState
-
-    if PartialState().is_main_process:  # already initialised by the run
-        s = result.summary
-        typer.echo(f"{s['images']} images ({s['prompts']} prompts x {s['seeds']} seeds) with {s['cache']}: compute "
-                   f"ratio {s['compute_ratio']:.3f} (ideal {s['ideal_speedup']:.2f}x); wrote {result.out_dir}/")
-
-
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="dcache evaluation commands (also available as `dcache eval` / `dcache analyze`).")
 app.command("eval")(eval_command)
 app.command("analyze")(analyze_command)
-app.command("generate")(generate_prompts_command)
 
 
 def main() -> None:
@@ -163,4 +124,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["eval_command", "analyze_command", "generate_prompts_command", "app", "main"]
+__all__ = ["eval_command", "analyze_command", "app", "main"]

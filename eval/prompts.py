@@ -67,6 +67,18 @@ def load_prompts(spec: str | None, *, is_tiny: bool, limit: int | None = None) -
     return prompts
 
 
+def precheck_prompts(spec: str | None) -> None:
+    """Fail early (before a model loads) on a prompt file that is missing, empty or malformed. Builtin sets and
+    inline labels ("0,3,7") pass; whether labels fit the model is checked by load_prompts once the model is known."""
+    spec = (spec or "builtin").strip()
+    if spec.startswith("builtin") or all(p.strip().isdigit() for p in spec.split(",")):
+        if spec.startswith("builtin") and spec not in BUILTIN_SETS:
+            raise PromptError(f"unknown builtin prompt set {spec!r}; use one of {sorted(BUILTIN_SETS)} or a file "
+                              f"path.")
+        return
+    load_prompts(spec, is_tiny=False)
+
+
 def _read_file(path: Path) -> list[str]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -115,4 +127,4 @@ def _entry(item: object, path: Path, where: int) -> str:
     return item.strip()
 
 
-__all__ = ["load_prompts", "PromptError", "BUILTIN_PROMPTS", "DIGIT_LABELS"]
+__all__ = ["load_prompts", "precheck_prompts", "PromptError", "BUILTIN_PROMPTS", "DIGIT_LABELS"]

@@ -43,7 +43,7 @@ from dcache.plan import atomic_write_text
 from .metrics import (METRICS, ClipScorer, DigitFeatures, FeatureExtractor, ImageRewardScorer, InceptionFeatures,
                       MissingExtraError, check_available, classifier_accuracy, finite_mean, frechet_distance,
                       reference_metrics, resolve_metrics, temporal_error)
-from .prompts import load_prompts
+from .prompts import load_prompts, precheck_prompts
 from .timing import count_flops, measure
 
 UNCACHED = "uncached"
@@ -280,6 +280,7 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, progress: bool = True,
     from dcache.pipelines.runner import GenerationJob, load_pipeline
 
     cfg.check()
+    precheck_prompts(cfg.prompts)  # a missing / empty / malformed file fails before the model loads
     state = process_state(cfg.device)
     variants = make_variants(cfg.methods)
     device = _process_device(cfg.device, state)
@@ -298,10 +299,10 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, progress: bool = True,
     work = out / WORK_DIR
     fingerprint = _fingerprint(cfg, prompts, seeds, batch_size, names, is_tiny)
     if state.is_main_process:
-        _claim_work_dir(work, fingerprint)
+        claim_work_dir(work, fingerprint)
     state.wait_for_everyone()
     if not state.is_main_process:
-        _claim_work_dir(work, fingerprint)  # only checks now: the main process created it
+        claim_work_dir(work, fingerprint)  # only checks now: the main process created it
 
     judges = _Judges(names, is_tiny, device, cfg.classifier, classifier)
 
@@ -459,14 +460,15 @@ def _fingerprint(cfg: EvalConfig, prompts: list[str], seeds: list[int], batch_si
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _claim_work_dir(work: Path, fingerprint: str) -> None:
+def claim_work_dir(work: Path, fingerprint: str, what: str = "an eval") -> None:
+    """Create `work` for this run, or check that the run it holds had the same settings (resume)."""
     marker = work / "fingerprint.txt"
     if marker.is_file():
         found = marker.read_text().strip()
         if found != fingerprint:
-            raise ValueError(f"{work.parent} holds an eval with different settings (model, prompts, seeds, steps, "
-                             f"guidance, size, dtype or metrics); resume it with the same settings, or pass a new "
-                             f"--out (or delete {work}).")
+            raise ValueError(f"{work.parent} holds {what} with different settings (model, method, prompts, seeds, "
+                             f"steps, guidance, size, dtype or metrics); resume it with the same settings, or pass a "
+                             f"new --out (or delete {work}).")
         return
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, fingerprint)

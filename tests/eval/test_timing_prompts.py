@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from dcache.eval.prompts import BUILTIN_PROMPTS, PromptError, load_prompts
+from dcache.eval.prompts import BUILTIN_PROMPTS, PromptError, load_prompts, precheck_prompts
 from dcache.eval.timing import Timing, count_flops, measure
 
 
@@ -75,3 +75,14 @@ def test_missing_file_and_bad_labels():
         load_prompts("3,12", is_tiny=True)
     with pytest.raises(PromptError, match="unknown builtin"):
         load_prompts("builtin:nope", is_tiny=False)
+
+
+def test_precheck_passes_sets_and_labels_and_rejects_bad_files(tmp_path):
+    for spec in ("builtin", "builtin:text", "0,3,7", None):
+        precheck_prompts(spec)  # model-independent specs pass; labels are checked once the model is known
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n# nothing\n")
+    for spec, match in ((str(empty), "holds no prompts"), ("/no/such/prompts.txt", "does not exist"),
+                        ("builtin:nope", "unknown builtin")):
+        with pytest.raises(PromptError, match=match):
+            precheck_prompts(spec)

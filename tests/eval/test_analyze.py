@@ -1,4 +1,4 @@
-"""`dcache analyze` (statistics against dcache's own MagCache calibration and decision rule) and batch generation."""
+"""`dcache analyze`: statistics against dcache's own MagCache calibration and decision rule, mergeable sums."""
 
 from __future__ import annotations
 
@@ -91,22 +91,3 @@ def test_split_sums_merge_to_the_whole():
     st = statistics_from_sums(merge_sums([s.plain()]), 2, ["b0"])["cond"]
     assert st["change"][1][0] == pytest.approx(1.0) and st["cosine"][1][0] == pytest.approx(1.0)
     assert st["magnitude"][1][0] == pytest.approx(2.0)
-
-
-def test_batch_generation_writes_images_and_resumes(tiny_dir, tmp_path):
-    from dcache.eval.batch import generate_batch
-
-    kw = dict(model=str(tiny_dir), prompts="0,1,2", seeds=2, cache="fora", steps=3, guidance=1.0, out=str(tmp_path),
-              progress=False)
-    result = generate_batch(**kw)
-    index = json.loads((tmp_path / "index.json").read_text())
-    assert len(index) == 6 and index == result.index
-    assert [(e["seed"], e["prompt"]) for e in index] == [(s, p) for s in (0, 1) for p in ("0", "1", "2")]
-    for e in index:
-        assert (tmp_path / e["file"]).is_file()
-    stats = json.loads((tmp_path / "stats.json").read_text())
-    assert stats["images"] == 6 and 0 < stats["compute_ratio"] < 1
-    mtimes = {e["file"]: (tmp_path / e["file"]).stat().st_mtime_ns for e in index}
-    again = generate_batch(**kw)  # resume: nothing regenerated
-    assert again.index == index and again.summary["compute_ratio"] == stats["compute_ratio"]
-    assert all((tmp_path / f).stat().st_mtime_ns == t for f, t in mtimes.items())
