@@ -327,12 +327,28 @@ def test_easycache_later_branches_follow_the_first():
 def test_cg_taylor_gate_warmup_cutoff_and_run_limit():
     schedule = cg_taylor.CGTaylorSchedule(dcache.config_for("cg_taylor", threshold=0.05, warmup_steps=3))
     schedule.reset(info())
-    assert rows(schedule, forecast_error=0.01) == "CCCFFFFFFC"
+    assert rows(schedule, forecast_error=0.01) == "CCCFFFCFFC"  # default cap: 3 forecasts in a row
     assert rows(schedule, forecast_error=0.2) == "C" * 10
+    unbounded = cg_taylor.CGTaylorSchedule(dcache.config_for("cg_taylor", threshold=0.05, warmup_steps=3,
+                                                             max_forecast_steps=-1))
+    unbounded.reset(info())
+    assert rows(unbounded, forecast_error=0.01) == "CCCFFFFFFC"  # the reference: no cap
     limited = cg_taylor.CGTaylorSchedule(dcache.config_for("cg_taylor", threshold=0.05, warmup_steps=3,
                                                            max_forecast_steps=2))
     limited.reset(info())
     assert rows(limited, forecast_error=0.01) == "CCCFFCFFCC"
+
+
+@pytest.mark.parametrize("steps", [10, 28, 50])
+def test_cg_taylor_default_never_forecasts_to_the_end_with_an_open_gate(steps):
+    """A gate that always opens (loose threshold, or a probe that forecasts well) must not turn into one Taylor
+    extrapolation from the warm-up steps to the last step: that was a 16.6 dB collapse on the tiny model."""
+    schedule = cg_taylor.CGTaylorSchedule(dcache.config_for("cg_taylor", threshold=100.0))
+    schedule.reset(info(steps=steps))
+    row = rows(schedule, steps=steps, forecast_error=0.0)
+    longest = max(len(run) for run in row.split("C"))
+    assert 1 <= longest <= 3, row
+    assert row.count("C") >= 5 + (steps - 5) // 4, row  # warm-up, then at least one compute per 4 steps
 
 
 def test_fixed_cadences():

@@ -78,6 +78,8 @@ CASES = [
     QualityCase("pab", "pab", {}, 0.95, 42.0),
     # 0.501, 40.4 dB, 1.00 (gate 0.2; FLUX's 0.03 forecasts nothing on this model)
     QualityCase("cg_taylor", "cg_taylor", dict(threshold=0.2), 0.58, 34.0),
+    # 0.469, 44.4 dB, 1.00 (gate always open: the run cap alone decides; without it 16.6 dB at 0.31)
+    QualityCase("cg_taylor-open-gate", "cg_taylor", dict(threshold=100.0), 0.54, 38.0),
 ]
 
 
