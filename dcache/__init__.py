@@ -10,7 +10,7 @@ from .adapters import Adapter, BlockList, UnsupportedModelError, adapter_for, re
 from .api import apply
 from .config import MethodConfig, knob
 from .handle import Handle
-from .methods import config_for, methods, presets, register_method, register_preset
+from .methods import config_for, config_from_dict, methods, presets, register_method, register_preset
 from .plan import Plan, PlanError, PlanSchedule
 from .schedule import CallContext, GenerationInfo, Schedule
 from .stats import Stats
@@ -20,4 +20,4 @@ __version__ = "0.1.0"
 __all__ = ["apply", "Handle", "Plan", "PlanError", "PlanSchedule", "Schedule", "CallContext", "GenerationInfo",
            "Action", "Granularity", "Signal", "Adapter", "BlockList", "register_adapter", "adapter_for",
            "UnsupportedModelError", "MethodConfig", "knob", "register_method", "register_preset", "methods",
-           "presets", "config_for", "Stats", "__version__"]
+           "presets", "config_for", "config_from_dict", "Stats", "__version__"]

@@ -88,14 +88,13 @@ def _from_file(path: Path, overrides: dict, transformer: nn.Module) -> tuple[Sch
     if isinstance(data, dict) and data.get("format") == "dcache.plan":
         return _plan_schedule(Plan.from_dict(data, source=f"plan file {str(path)!r}"), overrides)
     if isinstance(data, dict) and "method" in data:
-        from .methods import methods
+        from .methods import config_from_dict
 
-        cls = methods().get(data["method"])
-        if cls is None:
-            raise ValueError(f"{str(path)!r} is a config for unknown method {data['method']!r}.")
-        config = cls.from_dict({**data, **overrides})
+        config = config_from_dict({**data, **overrides})
         return config.build(transformer), config.method, config.to_dict()
-    raise PlanError(f"{str(path)!r} is neither a dcache plan nor a method config.")
+    raise PlanError(f"{str(path)!r} is neither a dcache plan (a JSON object with \"format\": \"dcache.plan\", "
+                    f"written by handle.plan().save(path)) nor a method config (a JSON object with \"method\", "
+                    f"written by config.to_json()).")
 
 
 def _check_plan_fits(plan: Plan, engine: Engine) -> None:

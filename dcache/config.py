@@ -8,7 +8,9 @@ allowed range and what the field does.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import math
 from typing import Any, ClassVar
 
 from torch import nn
@@ -33,7 +35,10 @@ class MethodConfig:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            self._check_field(f, getattr(self, f.name))
+            value = getattr(self, f.name)
+            self._check_field(f, value)
+            if isinstance(value, list):  # JSON gives lists back: store tuples so a round trip compares equal
+                object.__setattr__(self, f.name, tuple(value))
         self.check()
 
     def check(self) -> None:
@@ -43,11 +48,15 @@ class MethodConfig:
         meta = f.metadata
         doc = meta.get("doc", "")
         types = meta.get("types")
-        if types is None and f.default is not dataclasses.MISSING and f.default is not None:
-            types = (float, int) if isinstance(f.default, float) else (type(f.default),)
-        if types and value is not None and not (isinstance(value, types) and not (
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if types is None and default is not dataclasses.MISSING and default is not None:
+            types = (float, int) if isinstance(default, float) else (type(default),)
+        nullable = default is None  # None means "not set" only where that is the default
+        if types and not (value is None and nullable) and not (isinstance(value, types) and not (
                 isinstance(value, bool) and bool not in types)):
-            raise self.invalid(f.name, value, f"a {' or '.join(t.__name__ for t in types)}", doc)
+            raise self.invalid(f.name, value, " or ".join(_a(t.__name__) for t in types), doc)
+        if not _all_finite(value):  # range checks let NaN through (every comparison is False); JSON has no NaN/inf
+            raise self.invalid(f.name, value, "finite (no NaN or infinity)", doc)
         if meta.get("choices") is not None and value not in meta["choices"]:
             raise self.invalid(f.name, value, f"one of {list(meta['choices'])}", doc)
         low, high = meta.get("low"), meta.get("high")
@@ -59,7 +68,10 @@ class MethodConfig:
 
     def invalid(self, name: str, value: Any, allowed: str, doc: str = "") -> ValueError:
         what = f" ({doc})" if doc else ""
-        return ValueError(f"{type(self).__name__}.{name}={value!r} is invalid: it must be {allowed}{what}.")
+        f = {f.name: f for f in dataclasses.fields(self)}.get(name)
+        default = f.default if f is not None else dataclasses.MISSING
+        fix = f" Leave it out to use the default {default!r}." if default is not dataclasses.MISSING else ""
+        return ValueError(f"{type(self).__name__}.{name}={_short(value)} is invalid: it must be {allowed}{what}.{fix}")
 
     def build(self, model: nn.Module) -> Schedule:
         raise NotImplementedError
@@ -73,19 +85,55 @@ class MethodConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MethodConfig":
+        if not isinstance(data, dict):
+            raise TypeError(f"{cls.__name__}.from_dict needs the JSON object that to_dict() / to_json() write, "
+                            f"e.g. {{\"method\": {cls.method!r}, \"version\": {CONFIG_VERSION}, ...}}; got "
+                            f"{type(data).__name__}.")
         data = dict(data)
         method = data.pop("method", cls.method)
         version = data.pop("version", CONFIG_VERSION)
         if method != cls.method:
-            raise ValueError(f"config is for method {method!r}, not {cls.method!r}.")
-        if version != CONFIG_VERSION:
-            raise ValueError(f"config version {version} is not supported (this dcache reads {CONFIG_VERSION}).")
-        return cls.with_overrides(**data)
+            raise ValueError(f"this config is for method {_short(method)}, not {cls.method!r}; read it with "
+                             f"dcache.config_from_dict(data), which picks the method's config class.")
+        if type(version) is not int or version != CONFIG_VERSION:  # noqa: E721 - True == 1 must not pass
+            raise ValueError(f"config version {_short(version)} is not supported: this dcache reads version "
+                             f"{CONFIG_VERSION}. Re-create the config with this dcache (dcache.config_for("
+                             f"{cls.method!r}, ...).to_json()) or use the dcache version that wrote it.")
+        return cls._from_fields(data)
 
     @classmethod
     def with_overrides(cls, **overrides: Any) -> "MethodConfig":
+        return cls._from_fields(overrides)
+
+    @classmethod
+    def _from_fields(cls, overrides: dict[Any, Any]) -> "MethodConfig":
+        """cls(**overrides) after naming unknown keys (a file's keys need not even be strings)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - names)
+        unknown = sorted(set(overrides) - names, key=str)
         if unknown:
-            raise ValueError(f"{cls.__name__} has no field(s) {unknown}; its fields are {sorted(names)}.")
+            close = [c for u in unknown if isinstance(u, str) for c in difflib.get_close_matches(u, names, n=1)]
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise ValueError(f"{cls.__name__} has no field(s) {', '.join(_short(u) for u in unknown)}.{hint} Its "
+                             f"fields are {sorted(names)}.")
         return cls(**overrides)
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters: a corrupted file can hold a huge value, the message stays readable."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _all_finite(value: Any) -> bool:
+    """No NaN / infinity anywhere in a (nested) field value."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_all_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_all_finite(v) for v in value.values())
+    return True

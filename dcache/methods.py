@@ -54,13 +54,32 @@ def presets() -> dict[str, Preset]:
 def config_for(name: str, **overrides: Any) -> MethodConfig:
     """The config of a method or preset name, with overrides applied (validated)."""
     _load_builtins()
+    if not isinstance(name, str):
+        raise TypeError(f"a cache method is named by a str such as 'magcache', not {type(name).__name__} "
+                        f"{name!r:.60}; dcache.methods() lists the names.")
     if name in _METHODS:
         return _METHODS[name].with_overrides(**overrides)
     if name in _PRESETS:
         preset = _PRESETS[name]
         return _METHODS[preset.method].with_overrides(**{**preset.overrides, **overrides})
-    known = sorted(_METHODS) + sorted(_PRESETS)
+    raise ValueError(f"unknown cache method {name!r:.80}.{_suggest(name, sorted(_METHODS) + sorted(_PRESETS))} "
+                     f"Known methods and presets: {', '.join(sorted(_METHODS) + sorted(_PRESETS))}; or pass a plan "
+                     f"file (*.json), a config object or a Plan.")
+
+
+def config_from_dict(data: dict[str, Any]) -> MethodConfig:
+    """A config from its JSON object (MethodConfig.to_dict()); the "method" key picks the config class."""
+    _load_builtins()
+    method = data.get("method") if isinstance(data, dict) else None
+    if not isinstance(method, str) or method not in _METHODS:
+        got = "no \"method\" key" if method is None else f"method {method!r:.80}"
+        hint = _suggest(method, sorted(_METHODS)) if isinstance(method, str) else ""
+        raise ValueError(f"a dcache config is a JSON object with a \"method\" key naming one of "
+                         f"{', '.join(sorted(_METHODS))}; this one has {got}.{hint} Write configs with "
+                         f"dcache.config_for(name, ...).to_json().")
+    return _METHODS[method].from_dict(data)
+
+
+def _suggest(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=3)
-    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    raise ValueError(f"unknown cache method {name!r}.{hint} Known methods and presets: {', '.join(known)}; "
-                     f"or pass a plan file (*.json), a config object or a Plan.")
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,9 @@ PLAN_VERSION = 1
 
 class PlanError(ValueError):
     """A plan file that cannot be used as asked; the message says why and what to do."""
+
+
+REEXPORT = "re-export the plan (handle.plan().save(path) after a generation, or dcache calibrate / dcache search)"
 
 
 @dataclass
@@ -52,30 +55,73 @@ class Plan:
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
+        # tuples (engine units, shapes) are stored as the lists JSON gives back, so save/load round-trips exactly
+        for name in ("block_layout", "units", "resolution"):
+            if isinstance(getattr(self, name), tuple):
+                setattr(self, name, list(getattr(self, name)))
+        if isinstance(self.actions, dict):
+            self.actions = {b: list(rows) if isinstance(rows, tuple) else rows for b, rows in self.actions.items()}
         self.validate()
 
     # ------------------------------------------------------------------------------------------------ checks
     def validate(self) -> None:
+        self._check_types()
         try:
             Granularity(self.granularity)
         except ValueError:
-            raise PlanError(f"plan granularity {self.granularity!r} is not one of "
-                            f"{[g.value for g in Granularity]}.") from None
+            raise PlanError(f"plan granularity {self.granularity!r:.40} is not one of "
+                            f"{[g.value for g in Granularity]}; {REEXPORT}.") from None
         if self.num_steps < 1:
-            raise PlanError(f"plan num_steps={self.num_steps} must be >= 1.")
+            raise PlanError(f"plan num_steps={self.num_steps} must be >= 1; {REEXPORT}.")
         if not self.actions:
-            raise PlanError("plan has no action rows; export one with handle.plan() after a generation.")
+            raise PlanError(f"plan has no action rows; {REEXPORT}.")
         for branch, rows in self.actions.items():
             if len(rows) != self.num_steps:
-                raise PlanError(f"plan branch {branch!r} has {len(rows)} rows but num_steps={self.num_steps}; "
-                                f"the file is truncated or edited by hand.")
+                raise PlanError(f"plan branch {branch!r:.40} has {len(rows)} rows but num_steps={self.num_steps}; "
+                                f"the file is truncated or edited by hand: {REEXPORT}.")
             for i, row in enumerate(rows):
-                if len(row) != len(self.units) or not set(row) <= ACTION_CHARS:
-                    raise PlanError(f"plan branch {branch!r} step {i}: row {row[:40]!r} must have {len(self.units)} "
-                                    f"characters from 'C', 'R', 'F'.")
+                bad = sorted(set(row) - ACTION_CHARS)
+                if len(row) != len(self.units) or bad:
+                    what = f"has the letters {bad}" if bad else f"has {len(row)} characters"
+                    raise PlanError(f"plan branch {branch!r:.40} step {i}: row {row[:40]!r} {what}; a row must have "
+                                    f"{len(self.units)} characters from 'C', 'R', 'F' (compute, reuse, forecast), "
+                                    f"one per unit. Fix the row or {REEXPORT}.")
                 if i == 0 and set(row) != {Action.COMPUTE.value}:
-                    raise PlanError(f"plan branch {branch!r}: step 0 must compute every unit (nothing is cached "
-                                    f"yet), got {row[:40]!r}.")
+                    raise PlanError(f"plan branch {branch!r:.40}: step 0 must compute every unit (nothing is cached "
+                                    f"yet), got {row[:40]!r}; make its row all 'C' or {REEXPORT}.")
+
+    def _check_types(self) -> None:
+        """Each field's JSON type, so that a corrupted or hand-edited file fails here, naming the field, and never
+        later with a TypeError / KeyError deep inside a generation."""
+
+        def count(v: Any) -> bool:
+            return type(v) is int and v >= 0  # noqa: E721 - bool is not a count
+
+        expected = {
+            "model_class": (isinstance(self.model_class, str), "the transformer class name (a string)"),
+            "block_layout": (isinstance(self.block_layout, list) and bool(self.block_layout)
+                             and all(count(n) for n in self.block_layout), "a list of block counts (ints >= 0)"),
+            "granularity": (isinstance(self.granularity, str), f"one of {[g.value for g in Granularity]}"),
+            "units": (isinstance(self.units, list) and bool(self.units) and all(isinstance(u, str) for u in self.units),
+                      "a non-empty list of unit names (strings)"),
+            "num_steps": (count(self.num_steps), "the number of denoising steps (an int >= 1)"),
+            "actions": (isinstance(self.actions, dict) and all(
+                isinstance(b, str) and isinstance(rows, list) and all(isinstance(r, str) for r in rows)
+                for b, rows in self.actions.items()), 'a dict {branch: ["C...", ...]}, one string per step'),
+            "probe_blocks": (count(self.probe_blocks), "an int >= 0"),
+            "tail_blocks": (count(self.tail_blocks), "an int >= 0"),
+            "forecast_order": (count(self.forecast_order), "an int >= 0"),
+            "scheduler": (self.scheduler is None or isinstance(self.scheduler, str), "a scheduler class name or null"),
+            "resolution": (self.resolution is None or (isinstance(self.resolution, list) and all(
+                count(n) for n in self.resolution)), "a list of ints (the latent shape) or null"),
+            "interpolate_steps": (isinstance(self.interpolate_steps, bool), "true or false"),
+            "extras": (isinstance(self.extras, dict), "a JSON object"),
+            "provenance": (isinstance(self.provenance, dict), "a JSON object"),
+        }
+        for name, (ok, what) in expected.items():
+            if not ok:
+                raise PlanError(f"plan field {name}={getattr(self, name)!r:.60} is invalid: it must be {what}. The "
+                                f"file is corrupted or edited by hand; {REEXPORT}.")
 
     def check_model(self, model_class: str, block_layout: list[int], units: tuple[str, ...]) -> None:
         if model_class != self.model_class:
@@ -129,29 +175,37 @@ class Plan:
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "plan") -> "Plan":
         if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
-            raise PlanError(f"{source} is not a dcache plan (missing \"format\": \"{PLAN_FORMAT}\").")
+            raise PlanError(f"{source} is not a dcache plan (missing \"format\": \"{PLAN_FORMAT}\"); {REEXPORT}.")
         version = data.get("version")
-        if version != PLAN_VERSION:
-            raise PlanError(f"{source} has plan version {version!r}; this dcache reads version {PLAN_VERSION}. "
+        if "version" not in data:
+            raise PlanError(f"{source} has no \"version\" field (this dcache reads plan version {PLAN_VERSION}); "
+                            f"add \"version\": {PLAN_VERSION} if it was written for it, else {REEXPORT}.")
+        if type(version) is not int or version != PLAN_VERSION:  # noqa: E721 - true == 1 must not pass
+            raise PlanError(f"{source} has plan version {version!r:.40}; this dcache reads version {PLAN_VERSION}. "
                             f"Upgrade dcache or re-export the plan.")
         fields = {k: v for k, v in data.items() if k != "format"}
         known = set(cls.__dataclass_fields__)
         unknown = set(fields) - known
         if unknown:
-            raise PlanError(f"{source} has unknown fields {sorted(unknown)}; it was written by another version.")
-        try:
-            return cls(**fields)
-        except TypeError as exc:
-            raise PlanError(f"{source} is incomplete: {exc}.") from None
+            raise PlanError(f"{source} has unknown fields {sorted(unknown, key=str)}; it was written by another "
+                            f"version or edited by hand: remove them or {REEXPORT}.")
+        required = [name for name, f in cls.__dataclass_fields__.items()
+                    if f.default is MISSING and f.default_factory is MISSING]
+        missing = [name for name in required if name not in fields]
+        if missing:
+            raise PlanError(f"{source} is incomplete: it has no {missing}; it is truncated or edited by hand: "
+                            f"{REEXPORT}.")
+        return cls(**fields)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
         path = Path(path)
         if not path.is_file():
-            raise PlanError(f"plan file {str(path)!r} does not exist.")
+            what = "is a folder, not a file" if path.is_dir() else "does not exist"
+            raise PlanError(f"plan file {str(path)!r} {what}; pass the path of a file written by Plan.save.")
         try:
             data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, too-long integers
             raise PlanError(f"plan file {str(path)!r} is not valid JSON ({exc}); it is corrupted or truncated, "
                             f"re-export it.") from None
         return cls.from_dict(data, source=f"plan file {str(path)!r}")
