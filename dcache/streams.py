@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -54,10 +55,18 @@ class StreamSlots:
 
 
 def bind_arguments(block: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """All forward arguments by name (defaults applied); only used where a signal needs them."""
-    bound = inspect.signature(block.forward).bind(*args, **kwargs)
+    """All forward arguments by name (defaults applied); only used where a signal needs them (every call)."""
+    bound = _forward_signature(type(block)).bind(*args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_signature(cls: type) -> inspect.Signature:
+    """The class's forward signature without `self`, computed once per class: inspect.signature costs tens of
+    microseconds, as much as a small block's kernel launches. Hooks that wrap `forward` keep its arguments."""
+    sig = inspect.signature(cls.forward)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
 
 
 def _pick(args: tuple, kwargs: dict, name: str | None, pos: int | None) -> Any:

@@ -129,8 +129,14 @@ def residual_capture(
     inp: torch.Tensor,
     prev: torch.Tensor | None = None,
     buffer: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(residual = out - inp, stats float32 [5]); see the module docstring."""
+    *,
+    stats: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(residual = out - inp, stats float32 [5]); see the module docstring.
+
+    stats=False: only store the residual (stats is None). The engine's cache writes take this path: on the torch
+    backend it is a single subtraction into the buffer, without the reductions nobody reads.
+    """
     op = "residual_capture"
     check_float(op, "out", out)
     check_float(op, "inp", inp)
@@ -158,5 +164,8 @@ def residual_capture(
     prev = contiguous(prev) if prev is not None else None
     if use_triton(op, out, inp, prev):
         residual = buffer if buffer is not None else torch.empty_like(out, memory_format=torch.contiguous_format)
-        return residual, _residual_capture_triton(out, inp, prev, residual)
+        sums = _residual_capture_triton(out, inp, prev, residual)
+        return residual, (sums if stats else None)
+    if not stats:  # torch computes the difference in fp32 (opmath) and rounds once, like the reference
+        return (torch.sub(out, inp, out=buffer) if buffer is not None else out - inp), None
     return residual_capture_reference(out, inp, prev, buffer)

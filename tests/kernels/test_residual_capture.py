@@ -115,3 +115,17 @@ def test_bad_inputs_raise_value_error(backend, case, message, device):
         out, inp = out.double(), inp.double()
     with pytest.raises(ValueError, match=message):
         residual_capture(out, inp, prev, buffer)
+
+
+@pytest.mark.parametrize("with_buffer", [False, True])
+def test_store_only_path_equals_the_full_capture(backend, small_shape, dtype, device, gen, rand, with_buffer):
+    """stats=False (the engine's cache write) stores the same residual as the fused capture, bit for bit."""
+    out, inp, _ = make_inputs(small_shape, dtype, device, gen, rand)
+    expected, _ = residual_capture(out, inp)
+    buffer = torch.full_like(out, 7.0) if with_buffer else None
+    residual, stats = residual_capture(out, inp, buffer=buffer, stats=False)
+    assert stats is None
+    assert residual.dtype == dtype and residual.shape == out.shape
+    if with_buffer:
+        assert residual is buffer
+    assert torch.equal(residual, expected)
