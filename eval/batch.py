@@ -41,7 +41,7 @@ def generate_batch(*, model: str | None = None, prompts: str = "builtin", num_pr
                    seeds: int = 1, seed_offset: int = 0, cache: str | None = "magcache",
                    overrides: dict | None = None, steps: int | None = None, guidance: float | None = None,
                    batch_size: int | None = None, height: int | None = None, width: int | None = None,
-                   device: str = "cpu", dtype: str = "float32", threads: int | None = None,
+                   pipeline_kwargs: dict | None = None, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
                    out: str = "dcache-out", command: str | None = None, progress: bool = True) -> BatchResult:
     """Generate every (prompt, seed) with `cache` (None or "none" = uncached) into `out` (see the module doc)."""
     import torch
@@ -77,7 +77,8 @@ def generate_batch(*, model: str | None = None, prompts: str = "builtin", num_pr
     use_cache = cache not in (None, "", "none")
     settings = {"model": model or "tiny (bundled)", "cache": cache if use_cache else None,
                 "overrides": overrides or {}, "prompts": prompt_list, "seeds": seed_list, "batch_size": batch,
-                "steps": steps, "guidance": guidance, "height": height, "width": width, "dtype": dtype}
+                "steps": steps, "guidance": guidance, "height": height, "width": width,
+                "pipeline_kwargs": pipeline_kwargs or {}, "dtype": dtype}
     out_dir = Path(out)
     work = out_dir / WORK_DIR
     fingerprint = _fingerprint(settings, cache if use_cache else None)
@@ -100,7 +101,8 @@ def generate_batch(*, model: str | None = None, prompts: str = "builtin", num_pr
             done = _read_marker(marker, fingerprint, out_dir)
             if done is None:
                 done = _generate_item(GenerationJob(pipe, is_tiny, prompts=list(item.prompts), steps=steps,
-                                                    guidance=guidance, seed=item.seed, height=height, width=width),
+                                                    guidance=guidance, seed=item.seed, height=height, width=width,
+                                                    extra=dict(pipeline_kwargs or {})),
                                       item, handle, out_dir, state.process_index)
                 atomic_write_text(marker, json.dumps({"fingerprint": fingerprint, "entries": done}))
             entries += done

@@ -31,6 +31,15 @@ def _command_line(name: str) -> str:
     return "dcache " + name + (" " + shlex.join(argv) if argv else "")
 
 
+def _call_arguments(pairs: list[str]) -> dict:
+    from dcache.pipelines.runner import parse_overrides
+
+    try:
+        return parse_overrides(pairs, flag="--call", example="num_frames=17")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 def eval_command(
     model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
     methods: list[str] = typer.Option(["fora"], "--methods", "-m",
@@ -52,18 +61,26 @@ def eval_command(
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:1, auto (accelerate's device per process)"),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
     height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
+    call: list[str] = typer.Option([], "--call", help="more pipeline call arguments key=value (repeatable; JSON "
+                                                       "values), e.g. --call num_frames=17 for video pipelines"),
     grid_items: int = typer.Option(1, help="pipeline calls shown in the image grids"),
     classifier: Optional[str] = typer.Option(None, help="digit classifier .safetensors (tiny model fid/accuracy)"),
+    clip_model: str = typer.Option("openai/clip-vit-base-patch16",
+                                   help="clip_score: a hub id or a local folder with a CLIP model (save_pretrained)"),
+    image_reward_model: str = typer.Option("ImageReward-v1.0", help="image_reward: a model name or an ImageReward.pt "
+                                                                    "path"),
     out: str = typer.Option("dcache-eval", help="report folder (resumes when it holds the same eval)"),
 ) -> None:
     """Evaluate caching methods against the uncached pipeline: report.md/.html, results.json, grids, Pareto plot."""
     from .runner import EvalConfig, run_eval
 
     method_list = [m.strip() for spec in methods for m in spec.split(",") if m.strip()]
+    pipeline_kwargs = _call_arguments(call)
     cfg = EvalConfig(model=model, methods=method_list, prompts=prompts, num_prompts=num_prompts, seeds=seeds,
                      seed_offset=seed_offset, steps=steps, guidance=guidance, batch_size=batch_size, repeats=repeats,
                      warmup=warmup, flops=flops, metrics=metrics, device=device, dtype=dtype, height=height,
-                     width=width, grid_items=grid_items, classifier=classifier, out=out,
+                     width=width, pipeline_kwargs=pipeline_kwargs, grid_items=grid_items, classifier=classifier,
+                     clip_model=clip_model, image_reward_model=image_reward_model, out=out,
                      command=_command_line("eval"))
     try:
         result = run_eval(cfg)

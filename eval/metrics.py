@@ -8,10 +8,12 @@ Reference metrics (cached vs uncached, same seed):  psnr, ssim, lpips, max_abs, 
 Video (per frame = the reference metrics on frames): + temporal (|d/dt cached - d/dt uncached|, flicker change)
 Distribution metrics (over the whole prompt x seed set): fid (Frechet distance on a feature extractor's features,
     vs the uncached set and, where the model has one, vs real data), accuracy (a classifier's agreement with the
-    requested class), clip_score (torchmetrics CLIPScore), image_reward (optional `image-reward` package)
+    requested class), clip_score (CLIP image-text cosine), image_reward (optional `image-reward` package)
 
-Metrics with pretrained weights load them the normal way (torchvision / Hugging Face caches, first use downloads);
-the bundled tiny model uses its digit classifier instead (features for FID, predictions for accuracy).
+Metrics with pretrained networks (lpips, clip_score, image_reward, InceptionV3 features for fid) live in
+eval/networks.py: they load weights the normal way (torchvision / Hugging Face caches, first use downloads) or take
+an injected network. The bundled tiny model uses its digit classifier instead (features for FID, predictions for
+accuracy).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class MetricSpec:
     doc: str
     higher_is_better: bool
     requires: tuple[tuple[str, str], ...] = ()  # (import name, pip requirement)
+    extra: str | None = None  # the dcache extra that installs `requires`: pip install 'dcache[<extra>]'
     text_only: bool = False  # needs text prompts (not the digit model)
     tiny_only: bool = False  # needs the bundled digit classifier
 
@@ -43,7 +46,7 @@ METRICS: dict[str, MetricSpec] = {m.name: m for m in [
     MetricSpec("psnr", "reference", "PSNR (dB) vs the uncached image of the same seed; inf when identical", True),
     MetricSpec("ssim", "reference", "SSIM (Gaussian 11x11, torchmetrics) vs uncached", True),
     MetricSpec("lpips", "reference", "LPIPS (AlexNet, torchmetrics) vs uncached; lower is closer", False,
-               requires=(("torchvision", "torchvision"),)),
+               requires=(("torchvision", "torchvision"),), extra="metrics"),
     MetricSpec("max_abs", "reference", "max |cached - uncached| per image", False),
     MetricSpec("mean_abs", "reference", "mean |cached - uncached| per image", False),
     MetricSpec("temporal", "video", "mean |(x[t+1]-x[t]) - (r[t+1]-r[t])| over frames: temporal error vs uncached",
@@ -53,10 +56,11 @@ METRICS: dict[str, MetricSpec] = {m.name: m for m in [
                False),
     MetricSpec("accuracy", "distribution", "fraction of images the digit classifier assigns the requested label",
                True, tiny_only=True),
-    MetricSpec("clip_score", "distribution", "CLIP score (torchmetrics, openai/clip-vit-base-patch16): 100 * cos("
-                                             "image, prompt)", True, text_only=True),
+    MetricSpec("clip_score", "distribution", "CLIP score 100 * max(cos(image, prompt), 0) (default model "
+                                             "openai/clip-vit-base-patch16, --clip-model)", True,
+               requires=(("transformers", "transformers"),), extra="metrics", text_only=True),
     MetricSpec("image_reward", "distribution", "ImageReward-v1.0 human-preference score (optional)", True,
-               requires=(("ImageReward", "image-reward"),), text_only=True),
+               requires=(("ImageReward", "image-reward"),), extra="image-reward", text_only=True),
 ]}
 
 AUTO = "auto"
@@ -96,10 +100,13 @@ def resolve_metrics(spec: str | Sequence[str] | None, *, is_tiny: bool, is_video
 def check_available(names: Sequence[str]) -> None:
     """Raise MissingExtraError for the first metric whose packages are not installed, with the pip line."""
     for n in names:
-        for module, requirement in METRICS[n].requires:
+        spec = METRICS[n]
+        for module, requirement in spec.requires:
             if importlib.util.find_spec(module) is None:
-                raise MissingExtraError(f"metric {n!r} needs the `{module}` package: pip install {requirement} "
-                                        f"(or leave {n!r} out of --metrics).")
+                how = f"pip install 'dcache[{spec.extra}]' (or pip install {requirement})" if spec.extra else \
+                    f"pip install {requirement}"
+                raise MissingExtraError(f"metric {n!r} needs the `{module}` package: {how}, or leave {n!r} out of "
+                                        f"--metrics.")
 
 
 def _split(spec: str | Sequence[str] | None) -> list[str]:
@@ -147,38 +154,22 @@ def ssim_per_image(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0) ->
     return values.reshape(-1).double()
 
 
-_LPIPS: dict[str, Any] = {}
-
-
-def lpips_per_image(a: torch.Tensor, b: torch.Tensor, net: str = "alex", batch: int = 16) -> torch.Tensor:
-    """LPIPS per image [N] (torchmetrics; weights download on first use); gray images are repeated to RGB."""
-    check_available(["lpips"])
-    _check_pair(a, b)
-    if net not in _LPIPS:
-        from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
-
-        _LPIPS[net] = LearnedPerceptualImagePatchSimilarity(net_type=net, normalize=True, reduction="mean").eval()
-    metric = _LPIPS[net].to(a.device)
-    if a.shape[1] == 1:
-        a, b = a.repeat(1, 3, 1, 1), b.repeat(1, 3, 1, 1)
-    out = []
-    with torch.no_grad():
-        for i in range(a.shape[0]):  # per image: the module reduces over its batch
-            metric.reset()
-            metric.update(a[i:i + 1].float().clamp(0, 1), b[i:i + 1].float().clamp(0, 1))
-            out.append(float(metric.compute()))
-    return torch.tensor(out, dtype=torch.float64)
-
-
 REFERENCE_FUNCTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "psnr": psnr_per_image, "ssim": ssim_per_image, "lpips": lpips_per_image,
-    "max_abs": max_abs_per_image, "mean_abs": mean_abs_per_image,
+    "psnr": psnr_per_image, "ssim": ssim_per_image, "max_abs": max_abs_per_image, "mean_abs": mean_abs_per_image,
 }
 
 
-def reference_metrics(cached: torch.Tensor, reference: torch.Tensor, names: Sequence[str]) -> dict[str, list[float]]:
-    """{metric: per-image values} for the reference metrics among `names` (per frame for videos)."""
-    return {n: REFERENCE_FUNCTIONS[n](cached, reference).tolist() for n in names if n in REFERENCE_FUNCTIONS}
+def reference_metrics(cached: torch.Tensor, reference: torch.Tensor, names: Sequence[str],
+                      networks: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None = None,
+                      ) -> dict[str, list[float]]:
+    """{metric: per-image values} for the reference metrics among `names` (per frame for videos). `networks` holds
+    the scorers of reference metrics with pretrained networks ({"lpips": LpipsScorer(...)}, eval/networks.py)."""
+    functions = {**REFERENCE_FUNCTIONS, **(networks or {})}
+    missing = [n for n in names if METRICS[n].kind == "reference" and n not in functions]
+    if missing:
+        raise MetricError(f"reference metric(s) {missing} need a scorer network (e.g. networks={{'lpips': "
+                          f"LpipsScorer()}} from dcache.eval.networks).")
+    return {n: functions[n](cached, reference).tolist() for n in names if n in functions}
 
 
 def temporal_error(cached: torch.Tensor, reference: torch.Tensor, frames_per_sample: int) -> torch.Tensor:
@@ -272,74 +263,6 @@ class DigitFeatures(FeatureExtractor):
         return self.classifier.predict(images.float()).cpu()
 
 
-class InceptionFeatures(FeatureExtractor):
-    """InceptionV3 pool3 features [N, 2048] through torchmetrics' FID network (needs torch-fidelity; the weights
-    download on first use, as for any torchmetrics FID)."""
-
-    name = "inception-v3"
-
-    def __init__(self, device: str = "cpu"):
-        if importlib.util.find_spec("torch_fidelity") is None:
-            raise MissingExtraError("FID with InceptionV3 needs torch-fidelity: pip install 'torchmetrics[image]' "
-                                    "(or leave 'fid' out of --metrics).")
-        from torchmetrics.image.fid import NoTrainInceptionV3
-
-        self.net = NoTrainInceptionV3(name="inception-v3-compat", features_list=["2048"]).eval().to(device)
-        self.device = device
-
-    @torch.no_grad()
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        x = images.clamp(0, 1)
-        if x.shape[1] == 1:
-            x = x.repeat(1, 3, 1, 1)
-        x = (x[:, :3] * 255).round().to(torch.uint8).to(self.device)
-        return self.net(x).reshape(x.shape[0], -1).double().cpu()
-
-
-class ClipScorer:
-    """Per-image CLIP score 100 * max(cos(image, text), 0) with torchmetrics' CLIP wrapper (transformers weights,
-    downloaded on first use like any Hugging Face model)."""
-
-    def __init__(self, model: str = "openai/clip-vit-base-patch16"):
-        from torchmetrics.multimodal.clip_score import CLIPScore
-
-        try:
-            self.metric = CLIPScore(model_name_or_path=model)
-        except Exception as exc:  # transformers missing, offline, ...
-            raise MissingExtraError(f"CLIP score could not load {model!r} ({type(exc).__name__}: {exc}); it needs "
-                                    f"`transformers` and the model in the Hugging Face cache (or the network). Leave "
-                                    f"'clip_score' out of --metrics to skip it.") from exc
-
-    @torch.no_grad()
-    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
-        out = []
-        for img, text in zip(images, prompts):
-            self.metric.reset()
-            self.metric.update((img.clamp(0, 1) * 255).round().to(torch.uint8)[None], [text])
-            out.append(float(self.metric.compute()))
-        return torch.tensor(out, dtype=torch.float64)
-
-
-class ImageRewardScorer:
-    """ImageReward-v1.0 (pip install image-reward); per-image reward for (prompt, image)."""
-
-    def __init__(self):
-        check_available(["image_reward"])
-        import ImageReward as RM  # noqa: N813
-
-        self.model = RM.load("ImageReward-v1.0")
-
-    @torch.no_grad()
-    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
-        import PIL.Image
-
-        from dcache.pipelines.images import to_uint8
-
-        arr = to_uint8(images)
-        return torch.tensor([float(self.model.score(p, PIL.Image.fromarray(a))) for p, a in zip(prompts, arr)],
-                            dtype=torch.float64)
-
-
 def finite_mean(values: Sequence[float]) -> float:
     """Mean that keeps inf (identical images give PSNR inf: the mean is inf, honestly) and ignores NaN."""
     vals = [v for v in values if not (isinstance(v, float) and math.isnan(v))]
@@ -347,7 +270,6 @@ def finite_mean(values: Sequence[float]) -> float:
 
 
 __all__ = ["METRICS", "MetricSpec", "MetricError", "MissingExtraError", "resolve_metrics", "check_available",
-           "psnr_per_image", "ssim_per_image", "lpips_per_image", "max_abs_per_image", "mean_abs_per_image",
+           "psnr_per_image", "ssim_per_image", "max_abs_per_image", "mean_abs_per_image",
            "reference_metrics", "temporal_error", "flicker", "frechet_distance", "feature_stats",
-           "classifier_accuracy", "FeatureExtractor", "DigitFeatures", "InceptionFeatures", "ClipScorer",
-           "ImageRewardScorer", "finite_mean"]
+           "classifier_accuracy", "FeatureExtractor", "DigitFeatures", "finite_mean"]

@@ -40,11 +40,11 @@ import torch
 
 from dcache.plan import atomic_write_text
 
-from .metrics import (METRICS, ClipScorer, DigitFeatures, FeatureExtractor, ImageRewardScorer, InceptionFeatures,
-                      MissingExtraError, check_available, classifier_accuracy, finite_mean, frechet_distance,
-                      reference_metrics, resolve_metrics, temporal_error)
+from .judges import Judges, is_auto, resolve_eval_metrics
+from .metrics import METRICS, classifier_accuracy, finite_mean, frechet_distance, reference_metrics, temporal_error
+from .networks import DEFAULT_CLIP, DEFAULT_IMAGE_REWARD
 from .prompts import load_prompts, precheck_prompts
-from .timing import count_flops, measure
+from .timing import Timing, count_flops, measure
 
 UNCACHED = "uncached"
 WORK_DIR = ".work"
@@ -70,6 +70,7 @@ class EvalConfig:
     batch_size: int | None = None  # prompts per pipeline call; default: 10 for the tiny model, 1 otherwise
     height: int | None = None
     width: int | None = None
+    pipeline_kwargs: dict = field(default_factory=dict)  # more pipeline call arguments, e.g. {"num_frames": 17}
     repeats: int = 3  # timed repeats per item (after the per-variant warm-up)
     warmup: int = 1  # untimed runs per variant and process before timing
     flops: bool = True  # count FLOPs of one generation per variant (an extra untimed run)
@@ -78,6 +79,8 @@ class EvalConfig:
     dtype: str = "float32"
     grid_items: int = 1  # items shown in the image grids
     classifier: str | None = None  # digit classifier .safetensors for fid/accuracy (default: the bundled one)
+    clip_model: str = DEFAULT_CLIP  # clip_score: a hub id or a local folder with a CLIP model
+    image_reward_model: str = DEFAULT_IMAGE_REWARD  # image_reward: a model name or an ImageReward.pt path
     out: str = "dcache-eval"
     command: str | None = None  # the command line, recorded in the report
 
@@ -211,66 +214,13 @@ class EvalResult:
     files: list[str]
 
 
-class _Judges:
-    """The metric machinery, built once per process: feature extractor, classifier, CLIP / ImageReward scorers."""
-
-    def __init__(self, names: list[str], is_tiny: bool, device: str, classifier_path: str | None,
-                 classifier: Any = None):
-        self.names = names
-        self.features: FeatureExtractor | None = None
-        self.digits: DigitFeatures | None = None
-        self.clip = ClipScorer() if "clip_score" in names else None
-        self.reward = ImageRewardScorer() if "image_reward" in names else None
-        if is_tiny and ("fid" in names or "accuracy" in names):
-            if classifier is None and classifier_path:
-                from dcache.pipelines.digit_classifier import DigitClassifier
-
-                classifier = DigitClassifier.from_file(classifier_path)
-            self.digits = DigitFeatures(classifier)
-            self.features = self.digits
-        elif "fid" in names:
-            self.features = InceptionFeatures(device=device)
-
-
-def resolve_eval_metrics(cfg: EvalConfig, is_tiny: bool, is_video: bool) -> tuple[list[str], list[str]]:
-    """(metrics to compute, notes). "auto" drops what cannot run here (with a note); explicit names must run."""
-    names = resolve_metrics(cfg.metrics, is_tiny=is_tiny, is_video=is_video)
-    auto = isinstance(cfg.metrics, str) and cfg.metrics.strip().lower() in ("", "auto")
-    notes = []
-    if auto:
-        from dcache.pipelines.bundled import DIGIT_CLASSIFIER_PATH
-
-        keep = []
-        for n in names:
-            try:
-                check_available([n])
-            except MissingExtraError as exc:
-                notes.append(f"skipped {n}: {exc}")
-                continue
-            if is_tiny and n in ("fid", "accuracy") and not cfg.classifier and not DIGIT_CLASSIFIER_PATH.is_file():
-                notes.append(f"skipped {n}: the bundled digit classifier is not installed ({DIGIT_CLASSIFIER_PATH}).")
-                continue
-            if not is_tiny and n == "fid" and not _has("torch_fidelity"):
-                notes.append("skipped fid: InceptionV3 features need torch-fidelity (pip install 'torchmetrics[image]').")
-                continue
-            keep.append(n)
-        names = keep
-    else:
-        check_available(names)
-    return names, notes
-
-
-def _has(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
-def run_eval(cfg: EvalConfig, *, classifier: Any = None, progress: bool = True,
-             on_record: Callable[[str, Item], None] | None = None) -> EvalResult:
+def run_eval(cfg: EvalConfig, *, classifier: Any = None, networks: dict[str, Any] | None = None,
+             progress: bool = True, on_record: Callable[[str, Item], None] | None = None) -> EvalResult:
     """Run the evaluation described by `cfg` (in every process under accelerate) and write the report folder.
 
     classifier: a DigitClassifier object to judge the tiny model with (tests); default cfg.classifier or bundled.
+    networks: scorers for metrics with pretrained networks, {"lpips" | "clip_score" | "image_reward" | "fid": ...}
+        (eval/networks.py; tests inject stand-ins); default: each metric's own network, loaded once per process.
     on_record(variant label, item): called after each new record is written (tests interrupt runs with it).
     """
     from accelerate.utils import gather_object
@@ -292,8 +242,13 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, progress: bool = True,
     batch_size = cfg.batch_size or (10 if is_tiny else 1)
     items = make_items(prompts, seeds, batch_size)
     is_video = _is_video_pipeline(pipe)
-    names, notes = resolve_eval_metrics(cfg, is_tiny, is_video)
+    names, notes = resolve_eval_metrics(cfg.metrics, is_tiny=is_tiny, is_video=is_video, classifier=cfg.classifier,
+                                        injected=tuple(networks or {}))
     _check_methods(pipe, variants, dcache)  # fail before hours of generation, with the method's own message
+    judges = Judges(names, is_tiny=is_tiny, device=device, auto=is_auto(cfg.metrics), classifier_path=cfg.classifier,
+                    classifier=classifier, networks=networks, clip_model=cfg.clip_model,
+                    image_reward_model=cfg.image_reward_model)  # loads the metric networks before generating
+    names, notes = judges.names, notes + judges.notes
 
     out = Path(cfg.out)
     work = out / WORK_DIR
@@ -304,11 +259,9 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, progress: bool = True,
     if not state.is_main_process:
         claim_work_dir(work, fingerprint)  # only checks now: the main process created it
 
-    judges = _Judges(names, is_tiny, device, cfg.classifier, classifier)
-
     def job_for(item: Item) -> GenerationJob:
         return GenerationJob(pipe, is_tiny, prompts=list(item.prompts), steps=cfg.steps, guidance=cfg.guidance,
-                             seed=item.seed, height=cfg.height, width=cfg.width)
+                             seed=item.seed, height=cfg.height, width=cfg.width, extra=dict(cfg.pipeline_kwargs))
 
     all_variants = [Variant(UNCACHED, None, {}, UNCACHED, UNCACHED)] + variants
     with state.split_between_processes(items) as mine:
@@ -348,7 +301,7 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, progress: bool = True,
                     images, timing = measure(job, repeats=cfg.repeats, warmup=0, device=device)
                     peak = max(peak or 0, timing.peak_memory_bytes) if timing.peak_memory_bytes else peak
                     stats = handle.stats().to_dict() if handle is not None else None
-                    rec = _make_record(variant, item, images, job.frames_per_sample, timing.samples, stats, names,
+                    rec = _make_record(variant, item, images, job.frames_per_sample, timing, stats, names,
                                        judges, references, vdir.parent, fingerprint, cfg.grid_items, is_tiny)
                     _atomic_torch_save(rec, vdir / f"{item.id}.pt")
                     records.append(rec)
@@ -457,7 +410,12 @@ def _fingerprint(cfg: EvalConfig, prompts: list[str], seeds: list[int], batch_si
     data = dict(model=model, prompts=prompts, seeds=seeds, batch_size=batch_size, steps=cfg.steps,
                 guidance=cfg.guidance, height=cfg.height, width=cfg.width, dtype=cfg.dtype, metrics=names,
                 classifier=cfg.classifier, tiny=is_tiny)
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    # only when set: the fingerprints of earlier evals stay valid (resume)
+    for key, default in (("pipeline_kwargs", {}), ("clip_model", DEFAULT_CLIP),
+                         ("image_reward_model", DEFAULT_IMAGE_REWARD)):
+        if getattr(cfg, key) != default:
+            data[key] = getattr(cfg, key)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def claim_work_dir(work: Path, fingerprint: str, what: str = "an eval") -> None:
@@ -474,15 +432,16 @@ def claim_work_dir(work: Path, fingerprint: str, what: str = "an eval") -> None:
     atomic_write_text(marker, fingerprint)
 
 
-def _make_record(variant: Variant, item: Item, images: torch.Tensor, frames: int, seconds: list[float],
-                 stats: dict | None, names: list[str], judges: _Judges, references: dict[int, torch.Tensor],
+def _make_record(variant: Variant, item: Item, images: torch.Tensor, frames: int, timing: Timing,
+                 stats: dict | None, names: list[str], judges: Judges, references: dict[int, torch.Tensor],
                  work: Path, fingerprint: str, grid_items: int, is_tiny: bool) -> dict:
     images = images.float().cpu()
     rec: dict[str, Any] = {
         "fingerprint": fingerprint, "variant": variant.label,
         "item": {"index": item.index, "id": item.id, "seed": item.seed, "prompt_indices": list(item.prompt_indices),
                  "prompts": list(item.prompts)},
-        "num_images": int(images.shape[0]), "frames_per_sample": int(frames), "seconds": list(seconds),
+        "num_images": int(images.shape[0]), "frames_per_sample": int(frames), "seconds": list(timing.samples),
+        "cpu_seconds": list(timing.cpu_samples),
         "stats": _slim_stats(stats), "metrics": {}, "features": None, "predictions": None,
         "images": None,
     }
@@ -497,7 +456,7 @@ def _make_record(variant: Variant, item: Item, images: torch.Tensor, frames: int
             if ref_rec is None:
                 raise RuntimeError(f"the uncached record of item {item.id} is missing; rerun to regenerate it.")
             reference = ref_rec["images"]
-        rec["metrics"] = reference_metrics(images, reference, names)
+        rec["metrics"] = reference_metrics(images, reference, names, judges.reference_networks)
         if "temporal" in names and frames >= 2:
             rec["metrics"]["temporal"] = temporal_error(images, reference, frames).tolist()
     if judges.features is not None:
@@ -505,10 +464,9 @@ def _make_record(variant: Variant, item: Item, images: torch.Tensor, frames: int
     if judges.digits is not None and "accuracy" in names:
         rec["predictions"] = judges.digits.predict(images).tolist()
     text = [p for p in item.prompts for _ in range(max(frames, 1))]
-    if judges.clip is not None:
-        rec["metrics"]["clip_score"] = judges.clip(images, text).tolist()
-    if judges.reward is not None:
-        rec["metrics"]["image_reward"] = judges.reward(images, text).tolist()
+    for name in ("clip_score", "image_reward"):
+        if name in judges.networks:
+            rec["metrics"][name] = judges.networks[name](images, text).tolist()
     return rec
 
 
@@ -534,11 +492,12 @@ def _shareable(rec: dict, grid_items: int) -> dict:
 # ------------------------------------------------------------------------------------------------------------------
 
 def aggregate(cfg: EvalConfig, variants: list[Variant], records: dict[str, list[dict]], costs: dict[str, dict],
-              names: list[str], notes: list[str], judges: _Judges, prompts: list[str], seeds: list[int],
+              names: list[str], notes: list[str], judges: Judges, prompts: list[str], seeds: list[int],
               items: list[Item], is_tiny: bool, is_video: bool, num_processes: int, device: str,
               batch_size: int) -> dict[str, Any]:
     ref_recs = records[UNCACHED]
     ref_latency = _per_image_latency(ref_recs)
+    ref_cpu = _per_image_latency(ref_recs, "cpu_seconds")
     ref_features = _cat([r["features"] for r in ref_recs])
     data_features, data_note = _data_features(judges, is_tiny, "fid" in names)
     if data_note:
@@ -553,6 +512,10 @@ def aggregate(cfg: EvalConfig, variants: list[Variant], records: dict[str, list[
         row["latency_per_call"] = _spread([s for r in recs for s in r["seconds"]])
         ref_med = ref_latency and _median(ref_latency)
         row["measured_speedup"] = (ref_med / _median(latency)) if latency and ref_med else None
+        cpu = _per_image_latency(recs, "cpu_seconds")
+        if cpu and ref_cpu:  # process CPU time: robust to other jobs on a shared CPU (records of older runs lack it)
+            row["cpu_latency"] = _spread(cpu)
+            row["cpu_speedup"] = _median(ref_cpu) / _median(cpu)
         if v.method is None:
             row["compute_ratio"], row["ideal_speedup"] = 1.0, 1.0
             row["cache_bytes"] = 0
@@ -614,8 +577,11 @@ def aggregate(cfg: EvalConfig, variants: list[Variant], records: dict[str, list[
     }
 
 
-def _per_image_latency(recs: list[dict]) -> list[float]:
-    return [s / max(r["num_images"] // max(r["frames_per_sample"], 1), 1) for r in recs for s in r["seconds"]]
+def _per_image_latency(recs: list[dict], key: str = "seconds") -> list[float]:
+    """Seconds per image (per video) of every timed call; [] when a record lacks `key`."""
+    if any(not r.get(key) for r in recs):
+        return []
+    return [s / max(r["num_images"] // max(r["frames_per_sample"], 1), 1) for r in recs for s in r[key]]
 
 
 def _median(values: Sequence[float]) -> float:
@@ -639,7 +605,7 @@ def _cat(parts: list[Any]) -> torch.Tensor | None:
     return torch.cat(parts) if parts else None
 
 
-def _data_features(judges: _Judges, is_tiny: bool, want: bool) -> tuple[torch.Tensor | None, str | None]:
+def _data_features(judges: Judges, is_tiny: bool, want: bool) -> tuple[torch.Tensor | None, str | None]:
     """Features of real data for FID-vs-data: the held-out digits test split for the tiny model."""
     if not want or not is_tiny or judges.digits is None:
         return None, None

@@ -1,8 +1,8 @@
-"""Cost measurements: wall-clock latency (warm-up, device synchronisation, repeats; median and spread), FLOPs of
-one generation (torch's FlopCounterMode) and peak accelerator memory.
+"""Cost measurements: wall-clock latency (warm-up, device synchronisation, repeats; median and spread), process CPU
+time of the same repeats, FLOPs of one generation (torch's FlopCounterMode) and peak accelerator memory.
 
     timing = measure(lambda: pipe(...), repeats=5, warmup=1, device="cuda")
-    timing.median, timing.iqr, timing.samples, timing.peak_memory_bytes
+    timing.median, timing.iqr, timing.samples, timing.cpu_samples, timing.peak_memory_bytes
     out, flops = count_flops(lambda: pipe(...))
 """
 
@@ -30,11 +30,14 @@ def synchronize(device: str | torch.device | None = None) -> None:
 
 @dataclass
 class Timing:
-    """Seconds per timed repeat (after warm-up) and their summary; peak memory of the timed repeats (CUDA only)."""
+    """Seconds per timed repeat (after warm-up) and their summary; peak memory of the timed repeats (CUDA only).
+    `cpu_samples`: process CPU seconds of the same repeats (all threads): on a CPU shared with other jobs it stays
+    close to the work done, where wall-clock time grows with the load."""
 
     samples: list[float] = field(default_factory=list)
     warmup: int = 0
     peak_memory_bytes: int | None = None
+    cpu_samples: list[float] = field(default_factory=list)
 
     @property
     def median(self) -> float:
@@ -79,15 +82,16 @@ def measure(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1,
     if cuda:
         synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    samples = []
+    samples, cpu = [], []
     for _ in range(repeats):
         synchronize(device)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         out = fn()
         synchronize(device)
         samples.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     peak = int(torch.cuda.max_memory_allocated(device)) if cuda else None
-    return out, Timing(samples, warmup, peak)
+    return out, Timing(samples, warmup, peak, cpu)
 
 
 def count_flops(fn: Callable[[], Any]) -> tuple[Any, float]:

@@ -22,6 +22,15 @@ def _parse_overrides(pairs: list[str]) -> dict:
         raise typer.BadParameter(str(exc)) from None
 
 
+def _call_arguments(pairs: list[str]) -> dict:
+    from .runner import parse_overrides
+
+    try:
+        return parse_overrides(pairs, flag="--call", example="num_frames=17")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 def _fail(exc: Exception) -> None:
     typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
@@ -41,6 +50,8 @@ def generate(
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
     height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
     set_: list[str] = typer.Option([], "--set", help="method config override key=value (repeatable)"),
+    call: list[str] = typer.Option([], "--call", help="more pipeline call arguments key=value (repeatable; JSON "
+                                                       "values), e.g. --call num_frames=17 for video pipelines"),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: 1 for the bundled model)"),
     prompts_file: Optional[str] = typer.Option(
         None, "--prompts", help="batch mode: a prompt file (.txt one per line, .json list, .jsonl), 'builtin', or "
@@ -57,7 +68,7 @@ def generate(
         _generate_batch(prompts_file, prompt, model=model, cache=cache, seeds=seeds, seed=seed,
                         num_prompts=num_prompts, steps=steps, guidance=guidance, batch_size=batch_size,
                         device=device, dtype=dtype, height=height, width=width, overrides=set_, threads=threads,
-                        out=out)
+                        pipeline_kwargs=_call_arguments(call), out=out)
         return
     from .generate import format_summary, generate as run
 
@@ -67,7 +78,7 @@ def generate(
     try:
         result = run(model=model, prompts=prompts, cache=cache, steps=steps, seed=seed, guidance=guidance, out=out,
                      repeats=repeats, device=device, dtype=dtype, height=height, width=width,
-                     overrides=_parse_overrides(set_), threads=threads)
+                     overrides=_parse_overrides(set_), threads=threads, pipeline_kwargs=_call_arguments(call))
     except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
         _fail(exc)
         return
@@ -85,10 +96,11 @@ def _generate_batch(prompts_file: str, prompt: Optional[str], *, seed: int, over
         _fail(ValueError("pass either --prompt (one generation, uncached vs cached) or --prompts FILE (batch), not "
                          "both."))
     # the command as run, from the parsed options (sys.argv is the test runner's under CliRunner)
-    options = {"prompts": prompts_file, "seed": seed, **kw}
+    options = {"prompts": prompts_file, "seed": seed, **{k: v for k, v in kw.items() if k != "pipeline_kwargs"}}
     command = "dcache generate " + shlex.join(
         [a for k, v in options.items() if v is not None for a in (f"--{k.replace('_', '-')}", str(v))]
-        + [a for pair in overrides for a in ("--set", pair)])
+        + [a for pair in overrides for a in ("--set", pair)]
+        + [a for k, v in kw["pipeline_kwargs"].items() for a in ("--call", f"{k}={json.dumps(v)}")])
     try:
         result = generate_batch(prompts=prompts_file, seed_offset=seed, overrides=_parse_overrides(overrides),
                                 command=command, **kw)

@@ -29,7 +29,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
              steps: int | None = None, seed: int = 0, guidance: float | None = None, out: str = "dcache-out",
              repeats: int = 3, device: str = "cpu", dtype: str = "float32", height: int | None = None,
              width: int | None = None, overrides: dict[str, Any] | None = None,
-             threads: int | None = None) -> GenerateResult:
+             threads: int | None = None, pipeline_kwargs: dict[str, Any] | None = None) -> GenerateResult:
     if repeats < 1:
         raise ValueError(f"--repeats {repeats} must be >= 1.")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
@@ -48,7 +48,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
     elif not prompts:
         raise ValueError("--prompt is required for this model (e.g. --prompt 'a photo of a cat').")
     job = GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=guidance, seed=seed,
-                        height=height, width=width)
+                        height=height, width=width, extra=dict(pipeline_kwargs or {}))
 
     reference, t_ref = timed_runs(job, repeats)
     handle = dcache.apply(pipe, cache, **(overrides or {}))

@@ -117,12 +117,12 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return float("inf") if mse == 0 else 10.0 * float(np.log10(1.0 / mse))
 
 
-def parse_overrides(pairs: list[str]) -> dict:
+def parse_overrides(pairs: list[str], flag: str = "--set", example: str = "threshold=0.1") -> dict:
     """CLI `--set key=value` pairs -> config overrides (values parsed as JSON when they can be: 0.1, [1, 2], true)."""
     out = {}
     for pair in pairs:
         if "=" not in pair:
-            raise ValueError(f"--set {pair!r} must look like key=value, e.g. --set threshold=0.1")
+            raise ValueError(f"{flag} {pair!r} must look like key=value, e.g. {flag} {example}")
         key, value = pair.split("=", 1)
         try:
             out[key] = json.loads(value)

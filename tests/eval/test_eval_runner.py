@@ -4,7 +4,6 @@ equality of a 2-process `accelerate launch` run with the single-process run."""
 from __future__ import annotations
 
 import base64
-import html.parser
 import io
 import json
 import math
@@ -16,7 +15,7 @@ import sys
 
 import pytest
 import torch
-from eval_testkit import FAST, TINY_LABELS
+from eval_testkit import FAST, TINY_LABELS, HtmlChecker
 
 from dcache.eval.metrics import psnr_per_image
 from dcache.eval.runner import EvalConfig, make_variants, parse_method, run_eval
@@ -77,6 +76,7 @@ def test_numbers_follow_the_definitions(eval_run):
     # measured FLOPs of a whole call shrink with the compute ratio
     assert fora["flops_per_image"] < v["uncached"]["flops_per_image"]
     assert v["uncached"]["latency"]["n"] == 4 and v["uncached"]["latency"]["median_s"] > 0
+    assert v["uncached"]["cpu_speedup"] == 1.0 and fora["cpu_latency"]["n"] == 4 and fora["cpu_speedup"] > 0
 
 
 def test_per_image_psnr_matches_the_stored_images(eval_run):
@@ -86,32 +86,6 @@ def test_per_image_psnr_matches_the_stored_images(eval_run):
     rec = torch.load(fora_dir / "s0-p0-1.pt", weights_only=False)
     expected = psnr_per_image(rec["images"], ref["images"]).tolist()
     assert eval_run.results["variants"]["fora"]["per_image"]["psnr"][:2] == expected
-
-
-class _Html(html.parser.HTMLParser):
-    VOID = {"meta", "img", "br", "hr", "link", "input"}
-
-    def __init__(self):
-        super().__init__()
-        self.stack, self.images, self.rows, self.errors, self.links = [], [], 0, [], []
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        if tag == "img":
-            self.images.append(attrs.get("src", ""))
-        if tag == "tr":
-            self.rows += 1
-        for key in ("src", "href"):
-            if key in attrs and not attrs[key].startswith("data:"):
-                self.links.append(attrs[key])
-        if tag not in self.VOID:
-            self.stack.append(tag)
-
-    def handle_endtag(self, tag):
-        if not self.stack or self.stack[-1] != tag:
-            self.errors.append(f"unexpected </{tag}> with open {self.stack[-3:]}")
-        else:
-            self.stack.pop()
 
 
 def test_report_files_are_well_formed(eval_run):
@@ -127,12 +101,12 @@ def test_report_files_are_well_formed(eval_run):
     assert results["variants"]["fixed_interval(interval=1)"]["per_image"]["psnr"][0] == "inf"  # JSON has no inf
 
     md = (out / "report.md").read_text()
-    assert "dcache eval (test)" in md and "![Pareto plot](pareto.png)" in md
+    assert "dcache eval (test)" in md and "![Pareto plot](pareto.png)" in md and "| CPU-time speed-up |" in md
     table = [line for line in md.splitlines() if line.startswith("| ")]
     cells = [len(re.findall(r"(?<!\\)\|", line)) for line in table]  # unescaped pipes
     assert len(table) == 1 + 5 and len(set(cells)) == 1
 
-    parser = _Html()
+    parser = HtmlChecker()
     parser.feed((out / "report.html").read_text())
     assert not parser.errors and not parser.stack, parser.errors or parser.stack
     assert parser.links == []  # self-contained: no external files or URLs

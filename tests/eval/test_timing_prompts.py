@@ -21,6 +21,15 @@ def test_measure_runs_warmup_then_repeats_and_summarises():
         measure(lambda: None, repeats=0)
 
 
+def test_cpu_time_counts_work_not_waiting():
+    import time
+
+    _, timing = measure(lambda: time.sleep(0.05), repeats=2, warmup=0)
+    assert len(timing.cpu_samples) == 2
+    assert all(w >= 0.05 for w in timing.samples)  # sleep guarantees the wall-clock time
+    assert all(0 <= c < 0.02 for c in timing.cpu_samples)  # and costs (almost) no CPU time
+
+
 def test_timing_statistics_on_known_samples():
     t = Timing([1.0, 2.0, 3.0, 4.0, 100.0])
     assert t.median == 3.0 and t.iqr == pytest.approx(2.0) and t.mean == 22.0
