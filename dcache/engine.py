@@ -31,6 +31,7 @@ from .actions import POST_SIGNALS, PRE_SIGNALS, Action, Granularity, Signal
 from .adapters import Adapter, BlockList, submodule
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
+from .parallel import sync_signals
 from .schedule import CallContext, GenerationInfo, Schedule, normalize_actions
 from .state import BranchState, UnitHistory
 from .streams import StreamSlots, bind_arguments
@@ -340,7 +341,8 @@ class Engine:
             tensors.append(t.reshape(-1).float())
         if not tensors:
             return {Signal(k): v for k, v in bstate.post_values.items()}
-        flat = torch.cat([t.to(tensors[0].device) for t in tensors]).tolist()
+        flat = torch.cat([t.to(tensors[0].device) for t in tensors])
+        flat = sync_signals(flat, tensors, self.transformer).tolist()  # context parallel: global values
         values: dict[str, float] = {}
         i = 0
         for name, t in zip(names, tensors):

@@ -23,6 +23,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running test (compat soak); run with --run-slow or -m slow")
+    config.addinivalue_line("markers", "distributed: forks 2 gloo CPU processes (context parallel, ~5 s); "
+                                       "deselect with -m 'not distributed'")
 
 
 def pytest_collection_modifyitems(config, items):
