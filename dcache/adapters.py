@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -57,6 +57,18 @@ class Adapter:
     modules: tuple[str, ...] = ()  # inner modules for module-level units; () = discover CONVENTIONAL_MODULES
     modulated_input: ModulatedInputFn | None = None
     notes: str = ""
+    # Module units whose input is made of other units' outputs only, as (unit, (input units, ...)); e.g. a Flux
+    # single block's proj_out(cat[attn, gelu(proj_mlp)]). When such a unit is reused or forecast its inputs' outputs
+    # are not used, so the engine reuses them too instead of computing them (a unit missing in a block is skipped).
+    composed: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        for unit, inputs in self.composed:
+            unknown = [n for n in (unit, *inputs) if n not in self.modules]
+            if unknown or not inputs or unit in inputs:
+                raise ValueError(f"Adapter({self.model_class!r}).composed entry ({unit!r}, {inputs!r}) must name a "
+                                 f"module unit and the other units that make its input, all listed in modules="
+                                 f"{self.modules}; not in modules: {unknown}.")
 
     def blocks(self, transformer: nn.Module) -> list[tuple[int, nn.Module]]:
         """All blocks in execution order as (list index, block)."""
@@ -80,6 +92,32 @@ def submodule(root: nn.Module, path: str) -> Any:
         if obj is None:
             return None
     return obj
+
+
+def composed_indices(adapter: Adapter, units: Sequence[str]) -> list[tuple[int, tuple[int, ...]]]:
+    """`adapter.composed` over MODULE unit names ("b3.proj_out"): (unit index, its input units' indices) for every
+    block that has the unit and all of its inputs."""
+    index = {u: i for i, u in enumerate(units)}
+    pairs = []
+    for name, i in index.items():
+        block, _, module = name.partition(".")
+        for unit, inputs in adapter.composed:
+            if module == unit and all(f"{block}.{m}" in index for m in inputs):
+                pairs.append((i, tuple(index[f"{block}.{m}"] for m in inputs)))
+    return pairs
+
+
+def reuse_composed_inputs(row: str, composed: Sequence[tuple[int, tuple[int, ...]]]) -> str:
+    """A MODULE action row in which the inputs of every reused / forecast composed unit are reused: their outputs
+    are not used, so computing (or forecasting) them would be wasted. What the engine executes for such a row."""
+    chars = list(row)
+    for unit, inputs in composed:
+        if unit >= len(chars) or max(inputs) >= len(chars):
+            continue  # a row of another layout: the plan's own checks report it
+        if chars[unit] != "C":
+            for i in inputs:
+                chars[i] = "R"
+    return "".join(chars)
 
 
 _REGISTRY: dict[str, Adapter] = {}
@@ -172,4 +210,4 @@ def _load_builtin_families() -> None:
 
 
 __all__ = ["HIDDEN", "ENCODER", "BlockList", "Adapter", "register_adapter", "registered_adapters", "adapter_for",
-           "discover_adapter", "UnsupportedModelError"]
+           "discover_adapter", "UnsupportedModelError", "composed_indices", "reuse_composed_inputs"]

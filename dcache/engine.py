@@ -28,7 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from dcache.kernels import rel_l1_stats, residual_apply, residual_capture
 
 from .actions import POST_SIGNALS, PRE_SIGNALS, Action, Granularity, Signal
-from .adapters import Adapter, BlockList, submodule
+from .adapters import Adapter, BlockList, composed_indices, submodule
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
 from .parallel import sync_signals
@@ -90,8 +90,10 @@ class Engine:
         self.blocks = self._layout_blocks()
         self.units = self._unit_names()
         self.module_unit: dict[tuple[int, str], int] = {}
+        self.composed_units: list[tuple[int, tuple[int, ...]]] = []  # (unit, its input units), Adapter.composed
         if self.granularity is Granularity.MODULE:
             self.module_unit = {(b, m): i for i, (b, m) in enumerate(self._module_pairs())}
+            self.composed_units = composed_indices(self.adapter, self.units)
         self.decision_block = schedule.probe_blocks if self.granularity is Granularity.STACK else 0
         self.record: GenerationRecord | None = None
         self.generations = 0
@@ -310,7 +312,8 @@ class Engine:
         call.actions = self._feasible(row, bstate)
 
     def _feasible(self, row: str, bstate: BranchState) -> str:
-        """Force COMPUTE where a unit has nothing cached yet in this branch (e.g. first call, new shapes)."""
+        """Force COMPUTE where a unit has nothing cached yet in this branch (e.g. first call, new shapes); REUSE
+        the inputs of a composed module unit that is not computed (MODULE granularity)."""
         if Action.COMPUTE.value * len(row) == row:
             return row
         chars = list(row)
@@ -325,6 +328,12 @@ class Engine:
                 ok = hist is not None and hist.tables is not None
             if not ok:
                 chars[i] = Action.COMPUTE.value
+        for unit, inputs in self.composed_units:  # a reused composed unit leaves its inputs' outputs unused:
+            if chars[unit] != Action.COMPUTE.value:  # reuse them too (no compute, no Taylor evaluation)
+                for i in inputs:
+                    hist = bstate.units.get(i)
+                    if hist is not None and hist.tables is not None:
+                        chars[i] = Action.REUSE.value
         return "".join(chars)
 
     # ------------------------------------------------------------------------------------------------ signals

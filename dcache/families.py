@@ -185,7 +185,12 @@ def _joy_image_modulated_input(block, args):
 # The registry. Order: the families the project names first, then the rest alphabetically.
 # ----------------------------------------------------------------------------------------------------------------
 
-_FLUX_LIKE_MODULES = ("attn", "ff", "ff_context", "proj_mlp")
+# Flux-style double blocks: attn (with to_out / to_add_out), ff, ff_context. Flux-style single blocks compute
+#   h + gate * proj_out(cat[attn(n), gelu(proj_mlp(n))])      n = AdaLN(h): attn is pre_only (no to_out)
+# so proj_out (5 D^2 per token of the ~12 D^2 of the block's linear layers) is a unit too, composed of attn and
+# proj_mlp: a reused proj_out needs neither of them. Reused output = before the gate (the gate is recomputed).
+_FLUX_LIKE_MODULES = ("attn", "ff", "ff_context", "proj_mlp", "proj_out")
+_SINGLE_BLOCK_COMPOSED = (("proj_out", ("attn", "proj_mlp")),)
 
 register_adapter(Adapter(
     model_class="FluxTransformer2DModel",
@@ -194,6 +199,7 @@ register_adapter(Adapter(
         BlockList("single_transformer_blocks", outputs=(ENCODER, HIDDEN)),
     ),
     modules=_FLUX_LIKE_MODULES,
+    composed=_SINGLE_BLOCK_COMPOSED,
     modulated_input=_adaln_zero(),
 ))
 
@@ -225,7 +231,8 @@ register_adapter(Adapter(
         BlockList("transformer_blocks", outputs=(HIDDEN, ENCODER)),
         BlockList("single_transformer_blocks", outputs=(HIDDEN, ENCODER)),
     ),
-    modules=("attn", "ff", "ff_context", "proj_mlp"),
+    modules=("attn", "ff", "ff_context", "proj_mlp", "proj_out"),
+    composed=_SINGLE_BLOCK_COMPOSED,
     modulated_input=_hunyuan_video_modulated_input,
     notes="text refiner (context_embedder.token_refiner) runs on text tokens before the blocks: not a block list. "
           "image_condition_type='token_replace' swaps in TokenReplace block classes with the same slots.",
@@ -305,6 +312,7 @@ register_adapter(Adapter(
         BlockList("single_transformer_blocks", encoder=None, outputs=(HIDDEN,)),
     ),
     modules=_FLUX_LIKE_MODULES,
+    composed=_SINGLE_BLOCK_COMPOSED,
     modulated_input=_chroma_modulated_input,
     notes="per-block modulation is sliced from one pooled embedding: temb differs per block.",
 ))
@@ -395,6 +403,7 @@ register_adapter(Adapter(
         BlockList("single_transformer_blocks", outputs=(ENCODER, HIDDEN)),
     ),
     modules=_FLUX_LIKE_MODULES,
+    composed=_SINGLE_BLOCK_COMPOSED,
     modulated_input=_adaln_zero(),
 ))
 
@@ -406,6 +415,7 @@ register_adapter(Adapter(
         BlockList("single_transformer_blocks", encoder=None, outputs=(HIDDEN,)),
     ),
     modules=_FLUX_LIKE_MODULES,
+    composed=_SINGLE_BLOCK_COMPOSED,
     modulated_input=_adaln_zero(),
     notes="each block reads its own slice of the text-encoder layers (mixed into the text stream outside blocks).",
 ))
@@ -466,7 +476,8 @@ register_adapter(Adapter(
         BlockList("transformer_blocks", outputs=(HIDDEN, ENCODER)),
         BlockList("single_transformer_blocks", outputs=(HIDDEN, ENCODER)),
     ),
-    modules=("attn", "ff", "ff_context", "proj_mlp"),
+    modules=("attn", "ff", "ff_context", "proj_mlp", "proj_out"),
+    composed=_SINGLE_BLOCK_COMPOSED,
     modulated_input=_adaln_zero(),
     notes="text refiner (context_embedder) runs on text tokens before the blocks: not a block list.",
 ))
@@ -477,7 +488,8 @@ register_adapter(Adapter(
         BlockList("transformer_blocks", outputs=(HIDDEN, ENCODER)),
         BlockList("single_transformer_blocks", outputs=(HIDDEN, ENCODER)),
     ),
-    modules=("attn", "ff", "ff_context", "proj_mlp"),
+    modules=("attn", "ff", "ff_context", "proj_mlp", "proj_out"),
+    composed=_SINGLE_BLOCK_COMPOSED,
     modulated_input=_hunyuan_video_modulated_input,
     notes="HunyuanVideo blocks; the hidden stream also holds the packed history-frame tokens.",
 ))
@@ -498,6 +510,7 @@ register_adapter(Adapter(
         BlockList("single_transformer_blocks", outputs=(ENCODER, HIDDEN)),
     ),
     modules=_FLUX_LIKE_MODULES,
+    composed=_SINGLE_BLOCK_COMPOSED,
     modulated_input=_adaln_zero(),
 ))
 
@@ -526,6 +539,7 @@ register_adapter(Adapter(
         BlockList("single_transformer_blocks", outputs=(ENCODER, HIDDEN)),
     ),
     modules=_FLUX_LIKE_MODULES,
+    composed=_SINGLE_BLOCK_COMPOSED,
     modulated_input=_adaln_zero(),
 ))
 
@@ -574,10 +588,11 @@ register_adapter(Adapter(
 register_adapter(Adapter(
     model_class="PRXTransformer2DModel",
     block_lists=(BlockList("blocks", encoder=None, outputs=(HIDDEN,)),),
-    modules=("attention",),
+    modules=("attention", "gate_proj", "up_proj", "down_proj"),
+    composed=(("down_proj", ("gate_proj", "up_proj")),),
     modulated_input=_prx_modulated_input,
-    notes="the MLP is inline (gate/up/down projections), so only `attention` is a module unit; text is read as "
-          "attention context.",
+    notes="the MLP is inline: h + gate * down_proj(gelu(gate_proj(x)) * up_proj(x)), so its three projections are "
+          "units and down_proj is composed of the other two; text is read as attention context.",
 ))
 
 register_adapter(Adapter(

@@ -32,13 +32,16 @@ from torch.utils._pytree import tree_flatten
 
 import dcache
 from dcache import Action, Granularity, Plan, Schedule
+from dcache.adapters import composed_indices, reuse_composed_inputs
 from dcache.schedule import CallContext
 
 RunFn = Callable[[], Any]
 _EPS = 1e-12
 
 # Inner-module names that are feed-forward layers (BAC's bubbling union targets them).
-FFN_MODULES = frozenset({"ff", "ff_context", "ffn", "mlp", "proj_mlp", "img_mlp", "txt_mlp", "feed_forward"})
+# proj_out (Flux-style single blocks) and down_proj (inline MLPs) project the MLP branch: they are FFN layers too.
+FFN_MODULES = frozenset({"ff", "ff_context", "ffn", "mlp", "proj_mlp", "img_mlp", "txt_mlp", "feed_forward",
+                         "proj_out", "gate_proj", "up_proj", "down_proj"})
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,13 @@ def step_arguments(args: tuple, kwargs: dict) -> tuple[Any, Any]:
 
 def make_plan(header: dict[str, Any], *, granularity: Granularity, units: list[str], num_steps: int,
               actions: dict[str, list[str]], forecast_order: int = 0, extras: dict | None = None,
-              provenance: dict | None = None) -> Plan:
+              provenance: dict | None = None, adapter: Any = None) -> Plan:
+    """A Plan of the profiled model. MODULE rows are written as the engine executes them: with the `adapter`'s
+    composed units (e.g. Flux single blocks' proj_out), a reused composed unit's inputs are reused too, so a replay
+    records exactly the plan's rows."""
+    if granularity is Granularity.MODULE and adapter is not None:
+        composed = composed_indices(adapter, units)
+        actions = {b: [reuse_composed_inputs(r, composed) for r in rows] for b, rows in actions.items()}
     return Plan(granularity=granularity.value, units=list(units), num_steps=num_steps, actions=actions,
                 forecast_order=forecast_order, extras=extras or {}, provenance=provenance or {}, **header)
 

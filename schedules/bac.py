@@ -167,7 +167,7 @@ def calibrate_bac(target: Any, run_fn: Callable[[], Any] | Sequence[Callable[[],
         else:
             prof.block_residual_tap(session, lambda index, where, r: add(index, where, r))
         generations = session.run(runs)
-        header = session.plan_header()
+        header, adapter = session.plan_header(), session.engine.adapter
     if not seen:
         raise RuntimeError("calibration saw no transformer call; run_fn must run the pipeline (or transformer).")
     n = max(collector.steps.values())
@@ -194,7 +194,7 @@ def calibrate_bac(target: Any, run_fn: Callable[[], Any] | Sequence[Callable[[],
     provenance = {"method": "bac", "config": config.to_dict(),
                   "calibration": {"generations": generations, "runs": len(runs)}, "quality": {}}
     return prof.make_plan(header, granularity=granularity, units=units, num_steps=n, actions=actions,
-                          extras=extras, provenance=provenance)
+                          extras=extras, provenance=provenance, adapter=adapter)
 
 
 __all__ = ["BACConfig", "BACSchedule", "calibrate_bac", "update_steps", "caching_error", "bubbling_union"]

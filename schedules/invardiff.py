@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 from torch import nn
 
 from dcache import Action, Granularity, MethodConfig, Plan, Schedule, knob, register_method
+from dcache.adapters import composed_indices, reuse_composed_inputs
 from dcache.plan import PlanSchedule
 
 from .tables import known_identities, lookup_table, model_identity
@@ -154,18 +155,19 @@ def calibrate_invardiff(target: Any, run_fn: Callable[[], Any] | Sequence[Callab
         session.on_module(lambda unit, where, out: modules_c.add(where, unit, out))
         prof.stack_residual_tap(session, lambda where, r: stack_c.add(where, "stack", r))
         generations = session.run(runs)
-        header = session.plan_header()
+        header, adapter = session.plan_header(), session.engine.adapter
     if not modules_c.steps:
         raise RuntimeError("calibration saw no transformer call; run_fn must run the pipeline (or transformer).")
     n = max(modules_c.steps.values())
     names = [m for _, m in pairs]
     actions: dict[str, list[str]] = {}
     gates: dict[str, list[bool]] = {}
+    composed = composed_indices(adapter, units)  # the correction pass replays the rows as the engine runs them
     for branch in modules_c.steps:
         rows, gate = invariance_rows(
             n, names, lambda t, u, b=branch: modules_c.value(b, u, t),
             lambda t, b=branch: stack_c.value(b, "stack", t), config, prof.quantile)
-        actions[branch], gates[branch] = rows, gate
+        actions[branch], gates[branch] = [reuse_composed_inputs(r, composed) for r in rows], gate
     flipped = 0
     if config.correction:
         flipped = _correct(target, runs, actions, config.correction_tol, num_steps)
@@ -174,7 +176,8 @@ def calibrate_invardiff(target: Any, run_fn: Callable[[], Any] | Sequence[Callab
     provenance = {"method": "invardiff", "config": config.to_dict(),
                   "calibration": {"generations": generations, "runs": len(runs)}, "quality": {}}
     return prof.make_plan(header, granularity=Granularity.MODULE, units=units, num_steps=n,
-                          actions={b: list(r) for b, r in actions.items()}, extras=extras, provenance=provenance)
+                          actions={b: list(r) for b, r in actions.items()}, extras=extras, provenance=provenance,
+                          adapter=adapter)
 
 
 def _correct(target: Any, runs, actions: dict[str, list[str]], tol: float, num_steps: int | None) -> int:

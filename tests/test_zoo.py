@@ -282,3 +282,116 @@ def test_support_table_covers_every_transformer_class_and_matches_support_md():
     support_md = pathlib.Path(__file__).resolve().parents[1] / "SUPPORT.md"
     assert support_md.read_text() == support_matrix.render_markdown(), \
         "SUPPORT.md is stale: regenerate it with `python -m dcache.support_matrix > SUPPORT.md`"
+
+
+# ---- module units: what they cover, and what a composed unit reads ----------------------------------------------
+
+# Families whose module units cannot cover the block: a module the block calls twice is not a unit.
+PARTIAL_MODULE_COVERAGE = {
+    "CogView4Transformer2DModel": "`ff` runs twice per block (image, then text)",
+    "EasyAnimateTransformer3DModel": "`ff` runs twice per block in the blocks without `txt_ff`",
+}
+MIN_MODULE_COVERAGE = 0.85  # the rest: AdaLN linears on the (per-sample) timestep embedding, norms, RoPE
+
+
+def _block_and_unit_flops(name: str) -> dict[int, tuple[float, float, str]]:
+    """Per block list: (FLOPs of its first block, FLOPs inside that block's module units, the list path)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, adapter = _model(name), adapter_for(_model(name))
+    first = {}
+    for list_index, block in adapter.blocks(model):
+        first.setdefault(list_index, block)
+    counters: dict[str, FlopCounterMode] = {}
+    handles = []
+
+    def enter(key):
+        def pre(module, args, kwargs):
+            counters[key] = FlopCounterMode(display=False)
+            counters[key].__enter__()
+        return pre
+
+    def leave(key):
+        def post(module, args, kwargs, output):
+            counters[key].__exit__(None, None, None)
+        return post
+
+    for list_index, block in first.items():
+        targets = [(f"{list_index}", block)] + [(f"{list_index}.{m}", _resolve(block, m))
+                                                for m in adapter.module_names(block)]
+        for key, module in targets:
+            handles.append(module.register_forward_pre_hook(enter(key), with_kwargs=True))
+            handles.append(module.register_forward_hook(leave(key), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(**zoo.ZOO[name].make_inputs(0, batch=BATCH))
+    finally:
+        for handle in handles:
+            handle.remove()
+    result = {}
+    for list_index, block in first.items():
+        total = counters[f"{list_index}"].get_total_flops()
+        units = sum(counters[f"{list_index}.{m}"].get_total_flops() for m in adapter.module_names(block))
+        result[list_index] = (float(total), float(units), adapter.block_lists[list_index].path)
+    return result
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_module_units_cover_the_blocks_flops(name):
+    """Module-level methods can only skip what the units cover: a large linear layer left out of `modules` (e.g. a
+    Flux single block's proj_out, 38% of its FLOPs) puts a floor under every module method's compute ratio."""
+    model_class = zoo.ZOO[name].model_class
+    if model_class in PARTIAL_MODULE_COVERAGE:
+        pytest.skip(PARTIAL_MODULE_COVERAGE[model_class])
+    for total, units, path in _block_and_unit_flops(name).values():
+        assert total > 0 and units / total >= MIN_MODULE_COVERAGE, (
+            f"{name}: the module units {adapter_for(_model(name)).modules} cover {units / total:.0%} of the FLOPs of "
+            f"a {path} block; add its large inner modules to the adapter's `modules` (and to `composed` when a "
+            f"module's input is made of other units' outputs)")
+
+
+COMPOSED = [(n, unit, inputs) for n in NAMES
+            for unit, inputs in registered_adapters()[zoo.ZOO[n].model_class].composed]
+
+
+def test_composed_units_are_declared_where_they_exist():
+    assert {n for n, _, _ in COMPOSED} >= {"flux", "chroma", "hunyuan_video", "hunyuan_image", "prx"}
+
+
+@pytest.mark.parametrize("name, unit, inputs", COMPOSED, ids=[f"{n}-{u}" for n, u, _ in COMPOSED])
+def test_composed_unit_reads_only_its_input_units(name, unit, inputs):
+    """Adapter.composed claims that `unit`'s input is a function of the `inputs` units' outputs alone (so the
+    engine may skip those when `unit` is reused). Check: run a step-1 forward with the inputs' outputs replaced by
+    their step-0 values; `unit` must then receive exactly its step-0 input."""
+    model, adapter = _model(name), adapter_for(_model(name))
+    blocks = [b for _, b in adapter.blocks(model) if unit in adapter.module_names(b)
+              and all(m in adapter.module_names(b) for m in inputs)]
+    assert blocks, f"{name}: no block has {unit} and {inputs}"
+    block = blocks[0]
+    seen: dict[str, list] = {"feeds": [], "unit_in": []}
+    replay: list | None = None
+
+    def feed_hook(module, args, output):
+        if replay is not None:
+            return replay.pop(0)
+        seen["feeds"].append(output)
+
+    def unit_hook(module, args):
+        seen["unit_in"].append([a.clone() for a in args if isinstance(a, torch.Tensor)])
+
+    handles = [_resolve(block, m).register_forward_hook(feed_hook) for m in inputs]
+    handles.append(_resolve(block, unit).register_forward_pre_hook(unit_hook))
+    try:
+        with torch.no_grad():
+            model(**zoo.ZOO[name].make_inputs(0, batch=BATCH))
+            step0_feeds = list(seen["feeds"][:len(inputs)])  # the hooked block runs once per forward
+            replay = list(step0_feeds)
+            model(**zoo.ZOO[name].make_inputs(1, batch=BATCH))
+    finally:
+        for handle in handles:
+            handle.remove()
+    first, second = seen["unit_in"][0], seen["unit_in"][1]
+    assert len(first) == len(second) >= 1
+    for a, b in zip(first, second):
+        torch.testing.assert_close(b, a, rtol=0, atol=0,
+                                   msg=f"{name}: {unit} read something besides the outputs of {inputs}")

@@ -28,6 +28,7 @@ import torch
 
 import dcache
 from dcache.actions import Action, Granularity
+from dcache.adapters import reuse_composed_inputs
 from dcache.plan import Plan, atomic_write_text
 from dcache.schedule import CallContext, Schedule
 
@@ -81,6 +82,7 @@ class Template:
     module_block: list[int]  # block index of each module unit
     block_cost: list[float]  # FLOPs of each block per call (all branches have the same shapes in split CFG)
     module_cost: list[float]  # FLOPs of each module unit per call
+    composed: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # (unit, input units), see Adapter
 
     @property
     def num_blocks(self) -> int:
@@ -100,6 +102,8 @@ class Template:
         """A Plan with `rows` (one per step) for every branch, or per branch when a dict is given."""
         actions = ({b: list(r) for b, r in rows.items()} if isinstance(rows, dict)
                    else {b: list(rows) for b in self.branches})
+        if Granularity(granularity) is Granularity.MODULE and self.composed:  # rows as the engine executes them
+            actions = {b: [reuse_composed_inputs(r, self.composed) for r in rs] for b, rs in actions.items()}
         import time
 
         return Plan(granularity=Granularity(granularity).value, units=self.units(granularity),
@@ -135,7 +139,7 @@ class Template:
     def to_dict(self) -> dict:
         return dict(header=self.header, num_steps=self.num_steps, branches=self.branches,
                     module_units=self.module_units, module_block=self.module_block,
-                    block_cost=self.block_cost, module_cost=self.module_cost)
+                    block_cost=self.block_cost, module_cost=self.module_cost, composed=self.composed)
 
 
 def make_template(calib: Calibration) -> Template:
@@ -156,7 +160,7 @@ def make_template(calib: Calibration) -> Template:
         branches = list(dict.fromkeys(c.branch for c in rec.calls))  # in call order within a step
         return Template(header=header, num_steps=plan.num_steps, branches=branches,
                         module_units=[f"b{b}.{m}" for b, m in pairs], module_block=[b for b, _ in pairs],
-                        block_cost=block_cost, module_cost=module_cost)
+                        block_cost=block_cost, module_cost=module_cost, composed=list(eng.composed_units))
     finally:
         handle.remove()
 

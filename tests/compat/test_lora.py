@@ -18,7 +18,8 @@ pytest.importorskip("peft")
 STEPS = 4
 FUSE_RTOL = 1e-5  # fuse/unfuse change the weights by float rounding only
 MODULE_UNITS = ("b0.attn", "b0.ff", "b0.ff_context", "b1.attn", "b1.ff", "b1.ff_context",
-                "b2.attn", "b2.proj_mlp", "b3.attn", "b3.proj_mlp", "b4.attn", "b4.proj_mlp")
+                "b2.attn", "b2.proj_mlp", "b2.proj_out", "b3.attn", "b3.proj_mlp", "b3.proj_out",
+                "b4.attn", "b4.proj_mlp", "b4.proj_out")
 
 
 def plan(granularity: str) -> Plan:
@@ -85,8 +86,9 @@ def test_lora_lifecycle_after_apply(granularity):
 
 @pytest.mark.parametrize("granularity", ["stack", "block", "module"])
 def test_lora_loaded_before_apply(granularity):
-    """LoRA first (also on a module unit, Flux's proj_mlp), then dcache: remove() restores the LoRA model exactly."""
-    targets = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
+    """LoRA first (also on module units, Flux's proj_mlp / proj_out), then dcache: remove() restores the LoRA model
+    exactly."""
+    targets = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp", "proj_out")
     pipe = make_pipeline()
     pipe.transformer.load_lora_adapter(lora_state_dict(pipe.transformer, targets), adapter_name="style", prefix=None)
     bare = generate(pipe)
@@ -98,7 +100,7 @@ def test_lora_loaded_before_apply(granularity):
 
 
 def test_lora_on_a_module_unit_after_apply():
-    targets = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
+    targets = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp", "proj_out")
     pipe = make_pipeline()
     handle = dcache.apply(pipe, plan("module"))
     pipe.transformer.load_lora_adapter(lora_state_dict(pipe.transformer, targets), adapter_name="style", prefix=None)

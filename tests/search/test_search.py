@@ -168,7 +168,7 @@ def test_mismatched_plans_are_rejected(tiny_pipe, calib, template):
     bad = Plan.from_dict({**plan.to_dict(), "block_layout": [3, 5]})
     with pytest.raises(PlanError, match="block lists"):  # another model variant
         dcache.apply(tiny_pipe, bad)
-    wrong_units = template.plan("module", ["C" * 18] * STEPS, method="test").to_dict()
+    wrong_units = template.plan("module", ["C" * len(template.module_units)] * STEPS, method="test").to_dict()
     wrong_units["units"] = wrong_units["units"][:-1]
     wrong_units["actions"] = {b: [r[:-1] for r in rows] for b, rows in wrong_units["actions"].items()}
     with pytest.raises(PlanError, match="units"):
