@@ -387,7 +387,13 @@ class Engine:
             call.record.input_shape = tuple(hidden.shape)
         if Signal.MODULATED_REL_L1 in self.wanted:
             fn = self.adapter.modulated_input
-            mod = fn(slot.block, bind_arguments(slot.block, args, kwargs)) if fn is not None else hidden
+            mod = hidden
+            if fn is not None:  # the probe (e.g. block 0's AdaLN) is compute an uncached call never does: count it
+                key, shape = "modulated_input", tuple(hidden.shape)
+                counter = self.flops.start(key, shape)
+                mod = fn(slot.block, bind_arguments(slot.block, args, kwargs))
+                self.flops.stop(counter, key, shape)
+                call.flops_computed += self.flops.cost(key, shape) or 0.0
             if bstate.prev_modulated is not None and bstate.prev_modulated.shape == mod.shape:
                 call.pre[Signal.MODULATED_REL_L1] = rel_l1_stats(mod, bstate.prev_modulated)
             bstate.prev_modulated = mod.detach()

@@ -104,6 +104,47 @@ def test_reuse_happens_and_stays_close(case, model, reference):
     assert rel_l1(out, reference[1]) < ERR
 
 
+class _BlockMeter:
+    """Independent FLOP count of everything that runs inside the blocks' calls (hooks registered before dcache's, so
+    a cache's own work inside a block call, e.g. TeaCache's modulated-input probe in block 0, is counted too)."""
+
+    def __init__(self, model):
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self.flops, self._modes, self._handles = 0.0, [], []
+        blocks = list(model.transformer_blocks) + list(model.single_transformer_blocks)
+
+        def pre(module, args, kwargs):
+            self._modes.append(FlopCounterMode(display=False))
+            self._modes[-1].__enter__()
+
+        def post(module, args, kwargs, output):
+            mode = self._modes.pop()
+            mode.__exit__(None, None, None)
+            self.flops += mode.get_total_flops()
+
+        for block in blocks:
+            self._handles += [block.register_forward_pre_hook(pre, with_kwargs=True),
+                              block.register_forward_hook(post, with_kwargs=True)]
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_stats_compute_ratio_equals_an_independent_flop_meter(case):
+    model = tiny_flux()  # a fresh model: the meter's hooks must sit under dcache's
+    meter = _BlockMeter(model)
+    try:
+        denoise(model)
+        uncached, meter.flops = meter.flops, 0.0
+        _, handle = run_with(model, case.method, **overrides(case))
+    finally:
+        meter.remove()
+    assert handle.stats().compute_ratio == pytest.approx(meter.flops / uncached, rel=1e-9, abs=1e-12)
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_all_compute_setting_is_bit_identical(case, model, reference):
     out, handle = run_with(model, case.method, **{**case.extra, **case.all_compute})
