@@ -563,7 +563,9 @@ class Engine:
 
     def _apply_cached(self, slot: BlockSlot, hist: UnitHistory, action: str, step: int,
                       hidden: torch.Tensor, encoder: torch.Tensor | None) -> Any:
-        cached = hist.read(action == Action.FORECAST.value, step)
+        forecast = action == Action.FORECAST.value
+        forecaster = self.schedule.forecaster if forecast else None  # a schedule's own forecast (e.g. learned)
+        cached = forecaster(hist, step) if forecaster is not None else hist.read(forecast, step)
         out_h = residual_apply(hidden, cached[0])
         out_e = encoder
         if encoder is not None and len(cached) > 1:
@@ -588,7 +590,9 @@ class Engine:
             return True, (call, key, shape, self.flops.start(key, shape))
         call.flops_computed -= self.flops.cost(key, shape) or 0.0
         hist = call.bstate.units[unit]
-        tensors = iter(hist.read(action == Action.FORECAST.value, call.step))
+        forecast = action == Action.FORECAST.value
+        forecaster = self.schedule.forecaster if forecast else None
+        tensors = iter(forecaster(hist, call.step) if forecaster is not None else hist.read(forecast, call.step))
         leaves = [next(tensors) if is_t else None for is_t in hist.is_tensor]  # type: ignore[attr-defined]
         return False, tree_unflatten(leaves, hist.spec)  # type: ignore[attr-defined]
 

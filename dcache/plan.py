@@ -247,6 +247,9 @@ class PlanSchedule(Schedule):
         self.probe_blocks = plan.probe_blocks
         self.tail_blocks = plan.tail_blocks
         self.forecast_order = plan.forecast_order
+        from .forecast import forecaster_from_plan
+
+        self.forecaster = forecaster_from_plan(plan)  # None: FORECAST cells extrapolate with Taylor
         self.name = f"plan:{plan.provenance.get('method', 'static')}"
         self._reused_units: dict[str, set[int]] = {
             b: {i for row in rows for i, c in enumerate(row) if c != Action.COMPUTE.value}
@@ -256,6 +259,8 @@ class PlanSchedule(Schedule):
         if generation.num_steps is not None and generation.num_steps != self.plan.num_steps \
                 and not self.plan.interpolate_steps:
             self.plan.row(0, next(iter(self.plan.actions)), generation.num_steps)  # raises the teaching error
+        if self.forecaster is not None:
+            self.forecaster.reset(generation)
 
     def decide(self, ctx: CallContext) -> str:
         return self.plan.row(ctx.step, ctx.branch, ctx.num_steps)

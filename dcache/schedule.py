@@ -45,6 +45,8 @@ class Schedule:
       probe_blocks:   STACK granularity: front blocks that always compute (Fn); their residual is PROBE_REL_L1.
       tail_blocks:    STACK granularity: back blocks that always compute (Bn).
       forecast_order: Taylor order kept for FORECAST (0 = plain reuse history only).
+      forecaster:     None (FORECAST = Taylor extrapolation) or a `dcache.forecast.Forecaster` that the engine asks
+                      for every forecast unit instead.
     """
 
     granularity: Granularity = Granularity.STACK
@@ -52,6 +54,7 @@ class Schedule:
     probe_blocks: int = 0
     tail_blocks: int = 0
     forecast_order: int = 0
+    forecaster = None
     name: str = "schedule"
 
     def reset(self, generation: GenerationInfo) -> None:

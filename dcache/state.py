@@ -22,6 +22,7 @@ class UnitHistory:
 
     def __init__(self, order: int):
         self.order = order
+        self.key: Any = None  # the unit's key in BranchState.units (read by a schedule's forecaster)
         self.tables: list[torch.Tensor] | None = None
         self.filled = 0
         self.last_step: int | None = None
@@ -91,6 +92,7 @@ class BranchState:
         hist = self.units.get(key)
         if hist is None:
             hist = self.units[key] = UnitHistory(order)
+            hist.key = key
         return hist
 
     @property

@@ -1,8 +1,13 @@
-"""`dcache search`: offline plan search (ECAD, LeMiCa, DP, L2C, HarmoniCa) on a pipeline's calibration set.
+"""`dcache search`: offline plan search (ECAD, LeMiCa, DP, L2C, HarmoniCa) and the DisCa learned forecaster.
 
     dcache search --method ecad --budget 0.5,0.33 --pop-size 16 --generations 8 --out search-ecad
     dcache search --method lemica --budget 0.5,0.33 --out search-lemica
     dcache generate --cache search-lemica/plans/lemica-B14.plan.json
+    dcache search --method disca --base-plans search-lemica/plans/lemica-B14.plan.json --out search-disca
+    dcache generate --cache search-disca/plans/disca-lemica-B14.plan.json
+
+DisCa trains a forecaster for the skipped cells of base plans (default: the DP plans at --budget) on --train-seeds
+calibration runs and writes each base plan with FORECAST cells served by it (the predictor rides in the plan file).
 
 Writes `<out>/plans/*.plan.json`, `<out>/front.json` (measured quality and compute ratio of every plan),
 `<out>/front.png` and `<out>/summary.md`. Quality objective: PSNR of the cached images against the uncached ones
@@ -18,7 +23,7 @@ from typing import Any, Optional
 
 import typer
 
-METHODS = ("ecad", "lemica", "dp", "harmonica", "l2c")
+METHODS = ("ecad", "lemica", "dp", "harmonica", "l2c", "disca")
 DEFAULT_CALIB_LABELS = "0,1,2,3,4,5,6,7,8,9"
 
 
@@ -115,9 +120,13 @@ def search_command(
     seed: int = typer.Option(0, help="calibration seed (noise) and search seed"),
     pop_size: int = typer.Option(16, help="ECAD population size"),
     generations: int = typer.Option(8, help="ECAD generations"),
-    resume: bool = typer.Option(False, help="ECAD: continue from <out>/checkpoint.pkl"),
+    resume: bool = typer.Option(False, help="ECAD / routers / DisCa: continue from the checkpoint in <out>"),
     max_span: int = typer.Option(8, help="LeMiCa: longest cached segment + 1"),
-    iterations: int = typer.Option(60, help="L2C / HarmoniCa: router training iterations"),
+    iterations: Optional[int] = typer.Option(None, help="L2C / HarmoniCa: router training iterations (default 60); "
+                                                     "DisCa: predictor training iterations (default 300)"),
+    base_plans: str = typer.Option("", help="DisCa: comma-separated base plan files whose skipped cells it learns to "
+                                            "forecast (default: the DP plans at --budget)"),
+    train_seeds: int = typer.Option(2, help="DisCa: calibration runs (seeds seed, seed+1, ...) the predictor trains on"),
     device: str = typer.Option("cpu", help="cpu, cuda, ..."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
     progress: bool = typer.Option(True, help="show progress bars"),
@@ -130,7 +139,7 @@ def search_command(
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
     front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts, seed=seed,
                        pop_size=pop_size, generations=generations, resume=resume, max_span=max_span,
-                       iterations=iterations, progress=progress)
+                       iterations=iterations, progress=progress, base_plans=base_plans, train_seeds=train_seeds)
     typer.echo(f"wrote {out}/front.json, {out}/front.png, {out}/summary.md and {len(front.get('points', []))} plans:")
     for p in front.get("points", []):
         typer.echo(f"  {p['plan']}  compute ratio {p['compute_ratio']:.3f}  quality {p['quality']:.3f}")
@@ -139,9 +148,9 @@ def search_command(
 
 def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33", out: str = "dcache-search",
                steps: int = 28, prompts: str = DEFAULT_CALIB_LABELS, seed: int = 0, pop_size: int = 16,
-               generations: int = 8, resume: bool = False, max_span: int = 8, iterations: int = 60,
+               generations: int = 8, resume: bool = False, max_span: int = 8, iterations: int | None = None,
                progress: bool = True, seed_methods: tuple[str, ...] = ("fora", "fixed_interval", "fbcache", "easycache"),
-               on_generation=None) -> dict:
+               on_generation=None, base_plans: str = "", train_seeds: int = 2) -> dict:
     """The search behind `dcache search`, on an already loaded pipeline; returns the front (as in front.json)."""
     from dcache.schedules import search
 
@@ -163,7 +172,36 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                                     template=template, progress=progress)
     if method == "dp":
         return search.dp_search(calib, out, search.DPConfig(budgets=counts), template=template, progress=progress)
+    if method == "disca":
+        return _run_disca(pipe, is_tiny, calib, template, out=out, steps=steps, prompts=prompt_list, seed=seed,
+                          counts=counts, base_plans=base_plans, train_seeds=train_seeds, iterations=iterations,
+                          resume=resume, progress=progress)
     from dcache.schedules.search import router
 
-    cfg = router.RouterConfig(objective=method, iterations=iterations, seed=seed, target_ratios=tuple(ratios))
+    cfg = router.RouterConfig(objective=method, iterations=60 if iterations is None else iterations, seed=seed,
+                              target_ratios=tuple(ratios))
     return router.router_search(calib, out, cfg, resume=resume, template=template, progress=progress)
+
+
+def _run_disca(pipe: Any, is_tiny: bool, calib, template, *, out: str, steps: int, prompts: list[str], seed: int,
+               counts: tuple[int, ...], base_plans: str, train_seeds: int, iterations: int | None, resume: bool,
+               progress: bool) -> dict:
+    from dcache.plan import Plan
+    from dcache.schedules import search
+    from dcache.schedules.search import disca
+
+    from .runner import GenerationJob
+
+    if train_seeds < 1:
+        raise typer.BadParameter(f"--train-seeds {train_seeds} must be >= 1.")
+    files = [p.strip() for p in base_plans.split(",") if p.strip()]
+    if files:
+        bases = {Path(f).name.removesuffix(".json").removesuffix(".plan"): Plan.load(f) for f in files}
+    else:
+        front = search.dp_search(calib, Path(out) / "base-dp", search.DPConfig(budgets=counts), template=template,
+                                 progress=progress)
+        bases = {Path(p["plan"]).name.removesuffix(".plan.json"): Plan.load(Path(out) / "base-dp" / p["plan"])
+                 for p in front["points"]}
+    runs = [GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, seed=seed + k) for k in range(train_seeds)]
+    cfg = disca.DisCaConfig(seed=seed, **({} if iterations is None else {"iterations": iterations}))
+    return disca.disca_search(calib, out, bases, cfg, template=template, runs=runs, resume=resume, progress=progress)

@@ -230,6 +230,28 @@ def is_main_process() -> bool:
     return PartialState().is_main_process
 
 
+# ------------------------------------------------------------------------------------------------ model outputs
+def first_output(output: Any) -> torch.Tensor:
+    """The prediction in a transformer's return value (a tensor, a tuple/list, or a diffusers output's `.sample`)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        return output[0]
+    return output.sample
+
+
+def replace_first_output(output: Any, value: torch.Tensor) -> Any:
+    """`output` with its prediction replaced by `value` (same container type)."""
+    if isinstance(output, torch.Tensor):
+        return value
+    if isinstance(output, tuple):
+        return (value,) + tuple(output[1:])
+    if isinstance(output, list):
+        return [value] + list(output[1:])
+    output.sample = value
+    return output
+
+
 # ------------------------------------------------------------------------------------------------ Pareto
 def pareto_mask(quality: np.ndarray, cost: np.ndarray) -> np.ndarray:
     """Non-dominated points for (maximise quality, minimise cost); ties keep the first occurrence."""

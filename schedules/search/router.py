@@ -36,7 +36,8 @@ from dcache.actions import Granularity
 from dcache.adapters import adapter_for, submodule
 from dcache.plan import Plan
 
-from .core import Calibration, FrontPoint, Template, make_template, measure, run_plan, write_front
+from .core import (Calibration, FrontPoint, Template, first_output, make_template, measure, replace_first_output,
+                   run_plan, write_front)
 
 CHECKPOINT = "router.pt"
 
@@ -125,12 +126,12 @@ def _train_generation(calib: Calibration, router: _Router, lam: torch.Tensor, co
         if router.mode != "student":
             return None
         step, _ = router.where
-        student = output[0] if isinstance(output, (tuple, list)) else output.sample
+        student = first_output(output)
         router.mode = "teacher"
         with torch.no_grad():
             teacher_out = transformer(*args, **kwargs)
         router.mode = "student"
-        teacher = teacher_out[0] if isinstance(teacher_out, (tuple, list)) else teacher_out.sample
+        teacher = first_output(teacher_out)
         if step > 0 and student.requires_grad:
             mse = ((student - teacher) ** 2).mean() / (teacher.pow(2).mean() + 1e-12)
             loss = lam[step] * mse + config.beta * router.weight(step).mean()
@@ -138,23 +139,18 @@ def _train_generation(calib: Calibration, router: _Router, lam: torch.Tensor, co
             losses.append(float(loss.detach()))
         torch.set_grad_enabled(False)
         router.call += 1
-        chosen = teacher if config.objective == "l2c" else student.detach()
-        if isinstance(output, tuple):
-            return (chosen,) + tuple(output[1:])
-        if isinstance(output, list):
-            return [chosen] + list(output[1:])
-        output.sample = chosen
-        return output
+        return replace_first_output(output, teacher if config.objective == "l2c" else student.detach())
 
     h1 = transformer.register_forward_pre_hook(pre, with_kwargs=True)
     h2 = transformer.register_forward_hook(post, with_kwargs=True)
+    grad_before = torch.is_grad_enabled()
     try:
         router.call, router.cache = 0, {}
         calib.generate()
     finally:
         h1.remove()
         h2.remove()
-        torch.set_grad_enabled(False)
+        torch.set_grad_enabled(grad_before)  # the caller's autograd mode, whatever the hooks left
     return float(np.mean(losses)) if losses else 0.0
 
 
