@@ -565,7 +565,8 @@ def aggregate(cfg: EvalConfig, variants: list[Variant], records: dict[str, list[
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "command": cfg.command,
         "config": {**asdict(cfg), "batch_size": batch_size},
-        "model": cfg.model or "tiny (bundled)", "is_tiny": is_tiny, "is_video": is_video,
+        "model": "tiny (bundled)" if cfg.model in (None, "", "tiny") else cfg.model, "is_tiny": is_tiny,
+        "is_video": is_video,
         "prompts": prompts, "seeds": seeds,
         "items": [{"index": i.index, "id": i.id, "seed": i.seed, "prompt_indices": list(i.prompt_indices)}
                   for i in items],
@@ -638,13 +639,19 @@ def environment(device: str, num_processes: int) -> dict[str, Any]:
 
 
 def _git_commit() -> str | None:
+    """The checkout's commit, "+dirty" when tracked files differ from it (the numbers then come from code that no
+    commit holds); None outside a git checkout."""
     import subprocess
 
+    root = Path(__file__).resolve().parent.parent
     try:
-        root = Path(__file__).resolve().parent.parent
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=5)
-        return out.stdout.strip() or None
+        commit = out.stdout.strip() or None
+        if commit is not None:
+            dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=root, timeout=10).returncode
+            commit += "+dirty" if dirty == 1 else ""
+        return commit
     except Exception:
         return None
 

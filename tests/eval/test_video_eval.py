@@ -24,11 +24,17 @@ METRICS = ["psnr", "ssim", "lpips", "max_abs", "mean_abs", "temporal", "clip_sco
 
 
 @pytest.fixture(scope="module")
-def video_eval(tmp_path_factory):
+def wan(tmp_path_factory):
     root = tmp_path_factory.mktemp("video")
-    wan = save_tiny_wan(root / "wan")
     prompts = root / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
+    return save_tiny_wan(root / "wan"), prompts
+
+
+@pytest.fixture(scope="module")
+def video_eval(wan, tmp_path_factory):
+    wan, prompts = wan
+    root = tmp_path_factory.mktemp("video-eval")
     cfg = EvalConfig(model=str(wan), methods=["fora", "fixed_interval:interval=1"], prompts=str(prompts), seeds=1,
                      steps=4, guidance=1.0, height=HEIGHT, width=WIDTH, pipeline_kwargs=dict(CALL), repeats=1,
                      warmup=0, metrics=",".join(METRICS), out=str(root / "report"), command="dcache eval (video test)")
@@ -101,3 +107,18 @@ def test_video_report_is_well_formed(video_eval):
     grid = PIL.Image.open(out / "grid.png")
     assert grid.width > 4 * 64  # the grid shows several frames of the first video
     assert not list(out.rglob("*.tmp*"))
+
+
+def test_batch_generation_writes_one_gif_per_video(wan, tmp_path):
+    import PIL.Image
+
+    from dcache.eval.batch import generate_batch
+
+    wan, prompts = wan
+    result = generate_batch(model=str(wan), prompts=str(prompts), seeds=1, cache="fora", steps=4, guidance=1.0,
+                            height=HEIGHT, width=WIDTH, pipeline_kwargs=dict(CALL), out=str(tmp_path), progress=False)
+    assert [e["file"] for e in result.images] == ["images/s0-p00000.gif", "images/s0-p00001.gif"]
+    for e in result.images:
+        gif = PIL.Image.open(tmp_path / e["file"])
+        assert gif.n_frames == FRAMES and gif.size == (WIDTH, HEIGHT)
+    assert result.summary["pipeline_kwargs"] == CALL and 0 < result.summary["compute_ratio"] < 1
