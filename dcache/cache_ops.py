@@ -1,0 +1,53 @@
+"""The three kernel entry points the engine calls on every transformer call, chosen once per call.
+
+The public ops in `dcache.kernels` validate their inputs (dtype, device, shapes, contiguity, grad) and then pick
+Triton or torch. In the engine's hot path the inputs are tensors the engine itself read out of the block call or
+cached from an earlier one, so that validation re-proves the same facts a dozen times per call; on a small model at
+batch 1 it costs as much as the arithmetic. The engine therefore resolves the backend once per call:
+
+  * Triton (CUDA) or grad enabled: the public, validated ops (the kernels, or a clear error for grad inputs);
+  * torch otherwise: the `*_reference` implementations directly, which are what the public ops run on this
+    backend anyway, so results are bit-identical either way.
+
+    apply(hidden [.., L, D], residual [.., L_r, D])  -> hidden with residual added to its last L_r tokens
+    store(out, inp, buffer | None)                   -> residual = out - inp (written into buffer when given)
+    rel_l1(a, b)                                     -> float32 [2] = [sum|a - b|, sum|b|]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from dcache.kernels import (Backend, rel_l1_stats, rel_l1_stats_reference, residual_apply,
+                            residual_apply_reference, residual_capture, resolve)
+
+
+@dataclass(frozen=True)
+class CacheOps:
+    name: str
+    apply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    store: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    rel_l1: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _store_validated(out: torch.Tensor, inp: torch.Tensor, buffer: torch.Tensor | None) -> torch.Tensor:
+    return residual_capture(out, inp, buffer=buffer, stats=False)[0]
+
+
+def _store_torch(out: torch.Tensor, inp: torch.Tensor, buffer: torch.Tensor | None) -> torch.Tensor:
+    # what residual_capture(stats=False) runs on the torch backend: one subtraction (fp32 opmath, one rounding)
+    return torch.sub(out, inp, out=buffer) if buffer is not None else out - inp
+
+
+VALIDATED = CacheOps("validated", residual_apply, _store_validated, rel_l1_stats)
+TORCH_DIRECT = CacheOps("torch", residual_apply_reference, _store_torch, rel_l1_stats_reference)
+
+
+def ops_for(tensor: torch.Tensor) -> CacheOps:
+    """The ops for one transformer call whose hidden states are `tensor`."""
+    if torch.is_grad_enabled() or resolve(tensor) is Backend.TRITON:
+        return VALIDATED
+    return TORCH_DIRECT
