@@ -25,10 +25,11 @@ from torch._C._dynamo.eval_frame import get_eval_frame_callback
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from dcache.kernels import rel_l1_stats, residual_apply, residual_capture
+from dcache.kernels import residual_capture
 
 from .actions import POST_SIGNALS, PRE_SIGNALS, Action, Granularity, Signal
 from .adapters import Adapter, BlockList, composed_indices, submodule
+from .cache_ops import VALIDATED, ops_for
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
 from .parallel import sync_signals
@@ -38,6 +39,9 @@ from .streams import StreamSlots, bind_arguments
 
 HOOK_NAME = "dcache"
 _EPS = 1e-12
+# Action letters as plain strings: the hot path compares them per block, and Enum.value is a property lookup.
+_COMPUTE, _REUSE, _FORECAST = Action.COMPUTE.value, Action.REUSE.value, Action.FORECAST.value
+_SIGNALS = {s.value: s for s in Signal}  # name -> Signal without Enum's by-value lookup
 # Engine bookkeeping never runs inside a compiled graph (it branches on Python state every step).
 _eager = torch.compiler.disable
 
@@ -95,6 +99,10 @@ class Engine:
             self.module_unit = {(b, m): i for i, (b, m) in enumerate(self._module_pairs())}
             self.composed_units = composed_indices(self.adapter, self.units)
         self.decision_block = schedule.probe_blocks if self.granularity is Granularity.STACK else 0
+        self.segment_keys = tuple(("seg", s.list_index) for s in self.blocks if s.segment_first)
+        self.last_block = len(self.blocks) - 1
+        self.ops = VALIDATED  # kernel entry points, re-chosen at the first block of every call (cache_ops.py)
+        self._bytes_seen: tuple[int, int] = (0, 0)  # (branches, units) when the cache bytes were last summed
         self.record: GenerationRecord | None = None
         self.generations = 0
         self.branches: dict[str, BranchState] = {}
@@ -262,6 +270,7 @@ class Engine:
             self._sync_post(bstate, rec)
         self.peak_cache_bytes = max(self.peak_cache_bytes, self._cache_bytes())
         self.branches = {}
+        self._bytes_seen = (0, 0)
         rec.finished = True
 
     def _cache_bytes(self) -> int:
@@ -293,11 +302,20 @@ class Engine:
         signals = dict(call.signal_values, flops_total=call.flops_total, flops_computed=call.flops_computed)
         entry = CallRecord(call.step, call.branch, call.actions, signals)
         rec.calls.append(entry)
-        if call.actions == Action.COMPUTE.value * len(call.actions):
+        if call.actions == _COMPUTE * len(call.actions):
             call.bstate.last_compute_step = call.step
             self._measure_post(call)
             call.bstate.pending_call = entry
-        self.peak_cache_bytes = max(self.peak_cache_bytes, self._cache_bytes())
+        self._update_peak_bytes()
+
+    def _update_peak_bytes(self) -> None:
+        """Peak cache size. Summing every cached tensor each call costs more than a skipped block on small models,
+        and after a unit's first store its buffers are rewritten in place (same shapes), so the sum is only taken
+        when the number of cached units changes; generation end (`_finish_generation`) takes it again."""
+        seen = (len(self.branches), sum(len(b.units) for b in self.branches.values()))
+        if seen != self._bytes_seen:
+            self._bytes_seen = seen
+            self.peak_cache_bytes = max(self.peak_cache_bytes, self._cache_bytes())
 
     def _decide(self, call: CallState) -> None:
         bstate = call.bstate
@@ -314,26 +332,25 @@ class Engine:
     def _feasible(self, row: str, bstate: BranchState) -> str:
         """Force COMPUTE where a unit has nothing cached yet in this branch (e.g. first call, new shapes); REUSE
         the inputs of a composed module unit that is not computed (MODULE granularity)."""
-        if Action.COMPUTE.value * len(row) == row:
+        if _COMPUTE * len(row) == row:
             return row
         chars = list(row)
         for i, a in enumerate(chars):
-            if a == Action.COMPUTE.value:
+            if a == _COMPUTE:
                 continue
             if self.granularity is Granularity.STACK:
-                ok = bool(bstate.units) and all(bstate.units.get(("seg", s.list_index)) is not None
-                                                 for s in self.blocks if s.segment_first)
+                ok = bool(bstate.units) and all(bstate.units.get(key) is not None for key in self.segment_keys)
             else:
                 hist = bstate.units.get(i)
                 ok = hist is not None and hist.tables is not None
             if not ok:
-                chars[i] = Action.COMPUTE.value
+                chars[i] = _COMPUTE
         for unit, inputs in self.composed_units:  # a reused composed unit leaves its inputs' outputs unused:
-            if chars[unit] != Action.COMPUTE.value:  # reuse them too (no compute, no Taylor evaluation)
+            if chars[unit] != _COMPUTE:  # reuse them too (no compute, no Taylor evaluation)
                 for i in inputs:
                     hist = bstate.units.get(i)
                     if hist is not None and hist.tables is not None:
-                        chars[i] = Action.REUSE.value
+                        chars[i] = _REUSE
         return "".join(chars)
 
     # ------------------------------------------------------------------------------------------------ signals
@@ -349,7 +366,7 @@ class Engine:
             names.append(name)
             tensors.append(t.reshape(-1).float())
         if not tensors:
-            return {Signal(k): v for k, v in bstate.post_values.items()}
+            return {_SIGNALS[k]: v for k, v in bstate.post_values.items()}
         flat = torch.cat([t.to(tensors[0].device) for t in tensors])
         flat = sync_signals(flat, tensors, self.transformer).tolist()  # context parallel: global values
         values: dict[str, float] = {}
@@ -367,7 +384,7 @@ class Engine:
                 bstate.pending_call.signals.update(post)
         merged = dict(bstate.post_values)
         merged.update(values)
-        return {Signal(k): v for k, v in merged.items()}
+        return {_SIGNALS[k]: v for k, v in merged.items()}
 
     def _sync_post(self, bstate: BranchState, rec: GenerationRecord) -> None:
         if not bstate.pending_post:
@@ -395,7 +412,7 @@ class Engine:
                 self.flops.stop(counter, key, shape)
                 call.flops_computed += self.flops.cost(key, shape) or 0.0
             if bstate.prev_modulated is not None and bstate.prev_modulated.shape == mod.shape:
-                call.pre[Signal.MODULATED_REL_L1] = rel_l1_stats(mod, bstate.prev_modulated)
+                call.pre[Signal.MODULATED_REL_L1] = self.ops.rel_l1(mod, bstate.prev_modulated)
             bstate.prev_modulated = mod.detach()
         if Signal.INPUT_DELTA in self.wanted:
             if bstate.prev_input is not None and bstate.prev_input.shape == hidden.shape:
@@ -411,11 +428,11 @@ class Engine:
         call.probe_residual = residual
         if Signal.PROBE_REL_L1 in self.wanted and bstate.probe_ref is not None \
                 and bstate.probe_ref.shape == residual.shape:
-            call.pre[Signal.PROBE_REL_L1] = rel_l1_stats(residual, bstate.probe_ref)
+            call.pre[Signal.PROBE_REL_L1] = self.ops.rel_l1(residual, bstate.probe_ref)
         if Signal.FORECAST_ERROR in self.wanted and bstate.probe_history is not None \
                 and bstate.probe_history.filled > 1 and bstate.probe_history.matches([residual]):
             predicted = bstate.probe_history.forecast(call.step)[0]
-            call.pre[Signal.FORECAST_ERROR] = rel_l1_stats(residual, predicted)
+            call.pre[Signal.FORECAST_ERROR] = self.ops.rel_l1(residual, predicted)
 
     def _after_probe_decision(self, call: CallState) -> None:
         """Probe references refresh only on computed calls (FBCache semantics: the diff accumulates since)."""
@@ -476,6 +493,8 @@ class Engine:
             return True, None
         hidden, encoder = slot.slots.read(args, kwargs)
         if slot.index == 0:
+            if isinstance(hidden, torch.Tensor):
+                self.ops = ops_for(hidden)
             self._on_stack_input(call, slot, hidden, args, kwargs)
         if call.actions is None and slot.index == self.decision_block:
             self._decide(call)
@@ -487,12 +506,12 @@ class Engine:
         out = self._cached_block_output(call, slot, hidden, encoder)
         if out is not None:
             call.flops_total += self.flops.cost(slot.index, shape) or 0.0
-            if slot.index == len(self.blocks) - 1:
+            if slot.index == self.last_block:
                 call.stack_output = slot.slots.split_output(out)[0]
             return False, out
-        if self.granularity is Granularity.STACK and slot.segment_first and slot.role == "middle":
+        if slot.segment_first and self.granularity is Granularity.STACK and slot.role == "middle":
             call.segment_inputs[slot.list_index] = (hidden, encoder)
-        counter = None if compiling else self.flops.start(slot.index, shape)
+        counter = None if compiling or self.flops.known(slot.index, shape) else self.flops.start(slot.index, shape)
         return True, (call, hidden, encoder, shape, counter)
 
     def _cached_block_output(self, call: CallState, slot: BlockSlot, hidden, encoder) -> Any:
@@ -501,13 +520,13 @@ class Engine:
             return None
         if self.granularity is Granularity.BLOCK:
             action = call.actions[slot.index]
-            if action == Action.COMPUTE.value:
+            if action == _COMPUTE:
                 return None
             return self._apply_cached(slot, call.bstate.units[slot.index], action, call.step, hidden, encoder)
         if slot.role != "middle":
             return None
         action = call.actions[0]
-        if action == Action.COMPUTE.value:
+        if action == _COMPUTE:
             return None
         if not slot.segment_first:
             return slot.slots.make_output(hidden, encoder)  # skipped: the segment residual was applied already
@@ -519,7 +538,8 @@ class Engine:
         if state is None:
             return out
         call, hidden, encoder, shape, counter = state
-        self.flops.stop(counter, slot.index, shape)
+        if counter is not None:
+            self.flops.stop(counter, slot.index, shape)
         cost = self.flops.cost(slot.index, shape) or 0.0
         call.flops_total += cost
         call.flops_computed += cost  # MODULE granularity: skipped modules subtract their share
@@ -533,7 +553,7 @@ class Engine:
         elif self.granularity is Granularity.BLOCK and self.schedule.may_reuse(call.branch, slot.index):
             out_h, out_e = slot.slots.split_output(out)
             self._store(call, slot.index, [out_h, out_e], [hidden, encoder])
-        if slot.index == len(self.blocks) - 1:
+        if slot.index == self.last_block:
             call.stack_output = slot.slots.split_output(out)[0]
         return out
 
@@ -557,19 +577,19 @@ class Engine:
             buffer = previous[len(residuals)] if len(previous) > len(residuals) else None
             if buffer is not None and (buffer.shape != o.shape or buffer.dtype != o.dtype):
                 buffer = None
-            residual, _ = residual_capture(o, x, buffer=buffer)
+            residual = self.ops.store(o, x, buffer)
             residuals.append(residual)
         hist.update(residuals, call.step)
 
     def _apply_cached(self, slot: BlockSlot, hist: UnitHistory, action: str, step: int,
                       hidden: torch.Tensor, encoder: torch.Tensor | None) -> Any:
-        forecast = action == Action.FORECAST.value
+        forecast = action == _FORECAST
         forecaster = self.schedule.forecaster if forecast else None  # a schedule's own forecast (e.g. learned)
         cached = forecaster(hist, step) if forecaster is not None else hist.read(forecast, step)
-        out_h = residual_apply(hidden, cached[0])
+        out_h = self.ops.apply(hidden, cached[0])
         out_e = encoder
         if encoder is not None and len(cached) > 1:
-            out_e = residual_apply(encoder, cached[1])
+            out_e = self.ops.apply(encoder, cached[1])
         return slot.slots.make_output(out_h, out_e)
 
     # ------------------------------------------------------------------------------------------------ modules
@@ -586,11 +606,11 @@ class Engine:
         if call is None or call.actions is None:
             return True, None
         action = call.actions[unit]
-        if action == Action.COMPUTE.value:  # the block counts its modules' FLOPs; measure this module's share
+        if action == _COMPUTE:  # the block counts its modules' FLOPs; measure this module's share
             return True, (call, key, shape, self.flops.start(key, shape))
         call.flops_computed -= self.flops.cost(key, shape) or 0.0
         hist = call.bstate.units[unit]
-        forecast = action == Action.FORECAST.value
+        forecast = action == _FORECAST
         forecaster = self.schedule.forecaster if forecast else None
         tensors = iter(forecaster(hist, call.step) if forecaster is not None else hist.read(forecast, call.step))
         leaves = [next(tensors) if is_t else None for is_t in hist.is_tensor]  # type: ignore[attr-defined]
