@@ -41,8 +41,9 @@ def generate_batch(*, model: str | None = None, prompts: str = "builtin", num_pr
                    seeds: int = 1, seed_offset: int = 0, cache: str | None = "magcache",
                    overrides: dict | None = None, steps: int | None = None, guidance: float | None = None,
                    batch_size: int | None = None, height: int | None = None, width: int | None = None,
-                   pipeline_kwargs: dict | None = None, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
-                   out: str = "dcache-out", command: str | None = None, progress: bool = True) -> BatchResult:
+                   pipeline_kwargs: dict | None = None, device: str = "cpu", dtype: str = "float32",
+                   threads: int | None = None, out: str = "dcache-out", command: str | None = None,
+                   progress: bool = True) -> BatchResult:
     """Generate every (prompt, seed) with `cache` (None or "none" = uncached) into `out` (see the module doc)."""
     import torch
     from accelerate.utils import gather_object

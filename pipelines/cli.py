@@ -56,7 +56,8 @@ def generate(
     prompts_file: Optional[str] = typer.Option(
         None, "--prompts", help="batch mode: a prompt file (.txt one per line, .json list, .jsonl), 'builtin', or "
                                 "labels 0,1,2 for the tiny model; writes one image per prompt x seed + manifest.json "
-                                "(with --cache only, no uncached reference; split over processes under `accelerate launch`)"),
+                                "(with --cache only, no uncached reference; split over processes under "
+                                "`accelerate launch`)"),
     seeds: int = typer.Option(1, help="batch mode: seeds per prompt (--seed .. --seed + N - 1)"),
     num_prompts: Optional[int] = typer.Option(None, help="batch mode: use the first N prompts"),
     batch_size: Optional[int] = typer.Option(None, help="batch mode: prompts per pipeline call (default 10 tiny, 1 "
