@@ -1,0 +1,221 @@
+"""Where a batch-1 call's time goes, and how close each cache comes to the speed-up its compute ratio allows.
+
+A block cache removes block compute only. On the bundled tiny model at batch 1 a large share of each transformer
+call is spent outside the blocks (embedders, RoPE, norms, Python dispatch, the pipeline loop and scheduler), so
+"ideal = 1 / compute ratio" is out of reach for every library. This script measures that share directly:
+
+    T_bare   time per generation, no cache
+    T_floor  time per generation with every block replaced by a pass-through (no block compute at all)
+    T(r)     achievable time at block compute ratio r = T_floor + r * (T_bare - T_floor)
+    overhead = T_measured - T(r): what the cache path itself costs (hooks, signals, host syncs, cache writes)
+
+and reports, for dcache, diffusers' FirstBlockCache and cache-dit's DBCache at equal settings (one probe block, no
+warm-up, thresholds from 0 = cache on but nothing reused, to heavy reuse): the compute ratio (block FLOPs, counted by
+an outside meter), measured speed-up, ideal (1 / r), achievable (T_bare / T(r)), measured/ideal and
+measured/achievable. Timings are thread CPU time (the machine is shared; CPU time does not count waiting), rounds
+interleave every contender with the bare and floor runs so that drift cancels, and each figure is the median.
+
+    python benchmarks/overhead.py                   # ~6 min on an idle 2-core machine
+    python benchmarks/overhead.py --rounds 3        # quicker, noisier
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import dcache  # noqa: E402
+from dcache.adapters import adapter_for  # noqa: E402
+from dcache.pipelines.bundled import load_tiny_pipeline  # noqa: E402
+from dcache.streams import StreamSlots  # noqa: E402
+
+from _peers import BlockMeter, cache_dit_unavailable, enable_cache_dit, transformer_blocks  # noqa: E402
+
+STEPS = 28
+LABEL = 3
+THRESHOLDS = (0.0, 0.1, 0.2, 0.4)
+
+
+@dataclass
+class Row:
+    library: str
+    method: str
+    setting: str
+    enable: Callable[[object], Callable[[], None]]  # enable(pipe) -> remove()
+    ratio: float = 1.0
+    times: list[float] | None = None
+    pipe: object = None  # each row on its own copy of the pipeline: no library's leftovers reach another's rows
+
+
+def generate(pipe) -> None:
+    pipe(labels=[LABEL], num_inference_steps=STEPS, guidance_scale=1.0, generator=torch.Generator().manual_seed(0))
+
+
+def cpu_time(fn: Callable[[], None]) -> float:
+    t0 = time.thread_time()
+    fn()
+    return time.thread_time() - t0
+
+
+class Floor:
+    """Every block returns its inputs in its own output format: what is left is the time outside the blocks."""
+
+    def __init__(self, pipe):
+        from diffusers.hooks import HookRegistry, ModelHook
+
+        transformer = pipe.transformer
+        adapter = adapter_for(transformer)
+        self.registries = []
+
+        class PassThrough(ModelHook):
+            def __init__(self, slots: StreamSlots):
+                super().__init__()
+                self.slots = slots
+
+            def new_forward(self, module, *args, **kwargs):
+                hidden, encoder = self.slots.read(args, kwargs)
+                return self.slots.make_output(hidden, encoder)
+
+        self._hook = lambda block, spec: PassThrough(StreamSlots.for_block(block, spec))
+        self.pairs = [(block, adapter.block_lists[li]) for li, block in adapter.blocks(transformer)]
+        self._registry = HookRegistry
+
+    def __enter__(self):
+        for block, spec in self.pairs:
+            self._registry.check_if_exists_or_initialize(block).register_hook(self._hook(block, spec), "floor")
+        return self
+
+    def __exit__(self, *exc):
+        for block, _ in self.pairs:
+            self._registry.check_if_exists_or_initialize(block).remove_hook("floor", recurse=False)
+
+
+def contenders(thresholds: tuple[float, ...] = THRESHOLDS) -> list[Row]:
+    from diffusers import FirstBlockCacheConfig
+
+    rows = []
+    for thr in thresholds:
+        rows.append(Row("dcache", "fbcache", f"threshold={thr:g} warmup_steps=0",
+                        lambda p, t=thr: dcache.apply(p, "fbcache", threshold=t, warmup_steps=0).remove))
+
+        def diffusers_fbc(p, t=thr):
+            p.transformer.enable_cache(FirstBlockCacheConfig(threshold=t))
+            return p.transformer.disable_cache
+
+        rows.append(Row("diffusers", "FirstBlockCache", f"threshold={thr:g}", diffusers_fbc))
+        if cache_dit_unavailable() is None:
+            def cache_dit_db(p, t=thr):
+                applied = enable_cache_dit(p, {"F": 1, "B": 0, "W": 0, "threshold": t}, STEPS)
+                return applied.remove
+
+            rows.append(Row("cache-dit", "DBCache", f"F=1 B=0 W=0 threshold={thr:g}", cache_dit_db))
+    return rows
+
+
+def measure_ratio(pipe, meter: BlockMeter, bare_flops: float, row: Row) -> None:
+    remove = row.enable(pipe)
+    try:
+        generate(pipe)  # warm: calibrations, first-call allocations
+        with meter.count():
+            generate(pipe)
+        row.ratio = meter.flops / bare_flops
+    finally:
+        remove()
+
+
+def run(rounds: int, log: Callable[[str], None], thresholds: tuple[float, ...] = THRESHOLDS) -> tuple[dict, list[Row]]:
+    torch.set_num_threads(1)
+    pipe = load_tiny_pipeline()
+    meter = BlockMeter(pipe.transformer)
+    with meter.count():
+        generate(pipe)
+    bare_flops = meter.flops
+    meter.remove()
+    rows = contenders(thresholds)
+    for row in rows:
+        row.pipe = load_tiny_pipeline()
+        row_meter = BlockMeter(row.pipe.transformer)  # before the cache, see _peers.BlockMeter
+        measure_ratio(row.pipe, row_meter, bare_flops, row)
+        log(f"  ratio {row.library}:{row.method} {row.setting}: {row.ratio:.3f}")
+        row.times = []
+    bare, floor = [], []
+    generate(pipe)
+    for i in range(rounds):
+        bare.append(cpu_time(lambda: generate(pipe)))
+        with Floor(pipe):
+            generate(pipe)
+            floor.append(cpu_time(lambda: generate(pipe)))
+        for row in rows:
+            remove = row.enable(row.pipe)
+            try:
+                generate(row.pipe)
+                row.times.append(cpu_time(lambda: generate(row.pipe)))
+            finally:
+                remove()
+        log(f"round {i + 1}/{rounds}: bare {bare[-1] * 1e3 / STEPS:.2f} ms/call, floor {floor[-1] * 1e3 / STEPS:.2f}")
+    meta = {"t_bare": statistics.median(bare), "t_floor": statistics.median(floor), "rounds": rounds,
+            "blocks": len(transformer_blocks(pipe.transformer)), "torch": torch.__version__}
+    return meta, rows
+
+
+def report(meta: dict, rows: list[Row]) -> list[str]:
+    tb, tf = meta["t_bare"], meta["t_floor"]
+    per_call = 1e3 / STEPS
+    lines = [
+        f"Bundled tiny model, batch 1, {STEPS} steps, no CFG, 1 thread; thread CPU time, median of {meta['rounds']} "
+        f"interleaved rounds; torch {meta['torch']}.",
+        "",
+        f"- no cache: **{tb * per_call:.2f} ms** per transformer call (including the pipeline's per-step work)",
+        f"- every block skipped (pass-through, no block compute): **{tf * per_call:.2f} ms** per call, i.e. "
+        f"**{tf / tb:.0%}** of a call is outside the blocks",
+        f"- so at compute ratio 0.3 no block cache can exceed {1 / (tf / tb + 0.3 * (1 - tf / tb)):.2f}x "
+        f"(measured/ideal <= {0.3 / (tf / tb + 0.3 * (1 - tf / tb)):.2f})",
+        "",
+        "| library | method | setting | compute ratio | ms/call | cache-path overhead ms/call | speed-up | ideal | "
+        "achievable | measured/ideal | measured/achievable |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        t = statistics.median(row.times)
+        achievable_t = tf + row.ratio * (tb - tf)
+        lines.append(
+            f"| {row.library} | {row.method} | {row.setting} | {row.ratio:.3f} | {t * per_call:.2f} | "
+            f"{(t - achievable_t) * per_call:+.2f} | {tb / t:.2f} | {1 / row.ratio:.2f} | {tb / achievable_t:.2f} | "
+            f"{(tb / t) * row.ratio:.2f} | {achievable_t / t:.2f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> Path:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
+    ap.add_argument("--thresholds", default=",".join(f"{t:g}" for t in THRESHOLDS),
+                    help="comma-separated probe thresholds, the same for every library")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+    t0 = time.time()
+    thresholds = tuple(float(t) for t in args.thresholds.split(","))
+    meta, rows = run(args.rounds, lambda m: print(m, flush=True), thresholds)
+    lines = report(meta, rows)
+    lines += ["", f"Command: `python benchmarks/overhead.py --rounds {args.rounds} --thresholds {args.thresholds}` ({(time.time() - t0) / 60:.1f} min)."]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "overhead.md"
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+    print("\n".join(lines))
+    return path
+
+
+if __name__ == "__main__":
+    main()
