@@ -123,10 +123,12 @@ def search_command(
     resume: bool = typer.Option(False, help="ECAD / routers / DisCa: continue from the checkpoint in <out>"),
     max_span: int = typer.Option(8, help="LeMiCa: longest cached segment + 1"),
     iterations: Optional[int] = typer.Option(None, help="L2C / HarmoniCa: router training iterations (default 60); "
-                                                     "DisCa: predictor training iterations (default 300)"),
+                                                     "DisCa: residual-regression iterations (config default)"),
+    online_iterations: Optional[int] = typer.Option(None, help="DisCa: closed-loop iterations, one calibration "
+                                                            "generation each (config default)"),
     base_plans: str = typer.Option("", help="DisCa: comma-separated base plan files whose skipped cells it learns to "
                                             "forecast (default: the DP plans at --budget)"),
-    train_seeds: int = typer.Option(2, help="DisCa: calibration runs (seeds seed, seed+1, ...) the predictor trains on"),
+    train_seeds: int = typer.Option(2, help="DisCa: calibration runs (seeds seed, seed+1, ...) it trains on"),
     device: str = typer.Option("cpu", help="cpu, cuda, ..."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
     progress: bool = typer.Option(True, help="show progress bars"),
@@ -139,7 +141,8 @@ def search_command(
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
     front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts, seed=seed,
                        pop_size=pop_size, generations=generations, resume=resume, max_span=max_span,
-                       iterations=iterations, progress=progress, base_plans=base_plans, train_seeds=train_seeds)
+                       iterations=iterations, progress=progress, base_plans=base_plans, train_seeds=train_seeds,
+                       online_iterations=online_iterations)
     typer.echo(f"wrote {out}/front.json, {out}/front.png, {out}/summary.md and {len(front.get('points', []))} plans:")
     for p in front.get("points", []):
         typer.echo(f"  {p['plan']}  compute ratio {p['compute_ratio']:.3f}  quality {p['quality']:.3f}")
@@ -150,7 +153,8 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                steps: int = 28, prompts: str = DEFAULT_CALIB_LABELS, seed: int = 0, pop_size: int = 16,
                generations: int = 8, resume: bool = False, max_span: int = 8, iterations: int | None = None,
                progress: bool = True, seed_methods: tuple[str, ...] = ("fora", "fixed_interval", "fbcache", "easycache"),
-               on_generation=None, base_plans: str = "", train_seeds: int = 2) -> dict:
+               on_generation=None, base_plans: str = "", train_seeds: int = 2,
+               online_iterations: int | None = None) -> dict:
     """The search behind `dcache search`, on an already loaded pipeline; returns the front (as in front.json)."""
     from dcache.schedules import search
 
@@ -175,7 +179,7 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
     if method == "disca":
         return _run_disca(pipe, is_tiny, calib, template, out=out, steps=steps, prompts=prompt_list, seed=seed,
                           counts=counts, base_plans=base_plans, train_seeds=train_seeds, iterations=iterations,
-                          resume=resume, progress=progress)
+                          online_iterations=online_iterations, resume=resume, progress=progress)
     from dcache.schedules.search import router
 
     cfg = router.RouterConfig(objective=method, iterations=60 if iterations is None else iterations, seed=seed,
@@ -184,8 +188,8 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
 
 
 def _run_disca(pipe: Any, is_tiny: bool, calib, template, *, out: str, steps: int, prompts: list[str], seed: int,
-               counts: tuple[int, ...], base_plans: str, train_seeds: int, iterations: int | None, resume: bool,
-               progress: bool) -> dict:
+               counts: tuple[int, ...], base_plans: str, train_seeds: int, iterations: int | None,
+               online_iterations: int | None, resume: bool, progress: bool) -> dict:
     from dcache.plan import Plan
     from dcache.schedules import search
     from dcache.schedules.search import disca
@@ -202,6 +206,9 @@ def _run_disca(pipe: Any, is_tiny: bool, calib, template, *, out: str, steps: in
                                  progress=progress)
         bases = {Path(p["plan"]).name.removesuffix(".plan.json"): Plan.load(Path(out) / "base-dp" / p["plan"])
                  for p in front["points"]}
-    runs = [GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, seed=seed + k) for k in range(train_seeds)]
-    cfg = disca.DisCaConfig(seed=seed, **({} if iterations is None else {"iterations": iterations}))
+    runs = [GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, seed=seed + k)
+            for k in range(train_seeds)]
+    overrides = {k: v for k, v in (("iterations", iterations), ("online_iterations", online_iterations))
+                 if v is not None}
+    cfg = disca.DisCaConfig(seed=seed, **overrides)
     return disca.disca_search(calib, out, bases, cfg, template=template, runs=runs, resume=resume, progress=progress)

@@ -2,18 +2,25 @@
 
 1. Record: the calibration runs go through the pipeline under an all-compute dcache schedule with the base plans'
    granularity (and probe/tail blocks) that *keeps* every unit's cache, so the residuals / module outputs read after
-   each transformer call are exactly what a cached replay would store at a computed step (teacher trajectory).
+   each transformer call are exactly what a cached replay would store at a computed step. Besides the teacher
+   (uncached) trajectory, `rollout` records each base plan's own trajectory with its skipped cells filled by the
+   Taylor forecast (the drift the forecaster meets at inference), still recording the true values.
 2. Samples: for every base plan, branch and unit, the unit's history is replayed through the engine's own
    `UnitHistory` (Taylor tables of the predictor's order, the same update code as at inference) over the plan's
    computed steps; at each skipped step the sample is (Taylor terms of the history, time features) -> the recorded
    value at that step.
-3. Train: relative MSE per cached tensor, sum over tensors, AdamW; minibatches are drawn from a generator seeded by
-   (seed, iteration), so a resumed run draws exactly what an uninterrupted one draws. The state (weights, optimiser,
-   iteration, data fingerprint) is written atomically to `disca.ckpt.pt` every `checkpoint_every` iterations and at
-   the end; `resume=True` continues from it (and refuses a checkpoint made on other data or another config).
-4. Export: each base plan becomes a DisCa plan: every non-computed cell becomes FORECAST, forecast_order = the
+3. Regression: relative MSE per cached tensor, summed, AdamW; minibatches come from a generator seeded by
+   (seed, iteration), so a resumed run draws exactly what an uninterrupted one draws.
+4. Closed loop (`online_iterations`): the residual MSE is not what the image sees (the output head weighs error
+   directions differently, and errors that persist over steps add up while alternating ones cancel), so the
+   predictor is then fine-tuned through the engine on the first-order error of the final sample (`online_loss`).
+5. Export: each base plan becomes a DisCa plan: every non-computed cell becomes FORECAST, forecast_order = the
    predictor's order, and the predictor is stored in the plan's extras["forecaster"] (written atomically with the
    plan). `disca_search` also measures each plan's Taylor twin (same cells, no predictor): equal block FLOPs.
+
+The state (weights, optimisers, iterations of both phases, data fingerprint) is written atomically to
+`disca.ckpt.pt` every `checkpoint_every` regression iterations, after every closed-loop iteration and when a run
+stops; `resume=True` continues from it and refuses a checkpoint made on other data or another config.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ class DisCaConfig:
     rollout: tuple[str, ...] = ("taylor",)
     # Then fine-tune in closed loop through the engine (one calibration generation per iteration, the base plans in
     # turn): loss on the transformer output of every forecast call vs the uncached output on the same input.
-    online_iterations: int = 0
+    online_iterations: int = 40
     online_lr: float = 5e-4
 
     def __post_init__(self) -> None:
@@ -446,10 +453,10 @@ def train_disca(calib: Calibration, base_plans: Sequence[Plan], out_dir: str | o
         summary["online"] = finetune_online(calib.pipe, plans, runs, predictor, out_dir, config, progress=progress,
                                             stop_after=online_stop)
         summary["rel_mse_disca"] = evaluate(predictor, data)
-    first = recording[0]
-    some_branch = next(iter(first.values()))
+    some_branch = next(iter(recording[0].values()))  # unit key -> step -> tensors of one call
     summary["tokens_per_call"] = {stream_name(key, i): int(t.numel() // t.shape[-1])
-                                  for key, steps in some_branch.items() for i, t in enumerate(next(iter(steps.values())))}
+                                  for key, steps in some_branch.items()
+                                  for i, t in enumerate(next(iter(steps.values())))}
     return predictor, summary
 
 

@@ -34,8 +34,8 @@ def setup(tiny_pipe):
 def test_trains_end_to_end_and_beats_taylor_on_its_samples(setup, tmp_path):
     calib, template, base, runs, _ = setup
     before = {k: v.clone() for k, v in calib.pipe.transformer.state_dict().items()}
-    pred, summary = D.train_disca(calib, [base], tmp_path, D.DisCaConfig(iterations=60, hidden=32), runs=runs,
-                                  progress=False)
+    cfg = D.DisCaConfig(iterations=60, hidden=32, online_iterations=0)
+    pred, summary = D.train_disca(calib, [base], tmp_path, cfg, runs=runs, progress=False)
     # 2 segments x (image, label) streams, each trained to a lower forecast error than the Taylor start
     assert sorted(summary["rel_mse_disca"]) == ["seg0.0", "seg0.1", "seg1.0", "seg1.1"]
     for name, err in summary["rel_mse_disca"].items():
@@ -72,7 +72,8 @@ def test_student_rollout_follows_the_cached_replay_and_records_the_truth(setup):
 
 def test_untrained_predictor_is_exactly_the_taylor_forecast(setup, tmp_path):
     calib, template, base, runs, data = setup
-    pred, summary = D.train_predictor(data, tmp_path, D.DisCaConfig(iterations=0, hidden=16), progress=False)
+    cfg = D.DisCaConfig(iterations=0, hidden=16, online_iterations=0)
+    pred, summary = D.train_predictor(data, tmp_path, cfg, progress=False)
     assert summary["rel_mse_disca"] == summary["rel_mse_taylor"]
     disca_images = run_plan(calib, D.disca_plan(base, pred, summary))
     assert torch.equal(disca_images, run_plan(calib, D.taylor_plan(base, 1)))
@@ -81,7 +82,7 @@ def test_untrained_predictor_is_exactly_the_taylor_forecast(setup, tmp_path):
 
 def test_resume_gives_the_same_predictor_as_an_uninterrupted_run(setup, tmp_path):
     *_, data = setup
-    cfg = D.DisCaConfig(iterations=12, hidden=16, checkpoint_every=5, seed=3)
+    cfg = D.DisCaConfig(iterations=12, hidden=16, checkpoint_every=5, seed=3, online_iterations=0)
     straight, s1 = D.train_predictor(data, tmp_path / "a", cfg, progress=False)
     _, partial = D.train_predictor(data, tmp_path / "b", cfg, progress=False, stop_after=7)
     assert partial["iterations"] == 7
@@ -92,7 +93,8 @@ def test_resume_gives_the_same_predictor_as_an_uninterrupted_run(setup, tmp_path
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert s1["rel_mse_disca"] == s2["rel_mse_disca"]
     with pytest.raises(ValueError, match="other calibration data, plans or config"):
-        D.train_predictor(data, tmp_path / "b", D.DisCaConfig(iterations=12, hidden=32), progress=False, resume=True)
+        D.train_predictor(data, tmp_path / "b", D.DisCaConfig(iterations=12, hidden=32, online_iterations=0),
+                          progress=False, resume=True)
 
 
 def test_closed_loop_finetuning_lowers_the_output_error_and_resumes_exactly(setup, tmp_path):
@@ -110,7 +112,8 @@ def test_closed_loop_finetuning_lowers_the_output_error_and_resumes_exactly(setu
 
 def test_forecasts_replay_deterministically_through_files_and_exported_plans(setup, tmp_path):
     calib, template, base, runs, data = setup
-    pred, summary = D.train_predictor(data, tmp_path, D.DisCaConfig(iterations=10, hidden=16), progress=False)
+    cfg = D.DisCaConfig(iterations=10, hidden=16, online_iterations=0)
+    pred, summary = D.train_predictor(data, tmp_path, cfg, progress=False)
     plan = D.disca_plan(base, pred, summary)
     path = plan.save(tmp_path / "p.plan.json")
     first = run_plan(calib, plan)
@@ -135,7 +138,8 @@ def _damaged(plan: Plan, **spec_changes) -> dict:
 
 def test_bad_or_mismatched_predictors_are_rejected(setup, tmp_path):
     calib, template, base, runs, data = setup
-    pred, summary = D.train_predictor(data, tmp_path, D.DisCaConfig(iterations=2, hidden=16), progress=False)
+    cfg = D.DisCaConfig(iterations=2, hidden=16, online_iterations=0)
+    pred, summary = D.train_predictor(data, tmp_path, cfg, progress=False)
     plan = D.disca_plan(base, pred, summary)
     weights = plan.extras["forecaster"]["weights"]
     flipped = weights[:100] + ("A" if weights[100] != "A" else "B") + weights[101:]
@@ -170,7 +174,7 @@ def test_cli_search_disca_writes_plans_that_dcache_apply_uses(tiny_pipe, tmp_pat
     from dcache.pipelines.search_cli import run_search
 
     front = run_search("disca", tiny_pipe, True, budget="0.5", out=str(tmp_path), steps=STEPS, prompts="1,7",
-                       iterations=8, progress=False, train_seeds=1)
+                       iterations=8, online_iterations=2, progress=False, train_seeds=1)
     assert [p["plan"] for p in front["points"]] == ["plans/disca-dp-K3.plan.json"]
     assert front["points"][0]["compute_ratio"] == pytest.approx(0.5)
     assert front["evaluated"][0]["name"] == "taylor1-dp-K3"
