@@ -61,6 +61,9 @@ class Adapter:
     # single block's proj_out(cat[attn, gelu(proj_mlp)]). When such a unit is reused or forecast its inputs' outputs
     # are not used, so the engine reuses them too instead of computing them (a unit missing in a block is skipped).
     composed: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # fn(the transformer's bound forward arguments) -> the call's noisy latents [B, C, T, H, W] (SeaCache's spectral
+    # indicator, dcache.spectral), or None; unset: a 4-D / 5-D `hidden_states` argument is taken as they are.
+    latents: Callable[[dict[str, Any]], torch.Tensor | None] | None = None
 
     def __post_init__(self) -> None:
         for unit, inputs in self.composed:

@@ -33,6 +33,7 @@ from .cache_ops import VALIDATED, ops_for
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
 from .parallel import sync_signals
+from . import spectral
 from .schedule import CallContext, GenerationInfo, Schedule, normalize_actions
 from .state import BranchState, UnitHistory
 from .streams import StreamSlots, bind_arguments
@@ -292,6 +293,8 @@ class Engine:
         if bstate is None:
             bstate = self.branches[branch] = BranchState()
         self.call = CallState(record, record.step, branch, len(record.calls), timestep, bstate)
+        if Signal.SPECTRAL_REL_L1 in self.wanted:
+            self._spectral_signal(self.call, args, kwargs)
 
     @_eager
     def end_call(self) -> None:
@@ -395,6 +398,25 @@ class Engine:
         bstate.pending_post = {}
         if bstate.pending_call is not None:  # calibration reads these from the record
             bstate.pending_call.signals.update(post)
+
+    def _spectral_signal(self, call: CallState, args: tuple, kwargs: dict) -> None:
+        """SeaCache's indicator: the call's noisy latents filtered at this step's noise level, vs the previous call
+        of the branch (dcache.spectral). Noise level sigma = scheduler timestep / 1000 (flow matching), else the
+        step's position; the filter's power law is the schedule's `spectral_power` (SeaCache: 3)."""
+        arguments = bind_arguments(self.transformer, args, kwargs)
+        hidden = arguments.get("hidden_states", args[0] if args else None)
+        latents = spectral.call_latents(hidden, self.adapter.latents, arguments)
+        if latents is None and not isinstance(hidden, torch.Tensor):
+            return  # no tensor to compare (e.g. a list of per-sample latents): no signal, the schedule computes
+        timesteps, n = call.record.timesteps, call.record.num_steps
+        sigma = (timesteps[call.step] / 1000.0 if timesteps and call.step < len(timesteps)
+                 else 1.0 - call.step / n if n else 0.5)
+        indicator = (spectral.sea_filter(latents, sigma, getattr(self.schedule, "spectral_power", 3.0))
+                     if latents is not None else hidden.detach().float())
+        prev = call.bstate.prev_spectral
+        if prev is not None and prev.shape == indicator.shape:
+            call.pre[Signal.SPECTRAL_REL_L1] = spectral.per_sample_rel_l1(indicator, prev)
+        call.bstate.prev_spectral = indicator
 
     def _on_stack_input(self, call: CallState, slot: BlockSlot, hidden: torch.Tensor, args: tuple,
                         kwargs: dict) -> None:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .adapters import ENCODER, HIDDEN, Adapter, BlockList, register_adapter
+from .spectral import packed_2x2_latents, unpack_tokens
 
 Args = dict[str, Any]  # the first block's bound forward arguments: name -> value
 
@@ -181,6 +182,41 @@ def _joy_image_modulated_input(block, args):
     return block.img_norm1(args[HIDDEN]) * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
 
 
+def _packed_latents(args: Args) -> torch.Tensor | None:
+    # Flux-style pipelines pack 2x2 latent pixels per token, [B, h*w, C*4], with img_ids [h*w, 3] (row, column in
+    # columns 1, 2): unpacked to [B, C, 1, 2h, 2w] for SeaCache's spectral indicator.
+    return packed_2x2_latents(args[HIDDEN], args.get("img_ids"))
+
+
+def _frames_first_latents(args: Args) -> torch.Tensor:
+    # CogVideoX-style latents [B, F, C, H, W] -> [B, C, F, H, W].
+    return args[HIDDEN].transpose(1, 2)
+
+
+def _image_shapes_latents(args: Args) -> torch.Tensor | None:
+    # Qwen-Image-style: 2x2-packed tokens [B, L, C*4]; img_shapes[sample] = [(frames, h, w) of the generated image,
+    # then of each reference image]. The generated image's tokens come first.
+    shapes = args.get("img_shapes")
+    first = shapes[0] if shapes else None
+    first = first[0] if isinstance(first, list) and first else first
+    if not isinstance(first, tuple) or len(first) != 3:
+        return None
+    return unpack_tokens(args[HIDDEN], *(int(v) for v in first), 2)
+
+
+def _ltx_latents(args: Args) -> torch.Tensor | None:
+    # LTX: tokens [B, F*H*W, C] (patch 1) with the latent grid as the num_frames / height / width arguments.
+    frames, height, width = args.get("num_frames"), args.get("height"), args.get("width")
+    if not all(isinstance(v, int) for v in (frames, height, width)):
+        return None
+    return unpack_tokens(args[HIDDEN], frames, height, width, 1)
+
+
+def _channels_last_latents(args: Args) -> torch.Tensor:
+    # Kandinsky 5: visual latents [B, F, H, W, C] -> [B, C, F, H, W].
+    return args[HIDDEN].permute(0, 4, 1, 2, 3)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The registry. Order: the families the project names first, then the rest alphabetically.
 # ----------------------------------------------------------------------------------------------------------------
@@ -200,6 +236,7 @@ register_adapter(Adapter(
     ),
     modules=_FLUX_LIKE_MODULES,
     composed=_SINGLE_BLOCK_COMPOSED,
+    latents=_packed_latents,
     modulated_input=_adaln_zero(),
 ))
 
@@ -250,6 +287,7 @@ register_adapter(Adapter(
     model_class="QwenImageTransformer2DModel",
     block_lists=(BlockList("transformer_blocks", outputs=(ENCODER, HIDDEN)),),
     modules=("attn", "img_mlp", "txt_mlp"),
+    latents=_image_shapes_latents,
     modulated_input=_qwen_image_modulated_input,
 ))
 
@@ -283,6 +321,7 @@ register_adapter(Adapter(
     model_class="CogVideoXTransformer3DModel",
     block_lists=(BlockList("transformer_blocks", outputs=(HIDDEN, ENCODER)),),
     modules=("attn1", "ff"),
+    latents=_frames_first_latents,
     modulated_input=_time_embedding("temb"),
     notes="`ff` runs once over [text; video] tokens. Modulated input = time embedding `temb` [B, D] (TeaCache).",
 ))
@@ -291,6 +330,7 @@ register_adapter(Adapter(
     model_class="LTXVideoTransformer3DModel",
     block_lists=(BlockList("transformer_blocks", encoder=None, outputs=(HIDDEN,)),),
     modules=("attn1", "attn2", "ff"),
+    latents=_ltx_latents,
     modulated_input=_per_token_table("temb"),
     notes="encoder_hidden_states is cross-attention context.",
 ))
@@ -313,6 +353,7 @@ register_adapter(Adapter(
     ),
     modules=_FLUX_LIKE_MODULES,
     composed=_SINGLE_BLOCK_COMPOSED,
+    latents=_packed_latents,
     modulated_input=_chroma_modulated_input,
     notes="per-block modulation is sliced from one pooled embedding: temb differs per block.",
 ))
@@ -404,6 +445,7 @@ register_adapter(Adapter(
     ),
     modules=_FLUX_LIKE_MODULES,
     composed=_SINGLE_BLOCK_COMPOSED,
+    latents=_packed_latents,
     modulated_input=_adaln_zero(),
 ))
 
@@ -416,6 +458,7 @@ register_adapter(Adapter(
     ),
     modules=_FLUX_LIKE_MODULES,
     composed=_SINGLE_BLOCK_COMPOSED,
+    latents=_packed_latents,
     modulated_input=_adaln_zero(),
     notes="each block reads its own slice of the text-encoder layers (mixed into the text stream outside blocks).",
 ))
@@ -440,6 +483,7 @@ register_adapter(Adapter(
     model_class="ConsisIDTransformer3DModel",
     block_lists=(BlockList("transformer_blocks", outputs=(HIDDEN, ENCODER)),),
     modules=("attn1", "ff"),
+    latents=_frames_first_latents,
     modulated_input=_time_embedding("temb"),
     notes="CogVideoX-style blocks. Identity-preserving local facial extractor adds to hidden_states between some "
           "blocks (outside the blocks): included in a whole-stack residual.",
@@ -498,6 +542,7 @@ register_adapter(Adapter(
     model_class="Kandinsky5Transformer3DModel",
     block_lists=(BlockList("visual_transformer_blocks", hidden="visual_embed", encoder=None, outputs=(HIDDEN,)),),
     modules=("self_attention", "cross_attention", "feed_forward"),
+    latents=_channels_last_latents,
     modulated_input=_kandinsky5_modulated_input,
     notes="blocks take the stream as `visual_embed`; text_embed is cross-attention context. Skipped: "
           "text_transformer_blocks (text tokens only) run before the visual blocks.",
@@ -511,6 +556,7 @@ register_adapter(Adapter(
     ),
     modules=_FLUX_LIKE_MODULES,
     composed=_SINGLE_BLOCK_COMPOSED,
+    latents=_packed_latents,
     modulated_input=_adaln_zero(),
 ))
 
@@ -540,6 +586,7 @@ register_adapter(Adapter(
     ),
     modules=_FLUX_LIKE_MODULES,
     composed=_SINGLE_BLOCK_COMPOSED,
+    latents=_packed_latents,
     modulated_input=_adaln_zero(),
 ))
 
@@ -580,6 +627,7 @@ register_adapter(Adapter(
     model_class="NucleusMoEImageTransformer2DModel",
     block_lists=(BlockList("transformer_blocks", encoder=None, outputs=(HIDDEN,)),),
     modules=("attn", "img_mlp"),
+    latents=_image_shapes_latents,
     modulated_input=_nucleus_moe_modulated_input,
     notes="image tokens attend to projected text (encoder_proj inside the block); the text stream is read, not "
           "returned. img_mlp is a routed MoE (dense in the first and last blocks).",
@@ -611,6 +659,7 @@ register_adapter(Adapter(
     block_lists=(BlockList("transformer_blocks", encoder="audio_hidden_states", outputs=(HIDDEN, ENCODER)),),
     modules=("attn1", "attn2", "ff", "audio_attn1", "audio_attn2", "audio_ff", "audio_to_video_attn",
              "video_to_audio_attn"),
+    latents=_ltx_latents,
     modulated_input=_per_token_table("temb"),
     notes="audio + video: the ENCODER slot is the audio stream [B, L_audio, D_audio] (narrower than video).",
 ))

@@ -78,6 +78,7 @@ class BranchState:
     last_compute_step: int | None = None
     # Signal references (only kept when a signal needs them).
     prev_modulated: torch.Tensor | None = None
+    prev_spectral: torch.Tensor | None = None  # SEA-filtered latents of the previous call (SPECTRAL_REL_L1)
     probe_ref: torch.Tensor | None = None
     probe_history: UnitHistory | None = None
     prev_input: torch.Tensor | None = None
@@ -97,7 +98,7 @@ class BranchState:
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.prev_modulated, self.probe_ref, self.prev_input, self.input_at_compute,
+        tensors = [self.prev_modulated, self.prev_spectral, self.probe_ref, self.prev_input, self.input_at_compute,
                    self.output_at_compute, self.residual_at_compute]
         extra = sum(t.numel() * t.element_size() for t in tensors if t is not None)
         probe = self.probe_history.nbytes if self.probe_history is not None else 0

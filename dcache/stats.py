@@ -26,7 +26,8 @@ class Stats:
     blocks_per_call: int
     block_flops_total: float  # block FLOPs an uncached generation would spend
     block_flops_computed: float  # block FLOPs actually spent
-    compute_ratio: float  # computed / total block FLOPs (1.0 = nothing saved)
+    compute_ratio: float  # computed / total block FLOPs (1.0 = nothing saved; a signal's own compute, e.g.
+    #                       TeaCache's modulated-input probe, counts as computed and can put it above 1)
     ideal_speedup: float  # 1 / compute_ratio
     cache_bytes: int  # peak bytes held by cached tensors
     per_step: list[dict[str, str]] = field(default_factory=list)  # per step: {branch: action row}

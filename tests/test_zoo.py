@@ -395,3 +395,30 @@ def test_composed_unit_reads_only_its_input_units(name, unit, inputs):
     for a, b in zip(first, second):
         torch.testing.assert_close(b, a, rtol=0, atol=0,
                                    msg=f"{name}: {unit} read something besides the outputs of {inputs}")
+
+
+# ---- latents for SeaCache's spectral indicator ------------------------------------------------------------------
+
+NO_LATENT_GRID = {  # compared unfiltered (dcache.spectral): no [B, C, T, H, W] layout of the input is known
+    "Flux2Transformer2DModel": "packed tokens whose ids carry (t, h, w, l) per token",
+    "ZImageTransformer2DModel": "a list of per-sample latents",
+    "StableAudioDiTModel": "1-D audio latents",
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_call_latents_are_a_5d_relayout_of_the_input(name):
+    from dcache import spectral
+    from dcache.streams import bind_arguments
+
+    model, adapter = _model(name), adapter_for(_model(name))
+    arguments = bind_arguments(model, (), zoo.ZOO[name].make_inputs(0, batch=BATCH))
+    hidden = arguments.get("hidden_states")
+    latents = spectral.call_latents(hidden, adapter.latents, arguments)
+    if zoo.ZOO[name].model_class in NO_LATENT_GRID:
+        assert latents is None
+        return
+    assert latents is not None, f"{name}: give the adapter a `latents` function ([B, C, T, H, W] of the input)"
+    assert latents.ndim == 5 and latents.shape[0] == BATCH and latents.shape[-1] >= 4 and latents.shape[-2] >= 4
+    assert latents.numel() == hidden.numel(), f"{name}: {tuple(hidden.shape)} -> {tuple(latents.shape)} lost data"
+    assert torch.equal(latents.flatten().sort().values, hidden.flatten().sort().values)  # a re-layout only

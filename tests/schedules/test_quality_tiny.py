@@ -64,22 +64,28 @@ CASES = [
     QualityCase("dbcache-fast", "dbcache-fast", {}, 0.91, 44.0),
     # 0.607, 44.3 dB, 1.00 (tau 0.1; the reference's 0.05 reuses nothing on this model)
     QualityCase("easycache", "easycache", dict(threshold=0.1), 0.68, 38.0),
-    # 0.585, 47.2 dB, 1.00 (module outputs, N=3, order 1)
-    QualityCase("taylorseer", "taylorseer", dict(interval=3), 0.66, 41.0),
+    # 0.397, 46.8 dB, 1.00 (module outputs, N=3, order 1; 0.585 before a single block's proj_out was a unit)
+    QualityCase("taylorseer", "taylorseer", dict(interval=3), 0.47, 40.0),
     # 0.393, 48.9 dB, 1.00 (stack residual forecast, N=3)
     QualityCase("taylorseer-stack", "taylorseer", dict(granularity="stack", interval=3), 0.46, 42.0),
-    # 0.561, 41.2 dB, 1.00 (N=3)
-    QualityCase("fora", "fora", {}, 0.63, 35.0),
+    # 0.361, 41.2 dB, 1.00 (N=3; 0.561 before a single block's proj_out was a unit)
+    QualityCase("fora", "fora", {}, 0.43, 35.0),
     # 0.536, 44.6 dB, 1.00 (every 2nd step)
     QualityCase("fixed_interval", "fixed_interval", {}, 0.61, 38.0),
     # 0.679, 41.2 dB, 1.00 (N=3, half the blocks)
     QualityCase("delta_dit", "delta_dit", {}, 0.75, 35.0),
     # 0.904, 48.2 dB, 1.00 (self-attention every 2nd step in the window; no cross-attention in FLUX)
     QualityCase("pab", "pab", {}, 0.95, 42.0),
-    # 0.501, 40.4 dB, 1.00 (gate 0.2; FLUX's 0.03 forecasts nothing on this model)
-    QualityCase("cg_taylor", "cg_taylor", dict(threshold=0.2), 0.58, 34.0),
-    # 0.469, 44.4 dB, 1.00 (gate always open: the run cap alone decides; without it 16.6 dB at 0.31)
-    QualityCase("cg_taylor-open-gate", "cg_taylor", dict(threshold=100.0), 0.54, 38.0),
+    # 0.501, 42.8 dB, 1.00 (gate 0.2; FLUX's 0.03 forecasts nothing on this model; 40.4 dB without the run cap)
+    QualityCase("cg_taylor", "cg_taylor", dict(threshold=0.2), 0.58, 36.0),
+    # 0.469, 42.1 dB, 1.00 (gate always open: the run cap alone decides; uncapped it fell to ~16 dB)
+    QualityCase("cg_taylor-open-gate", "cg_taylor", dict(threshold=100.0), 0.54, 36.0),
+    # 0.464, 46.3 dB, 1.00 (SeaCache defaults: SEA gate 0.25, at most 2 linear forecasts in a row)
+    QualityCase("seacache", "seacache", {}, 0.54, 40.0),
+    # 0.357, 48.8 dB, 1.00 (open gate: 1 compute + 2 linear forecasts, the last step computed)
+    QualityCase("seacache-cadence", "seacache-cadence", {}, 0.43, 42.0),
+    # 0.357, 48.9 dB, 1.00 (the same with a quadratic forecast)
+    QualityCase("seacache-order2", "seacache-cadence", dict(order=2), 0.43, 42.0),
 ]
 
 
