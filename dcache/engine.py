@@ -392,8 +392,14 @@ class Engine:
     def _sync_post(self, bstate: BranchState, rec: GenerationRecord) -> None:
         if not bstate.pending_post:
             return
-        values = {k: (v.reshape(-1).float().tolist()) for k, v in bstate.pending_post.items()}
-        post = {k: (v[0] / max(v[1], _EPS) if len(v) == 2 else v[0]) for k, v in values.items()}
+        names = list(bstate.pending_post)
+        tensors = [bstate.pending_post[k].reshape(-1).float() for k in names]
+        flat = torch.cat([t.to(tensors[0].device) for t in tensors])
+        flat = sync_signals(flat, tensors, self.transformer).tolist()  # context parallel: global values, as above
+        post, i = {}, 0
+        for name, t in zip(names, tensors):
+            chunk, i = flat[i:i + t.numel()], i + t.numel()
+            post[name] = chunk[0] / max(chunk[1], _EPS) if len(chunk) == 2 else chunk[0]
         bstate.post_values = post
         bstate.pending_post = {}
         if bstate.pending_call is not None:  # calibration reads these from the record

@@ -57,8 +57,8 @@ FLUSHED = {s.value for s in POST_SIGNALS}
 
 def decided_on(calls: list) -> list:
     """The call records without what the end-of-generation flush adds: the post signals (output change, ...) of a
-    branch's last call when it computed. `Engine._sync_post` reads those rank-locally (see the xfail below); no
-    decision of the generation reads them."""
+    branch's last call when it computed; no decision of the generation reads them (they are checked on their own in
+    test_end_of_generation_signals_agree_across_ranks)."""
     last = {branch: i for i, (_, branch, _, _) in enumerate(calls)}
     return [(step, branch, actions, {k: v for k, v in sig.items()
                                      if not (i == last[branch] and set(actions) == {"C"} and k in FLUSHED)})
@@ -99,9 +99,9 @@ def test_rank_local_signals_differ_and_the_synced_ones_agree(ranks, method):
     assert gap > 1e-2, f"rank-local signals agree to {gap:.1e}: the tokens are not sharded, the check is empty"
 
 
-@pytest.mark.xfail(strict=True, reason="Engine._sync_post (the end-of-generation flush of a branch's last computed "
-                   "call's post signals, read by calibration) is rank-local: it does not call dcache.parallel")
 def test_end_of_generation_signals_agree_across_ranks(ranks):
+    """Engine._sync_post (the end-of-generation flush of a branch's last computed call's post signals, which
+    calibration reads) goes through dcache.parallel too."""
     a, b = (r["runs"][("easycache", "cp-then-apply")] for r in ranks)
     assert a["calls"] == b["calls"]
 
