@@ -7,6 +7,12 @@ Per branch s (cond / uncond keep separate accumulators and residuals):
         else reset (acc_ratio, acc_steps, acc_err) = (1, 0, 0) and compute
 gamma_i = mean_tokens ||R_i|| / ||R_{i-1}|| is a per-model curve calibrated once (`dcache calibrate`); it is
 nearest-interpolated to other step counts.
+
+dcache additions, both off by default (the reference): `order` 1 or 2 forecasts the skipped steps' residual by
+Taylor extrapolation from the last computed steps (SeaCache's linear residual, TaylorSeer's series) instead of
+reusing the last one, with the same magnitude budget deciding where to compute; `cutoff_steps` always computes the
+last steps. On the bundled tiny model (28 steps, E0.1 K4 R0) order 1 with the last step computed gives 55.5 dB PSNR
+at compute ratio 0.50; plain reuse with the same budget gives 43.2 dB at 0.46.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ class MagCacheConfig(MethodConfig):
                                                              "while reusing")
     max_skip_steps: int = knob(3, low=0, high=10_000, doc="K: most consecutive reused steps")
     retention_ratio: float = knob(0.2, low=0.0, high=1.0, doc="R: fraction of the first steps always computed")
+    order: int = knob(0, low=0, high=2, doc="skipped steps: 0 = reuse the last computed residual (MagCache), 1 / 2 = "
+                                            "its Taylor extrapolation from the last 2 / 3 computed steps")
+    cutoff_steps: int = knob(0, low=0, high=10_000, doc="last steps always computed (0 = the budget decides, as "
+                                                        "MagCache)")
     ratios: tuple | None = knob(None, types=(tuple, list), doc="calibrated gamma per step (cond / single branch); "
                                                                 "None = the model's registered table")
     ratios_uncond: tuple | None = knob(None, types=(tuple, list), doc="gamma per step for the uncond branch")
@@ -84,6 +94,7 @@ class MagCacheSchedule(Schedule):
         self._by_steps = by_steps or {}  # calibrated step count -> (ratios, ratios_uncond), from a calibration file
         self._default = (ratios, ratios_uncond)
         self.probe_blocks, self.tail_blocks = config.probe_blocks, config.tail_blocks
+        self.forecast_order = config.order
         self.name = "magcache"
         self._state: dict[str, list[float]] = {}
         self._curves: dict[str, list[float]] = {}
@@ -109,11 +120,14 @@ class MagCacheSchedule(Schedule):
         acc = self._state.setdefault(ctx.branch, [1.0, 0.0, 0.0])  # acc_ratio, acc_steps, acc_err
         if ctx.step < max(retain, 1) or ctx.step >= n:
             return Action.COMPUTE
+        if ctx.step >= n - self.config.cutoff_steps:
+            acc[:] = [1.0, 0.0, 0.0]
+            return Action.COMPUTE
         acc[0] *= self._curve(ctx.branch, n)[ctx.step]
         acc[1] += 1
         acc[2] += abs(1.0 - acc[0])
         if acc[2] <= self.config.threshold and acc[1] <= self.config.max_skip_steps:
-            return Action.REUSE
+            return Action.FORECAST if self.config.order else Action.REUSE
         acc[:] = [1.0, 0.0, 0.0]
         return Action.COMPUTE
 

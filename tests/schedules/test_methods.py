@@ -49,6 +49,9 @@ CASES = [
     # measured: ratio 0.40, relL1 0.0016
     Case("magcache", "magcache", dict(threshold=0.1), 0.5, dict(max_skip_steps=0), ("threshold", -1.0),
          extra=dict(ratios=FLAT)),
+    # measured: 0.40, 0.0002 (the same budget, skipped steps forecast linearly, the last step computed)
+    Case("magcache-forecast", "magcache", dict(threshold=0.1, order=1, cutoff_steps=1), 0.5, dict(max_skip_steps=0),
+         ("order", 3), extra=dict(ratios=FLAT)),
     # measured: 0.25, 0.0029 ([0, 0, 0, 1, 0] accumulates the raw modulated-input change)
     Case("teacache", "teacache", dict(threshold=0.1), 0.35, dict(threshold=0.0), ("coefficients", (1.0, 2.0)),
          extra=dict(coefficients=(0.0, 0.0, 0.0, 1.0, 0.0))),
@@ -396,6 +399,18 @@ def test_cg_taylor_default_never_forecasts_to_the_end_with_an_open_gate(steps):
     longest = max(len(run) for run in row.split("C"))
     assert 1 <= longest <= 3, row
     assert row.count("C") >= 5 + (steps - 5) // 4, row  # warm-up, then at least one compute per 4 steps
+
+
+def test_magcache_order_forecasts_the_skipped_steps_and_cutoff_computes_the_last():
+    ratios = (1.0,) * 10
+    plain = dcache.config_for("magcache", ratios=ratios, threshold=1.0, max_skip_steps=2, retention_ratio=0.0)
+    schedule = plain.build(tiny_flux())
+    schedule.reset(info())
+    assert rows(schedule) == "CRRCRRCRRC" and schedule.forecast_order == 0
+    forecast = dcache.config_for("magcache", ratios=ratios, threshold=1.0, max_skip_steps=2, retention_ratio=0.0,
+                                 order=2, cutoff_steps=2).build(tiny_flux())
+    forecast.reset(info())
+    assert rows(forecast) == "CFFCFFCFCC" and forecast.forecast_order == 2
 
 
 def test_seacache_accumulates_the_spectral_change_under_a_run_cap():

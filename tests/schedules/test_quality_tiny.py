@@ -56,6 +56,9 @@ CASES = [
     QualityCase("magcache", "magcache", dict(threshold=0.12, max_skip_steps=4), 0.59, 36.0),
     # 0.607, 45.2 dB, 1.00 (defaults E0.06 K3 R0.2: what `dcache generate` runs)
     QualityCase("magcache-default", "magcache", {}, 0.68, 39.0),
+    # 0.500, 50.5 dB, 1.00 (skipped steps forecast linearly, no retention, the last step computed)
+    QualityCase("magcache-forecast", "magcache", dict(threshold=0.1, max_skip_steps=4, retention_ratio=0.0, order=1,
+                                                    cutoff_steps=1), 0.57, 44.0),
     # 0.321, 37.2 dB, 1.00 (the shipped coefficients, threshold 0.2)
     QualityCase("teacache", "teacache", dict(threshold=0.2), 0.39, 31.0),
     # 0.688, 48.1 dB, 1.00
