@@ -156,9 +156,11 @@ def discover_adapter(transformer: nn.Module) -> Adapter:
     Works for DiTs whose blocks take `hidden_states` (and optionally `encoder_hidden_states`) and return either one
     tensor or a tuple whose order follows the argument order. Anything else needs an explicit adapter.
     """
+    if _is_unet(transformer):
+        raise UnsupportedModelError(transformer, _UNET_REASON)
     lists = []
     for name, child in transformer.named_children():
-        if not isinstance(child, nn.ModuleList) or len(child) == 0:
+        if not isinstance(child, nn.ModuleList) or len(child) == 0 or name in _UNET_LISTS:
             continue
         params = inspect.signature(child[0].forward).parameters
         if HIDDEN not in params:
@@ -169,6 +171,18 @@ def discover_adapter(transformer: nn.Module) -> Adapter:
         raise UnsupportedModelError(transformer)
     # Unknown tuple order is verified at run time by shape (engine); a mismatch raises UnsupportedModelError.
     return Adapter(model_class=type(transformer).__name__, block_lists=tuple(lists), notes="generic discovery")
+
+
+# A UNet's down/up blocks take `hidden_states` too, but they change resolution and return skip connections: a
+# residual cached across them is meaningless. Generic discovery refuses them instead of caching them wrongly.
+_UNET_LISTS = frozenset({"down_blocks", "up_blocks", "mid_blocks"})
+_UNET_REASON = ("it is a UNet (down/up blocks change resolution and pass skip connections), and dcache caches the "
+                "repeated blocks of diffusion transformers (DiT / MM-DiT), so it has nothing to cache here; apply it to a "
+                "transformer model (pipe.transformer) instead")
+
+
+def _is_unet(model: nn.Module) -> bool:
+    return any("unet" in cls.__name__.lower() for cls in type(model).__mro__)
 
 
 class UnsupportedModelError(TypeError):

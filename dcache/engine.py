@@ -110,6 +110,7 @@ class Engine:
         self.call: CallState | None = None
         self.peak_cache_bytes = 0
         self._hooked_scheduler: Any = None
+        self.scheduler_name: str | None = None  # class of the scheduler driving generations (kept after remove)
         self._removed = False
         self._timestep_slot = _timestep_slot(transformer)
         self._install()
@@ -219,6 +220,7 @@ class Engine:
         scheduler.set_timesteps = types.MethodType(wrapped_set_timesteps, scheduler)
         scheduler.step = types.MethodType(wrapped_step, scheduler)
         self._hooked_scheduler = scheduler
+        self.scheduler_name = type(scheduler).__name__
 
     def _unhook_scheduler(self) -> None:
         scheduler = self._hooked_scheduler

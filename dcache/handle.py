@@ -58,7 +58,6 @@ class Handle:
                 raise RuntimeError(f"the last generation did not finish (branch {branch!r} has no call at steps "
                                    f"{missing[:5]}...); run a complete generation before exporting its plan.")
         layout = Counter(s.list_index for s in eng.blocks)
-        scheduler = eng._hooked_scheduler
         return Plan(
             model_class=type(eng.transformer).__name__,
             block_layout=[layout[i] for i in range(len(eng.adapter.block_lists))],
@@ -67,7 +66,7 @@ class Handle:
             probe_blocks=eng.schedule.probe_blocks if eng.granularity.value == "stack" else 0,
             tail_blocks=eng.schedule.tail_blocks if eng.granularity.value == "stack" else 0,
             forecast_order=eng.order,
-            scheduler=type(scheduler).__name__ if scheduler is not None else None,
+            scheduler=eng.scheduler_name,  # recorded when hooked: a removed handle still knows it
             resolution=list(rec.input_shape) if rec.input_shape else None,
             interpolate_steps=interpolate_steps,
             extras=dict(getattr(eng.schedule, "plan_extras", lambda: {})()),
