@@ -3,6 +3,7 @@
     python benchmarks/methods.py                      # full sweep (~45 min on 2 shared CPU cores), writes benchmarks/results/
     python benchmarks/methods.py --quick              # a tiny subset in < 1 min (the smoke test runs this)
     python benchmarks/methods.py --only 'magcache|MagCache' --heldout-seeds 5 --out /tmp/m
+    python benchmarks/methods.py --rerun 'dcache:(fora|pab)$'   # re-measure these; keep every other row of methods.json
 
 Protocol (same for every library; one pipeline object, one transformer, caches put on and taken off in turn):
   * Tuning run: labels 0..9 in one batch, seed 0, 28 steps, split CFG (batched CFG for the peers that need it, see
@@ -294,6 +295,9 @@ def dcache_contenders(bench: Bench) -> list[Contender]:
         "fbcache": dict(search=Search("threshold", "log", 0.01, 1.0), quick={"threshold": 0.2}),
         "easycache": dict(search=Search("threshold", "log", 0.005, 2.0), families=[{}, {"ret_ratio": 0.1}]),
         "cg_taylor": dict(search=Search("threshold", "log", 0.005, 2.0), families=[{}, {"warmup_steps": 3}]),
+        "seacache": dict(search=Search("threshold", "log", 0.01, 4.0),
+                         families=[{"max_consecutive": 2}, {"max_consecutive": 5}],
+                         note="the settings of the diffusers SeaCache rows (same indicator, same decisions)"),
         "flowcache": dict(search=Search("threshold", "log", 0.01, 4.0), families=[{}, {"max_consecutive": 6}],
                           note="chunk policy on a non-chunked model: whole-call reuse"),
         "taylorseer": dict(search=Search("interval", "values", values=(2, 3, 4, 5, 6, 8, 10))),
@@ -334,6 +338,17 @@ def dcache_contenders(bench: Bench) -> list[Contender]:
         families=[{"probe_blocks": 1, "tail_blocks": 0, "warmup_steps": 4},
                   {"probe_blocks": 1, "tail_blocks": 0, "warmup_steps": 2}],
         note="cache-dit DBCache F1B0W4 settings on dcache's fbcache"))
+    # SeaCache with a quadratic instead of a linear residual forecast (dcache's order knob; SeaCache allows 0 / 1).
+    contenders.append(Contender(
+        "dcache", "seacache o2", Search("threshold", "log", 0.01, 4.0),
+        lambda p, s: plain("seacache")(p, {**s, "order": 2}),
+        families=[{"max_consecutive": 2}, {"max_consecutive": 5}], note="seacache order=2"))
+    # MagCache's budget deciding where to compute, the skipped steps forecast (order) and the last step computed.
+    contenders.append(Contender(
+        "dcache", "magcache forecast", Search("threshold", "log", 0.005, 2.0), calibrated("magcache"),
+        families=[{"max_skip_steps": 4, "retention_ratio": 0.0, "order": 1, "cutoff_steps": 1},
+                  {"max_skip_steps": 6, "retention_ratio": 0.0, "order": 2, "cutoff_steps": 1}],
+        note="magcache order>0 cutoff_steps=1, ratios from calibrate_magcache on the tuning run"))
     # Whole-stack TaylorSeer (the taylorseer-lite preset): the counterpart of diffusers' TaylorSeer use_lite_mode.
     contenders.append(Contender(
         "dcache", "taylorseer stack", Search("interval", "values", values=(2, 3, 4, 5, 6, 8)),
@@ -694,11 +709,17 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
     md, js, png = out / f"{stem}.md", out / f"{stem}.json", out / f"{stem}_pareto.png"
     js.write_text(json.dumps(dict(meta=meta, results=results), indent=1, default=_json_default))
     pareto_png(results, meta, png)
+    rerun = meta.get("rerun")
+    commands = [meta["command"]] if not rerun else [rerun["kept_from"]["command"], meta["command"]]
     lines = [f"# dcache methods vs diffusers caches vs cache-dit (tiny model)", "",
-             "```", meta["command"], "```", "",
+             "```", *commands, "```", "",
              f"{meta['date']} · {meta['runtime_s'] / 60:.1f} min · torch {meta['torch']} · diffusers {meta['diffusers']}"
              f" · cache-dit {meta['cache_dit']} · weights {meta.get('weights', '?')} · {meta['threads']} torch thread(s) · {meta['cpu']} · load average at "
              f"start {meta['load_start']}, end {meta.get('load_end', '?')}", "",
+             *([f"Rows of the contenders matching `{rerun['pattern']}` were measured by the second command on "
+                f"{meta['date']} (the line above); every other row is from the first command's run of "
+                f"{rerun['kept_from']['date']} (same steps, seeds, repeats, threads and model weights: checked).", ""]
+               if rerun else []),
              f"Bundled tiny model (FluxTransformer2DModel, 2 double + 6 single blocks), {meta['steps']} steps, CFG "
              f"{meta['guidance']}. Tuning run: labels {meta['tune_labels']} seed {TUNE_SEED} (every calibration and the "
              f"knob search use it). Held-out: seeds {meta['heldout_seeds'][0]}..{meta['heldout_seeds'][-1]} x labels "
@@ -890,6 +911,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-cache-dit", action="store_true", help="leave cache-dit out")
     ap.add_argument("--no-fd-floor", action="store_true", help="skip the seed-to-seed FD reference")
     ap.add_argument("--resume", action="store_true", help="reuse contenders already in <out>/<stem>.json")
+    ap.add_argument("--rerun", default=None, help="regex on 'library:method': measure these contenders again and "
+                                                  "keep every other contender's results from <out>/<stem>.json "
+                                                  "(which must have the same steps, seeds, repeats and threads)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the table and plot from <out>/<stem>.json")
     return ap.parse_args(argv)
 
@@ -937,8 +961,11 @@ def main(argv: list[str] | None = None) -> Path:
             unavailable["cache-dit"] = reason
     if quick:
         contenders = [c for c in contenders if c.quick is not None]
+    all_contenders = list(contenders)
     if args.only:
         contenders = [c for c in contenders if re.search(args.only, c.label)]
+    if args.rerun:
+        contenders = [c for c in contenders if re.search(args.rerun, c.label)]
     log(f"references (uncached); {len(contenders)} contenders")
     bench.references({c.cfg_mode for c in contenders}, fd_floor=not (quick or args.no_fd_floor))
 
@@ -953,11 +980,25 @@ def main(argv: list[str] | None = None) -> Path:
                 uncached_b10_wall=median(bench.refs[("heldout_wall", "split")]))
 
     previous: dict[str, dict] = {}
-    if args.resume and (out / f"{stem}.json").is_file():
+    if (args.resume or args.rerun) and (out / f"{stem}.json").is_file():
         old = json.loads((out / f"{stem}.json").read_text())
         same = all(old["meta"].get(k) == meta[k] for k in ("steps", "heldout_seeds", "repeats", "threads"))
         if same:
             previous = {f"{r['library']}:{r['method']}": r for r in old["results"] if not r.get("error")}
+        if args.rerun:
+            same = same and old["meta"].get("weights") == meta["weights"]
+            if not same:
+                raise SystemExit(f"--rerun keeps the other rows of {out / (stem + '.json')}, but that run used other "
+                                 f"steps / seeds / repeats / threads / model weights; rerun everything instead (no "
+                                 f"--rerun).")
+            kept = [r for r in old["results"] if not re.search(args.rerun, f"{r['library']}:{r['method']}")]
+            previous = {f"{r['library']}:{r['method']}": r for r in kept}
+            meta["rerun"] = dict(pattern=args.rerun, kept_from=dict(command=old["meta"]["command"],
+                                                                    date=old["meta"]["date"]))
+            labels = {c.label for c in contenders}
+            contenders += [c for c in all_contenders if c.label not in labels and c.label in previous]
+            order = {f"{r['library']}:{r['method']}": i for i, r in enumerate(old["results"])}
+            contenders.sort(key=lambda c: order.get(c.label, len(order)))  # the old run's order, new ones last
     sweeper = Sweeper(bench, log)
     results: list[dict] = []
     for c in contenders:

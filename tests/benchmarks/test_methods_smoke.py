@@ -33,7 +33,8 @@ def test_quick_benchmark_table_has_dcache_and_diffusers_rows(tmp_path, monkeypat
 
     text = md.read_text()
     assert "python benchmarks/methods.py --quick --no-cache-dit" in text  # the exact command heads the table
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+    results = text.split("## Results", 1)[1].split("\n## ", 1)[0]  # the main table (later tables have other columns)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in results.splitlines()
             if line.startswith("| dcache |") or line.startswith("| diffusers |")]
     libraries = {r[0] for r in rows}
     assert libraries == {"dcache", "diffusers"}, libraries
