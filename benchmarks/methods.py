@@ -998,7 +998,8 @@ def main(argv: list[str] | None = None) -> Path:
             labels = {c.label for c in contenders}
             contenders += [c for c in all_contenders if c.label not in labels and c.label in previous]
             order = {f"{r['library']}:{r['method']}": i for i, r in enumerate(old["results"])}
-            contenders.sort(key=lambda c: order.get(c.label, len(order)))  # the old run's order, new ones last
+            last = {r["library"]: i for i, r in enumerate(old["results"])}  # new contenders: after their library's
+            contenders.sort(key=lambda c: order.get(c.label, last.get(c.library, len(order)) + 0.5))
     sweeper = Sweeper(bench, log)
     results: list[dict] = []
     for c in contenders:
