@@ -131,6 +131,14 @@ def score(heldout: search.Calibration, template, classifier, plan: Plan) -> dict
             "accuracy": accuracy(classifier, images, heldout.generate.labels)}
 
 
+def plan_key(plan: Plan, seeds: list[int]) -> str:
+    """What a held-out score depends on: the decisions, the forecast (Taylor order or predictor) and the seeds."""
+    forecaster = plan.extras.get("forecaster") or {}
+    what = [plan.model_class, plan.granularity, plan.units, plan.num_steps, plan.actions, plan.probe_blocks,
+            plan.tail_blocks, plan.forecast_order, forecaster.get("sha256"), seeds]
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
+
+
 def in_band(ratio: float, target: float) -> bool:
     return target / BAND_TOL <= ratio <= target * BAND_TOL
 
@@ -153,12 +161,13 @@ def main(argv=None) -> str:
     ap.add_argument("--max-span", type=int, default=6)
     ap.add_argument("--budgets", default="8,9,10,13,14,15",
                     help="LeMiCa / DP: computed steps of the plans (default: both target bands, 28 steps)")
-    ap.add_argument("--methods", default="ecad,lemica,dp,harmonica,l2c")
+    ap.add_argument("--methods", default="ecad,lemica,lemica-f1,dp,harmonica,l2c",
+                    help="lemica-f1: LeMiCa with the skipped steps forecast (Taylor 1) when measuring and replaying")
     ap.add_argument("--router-iterations", type=int, default=60)
     ap.add_argument("--heldout-seeds", type=int, default=10)
     ap.add_argument("--train-seeds", type=int, default=4, help="DisCa calibration runs (seeds 0..n-1, labels 0..9)")
     ap.add_argument("--disca-iterations", type=int, default=300, help="DisCa offline (residual) iterations")
-    ap.add_argument("--disca-online", type=int, default=40, help="DisCa closed-loop iterations")
+    ap.add_argument("--disca-online", type=int, default=72, help="DisCa closed-loop iterations (over all its plans)")
     ap.add_argument("--quick", action="store_true", help="12 steps, pop 8 x 3, span 4, routers 4 its, 2 held-out "
                                                          "seeds, DisCa 60 + 6 iterations on 2 seeds")
     ap.add_argument("--out", default=None, help="search output folder; searches found there are reused "
@@ -196,10 +205,10 @@ def main(argv=None) -> str:
             fronts[method] = search.ecad_search(
                 calib, folder, search.ECADConfig(pop_size=args.pop_size, generations=args.generations),
                 seed_plans=dynamic_seed_plans(pipe, calib), template=template, resume=True, progress=False)
-        elif method == "lemica":
-            fronts[method] = search.lemica_search(calib, folder, search.LeMiCaConfig(budgets=budgets,
-                                                                                     max_span=args.max_span),
-                                                  template=template, progress=False)
+        elif method in ("lemica", "lemica-f1"):
+            cfg = search.LeMiCaConfig(budgets=budgets, max_span=args.max_span,
+                                      forecast_order=int(method == "lemica-f1"))
+            fronts[method] = search.lemica_search(calib, folder, cfg, template=template, progress=False)
         elif method == "dp":
             fronts[method] = search.dp_search(calib, folder, search.DPConfig(budgets=budgets), template=template,
                                               progress=False)
@@ -218,31 +227,41 @@ def main(argv=None) -> str:
             if p["compute_ratio"] <= max_ratio:  # the targets' bands only (the rest of a front is in front.json)
                 plans.setdefault(method, []).append((p["plan"], Plan.load(out / method / p["plan"])))
     bases = {f"{m}/{Path(name).name.removesuffix('.plan.json')}": plan for m, entries in plans.items()
-             for name, plan in entries if "R" in "".join(r for rows in plan.actions.values() for r in rows)}
+             for name, plan in entries if set("RF") & set("".join(r for rows in plan.actions.values() for r in rows))}
     stack_bases = {k: p for k, p in bases.items() if Granularity(p.granularity) is Granularity.STACK}
     for key, base in bases.items():  # Taylor twins of every searched plan (order 2 for the step-level ones)
         for order in (1, 2) if key in stack_bases else (1,):
-            plans.setdefault(f"{key.split('/')[0]}+taylor{order}", []).append((key, disca.taylor_plan(base, order)))
+            if base.forecast_order != order:  # a forecasting plan (lemica-f1) is its own Taylor-1 twin
+                plans.setdefault(f"{key.split('/')[0]}+taylor{order}", []).append((key, disca.taylor_plan(base,
+                                                                                                          order)))
     disca_summary = None
     if stack_bases:
         t = time.time()
         runs = [GenerationJob(pipe, True, prompts=[str(x) for x in LABELS], steps=args.steps, seed=s)
                 for s in range(args.train_seeds)]
         cfg = disca.DisCaConfig(iterations=args.disca_iterations, online_iterations=args.disca_online)
-        predictor, disca_summary = disca.train_disca(calib, list(stack_bases.values()), out / "disca", cfg, runs=runs,
+        tag = hashlib.sha256(json.dumps([sorted(stack_bases), args.train_seeds, repr(cfg)]).encode()).hexdigest()[:10]
+        disca_dir = out / "disca" / tag  # one checkpoint per set of base plans and config (resumable)
+        predictor, disca_summary = disca.train_disca(calib, list(stack_bases.values()), disca_dir, cfg, runs=runs,
                                                      resume=True, progress=False)
         timings["disca"] = time.time() - t
         for key, base in stack_bases.items():
             plan = disca.disca_plan(base, predictor, disca_summary)
-            plan.save(out / "disca" / f"{key.replace('/', '-')}+disca.plan.json")
+            plan.save(disca_dir / f"{key.replace('/', '-')}+disca.plan.json")
             plans.setdefault(f"{key.split('/')[0]}+disca", []).append((key, plan))
         print(f"[{time.time() - t0:.0f}s] disca trained", flush=True)
 
     # ---------------------------------------------------------------------------------------------- scoring
     scored: dict[str, list[dict]] = {}
+    cache_path = out / "heldout_scores.json"  # a rerun scores only plans it has not seen
+    cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     for method, entries in plans.items():
         for name, plan in entries:
-            row = {"method": method, "plan": name, **score(heldout, held_template, classifier, plan)}
+            key = plan_key(plan, seeds)
+            if key not in cache:
+                cache[key] = score(heldout, held_template, classifier, plan)
+                cache_path.write_text(json.dumps(cache, indent=1))
+            row = {"method": method, "plan": name, **cache[key]}
             if method.endswith("+disca"):
                 row["predictor_ratio"] = disca.predictor_flops_ratio(predictor, plan, held_template,
                                                                      disca_summary["tokens_per_call"])
@@ -314,10 +333,12 @@ def main(argv=None) -> str:
         for key in stack_bases:
             m, name = key.split("/")
             base = next(p for p in scored[m] if Path(p["plan"]).name.removesuffix(".plan.json") == name)
-            cells = [f"{base['psnr']:.2f} / {fmt(base['accuracy'], '.2f')}"]
+            own = f"{base['psnr']:.2f} / {fmt(base['accuracy'], '.2f')}"
+            cells = [own] if stack_bases[key].forecast_order == 0 else ["-"]  # a forecasting plan: own = Taylor-1
             for v in ("+taylor1", "+taylor2", "+disca"):
                 r = by.get((m + v, key))
-                cells.append(f"{r['psnr']:.2f} / {fmt(r['accuracy'], '.2f')}" if r else "-")
+                cells.append(f"{r['psnr']:.2f} / {fmt(r['accuracy'], '.2f')}" if r else
+                             own if v == "+taylor1" and stack_bases[key].forecast_order == 1 else "-")
             extra = by.get((m + "+disca", key), {}).get("predictor_ratio")
             lines.append(f"| {key} | {base['compute_ratio']:.3f} | " + " | ".join(cells) + f" | {fmt(extra, '.4f')} |")
     lines += ["", "## All scored plans (held-out)", "", "| method | plan | compute ratio | PSNR | accuracy |",

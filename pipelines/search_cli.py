@@ -122,6 +122,8 @@ def search_command(
     generations: int = typer.Option(8, help="ECAD generations"),
     resume: bool = typer.Option(False, help="ECAD / routers / DisCa: continue from the checkpoint in <out>"),
     max_span: int = typer.Option(8, help="LeMiCa: longest cached segment + 1"),
+    forecast_order: int = typer.Option(0, help="LeMiCa: 0 reuses the skipped steps; k >= 1 forecasts them with "
+                                               "Taylor of order k (edges measured that way too)"),
     iterations: Optional[int] = typer.Option(None, help="L2C / HarmoniCa: router training iterations (default 60); "
                                                      "DisCa: residual-regression iterations (config default)"),
     online_iterations: Optional[int] = typer.Option(None, help="DisCa: closed-loop iterations, one calibration "
@@ -142,7 +144,7 @@ def search_command(
     front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts, seed=seed,
                        pop_size=pop_size, generations=generations, resume=resume, max_span=max_span,
                        iterations=iterations, progress=progress, base_plans=base_plans, train_seeds=train_seeds,
-                       online_iterations=online_iterations)
+                       online_iterations=online_iterations, forecast_order=forecast_order)
     typer.echo(f"wrote {out}/front.json, {out}/front.png, {out}/summary.md and {len(front.get('points', []))} plans:")
     for p in front.get("points", []):
         typer.echo(f"  {p['plan']}  compute ratio {p['compute_ratio']:.3f}  quality {p['quality']:.3f}")
@@ -154,7 +156,7 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                generations: int = 8, resume: bool = False, max_span: int = 8, iterations: int | None = None,
                progress: bool = True, seed_methods: tuple[str, ...] = ("fora", "fixed_interval", "fbcache", "easycache"),
                on_generation=None, base_plans: str = "", train_seeds: int = 2,
-               online_iterations: int | None = None) -> dict:
+               online_iterations: int | None = None, forecast_order: int = 0) -> dict:
     """The search behind `dcache search`, on an already loaded pipeline; returns the front (as in front.json)."""
     from dcache.schedules import search
 
@@ -172,7 +174,8 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                                   seed_plans=seeds, resume=resume, template=template, progress=progress,
                                   on_generation=on_generation)
     if method == "lemica":
-        return search.lemica_search(calib, out, search.LeMiCaConfig(budgets=counts, max_span=max_span),
+        cfg = search.LeMiCaConfig(budgets=counts, max_span=max_span, forecast_order=forecast_order)
+        return search.lemica_search(calib, out, cfg,
                                     template=template, progress=progress)
     if method == "dp":
         return search.dp_search(calib, out, search.DPConfig(budgets=counts), template=template, progress=progress)

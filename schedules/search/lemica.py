@@ -7,10 +7,15 @@ calibration set (edges i -> i+1 cache nothing and weigh 0). A schedule with B co
 with B edges; LeMiCa picks the path whose edge-error vector, sorted in descending order, is lexicographically
 smallest. The order is monotone under adding the same edge to two equally long paths, so a label-setting DP over
 (node, edges used) that keeps the leximax-best label is exact.
+
+forecast_order >= 1 (dcache's extension): the skipped steps of a segment are *forecast* (Taylor of that order from
+the cached history) instead of reused, both when the edges are measured and in the exported plans, so the path is
+chosen for the error forecasting actually makes (a measured edge's history is its start step and the step before).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -36,25 +41,34 @@ def l1_error(images: torch.Tensor, reference: torch.Tensor) -> float:
 class LeMiCaConfig:
     budgets: tuple[int, ...] = ()  # computed steps B per plan; empty: ratios 0.5 and 0.33 of the steps
     max_span: int = 8  # longest edge (reused steps + 1)
+    forecast_order: int = 0  # 0: skipped steps reuse (LeMiCa); k >= 1: they are forecast with Taylor of order k
 
     def __post_init__(self) -> None:
+        if self.forecast_order < 0:
+            raise ValueError(f"forecast_order={self.forecast_order} must be >= 0 (0 = reuse, 1 = linear forecast).")
         if self.max_span < 2:
             raise ValueError(f"max_span={self.max_span} must be >= 2 (span 1 caches nothing).")
         if any(b < 1 for b in self.budgets):
             raise ValueError(f"budgets {self.budgets} must be >= 1 computed steps each.")
 
 
-def segment_rows(num_steps: int, i: int, j: int) -> list[str]:
-    return ["R" if i < s < j else "C" for s in range(num_steps)]
+def segment_rows(num_steps: int, i: int, j: int, skip: str = "R") -> list[str]:
+    return [skip if i < s < j else "C" for s in range(num_steps)]
 
 
-def path_rows(num_steps: int, nodes: Sequence[int]) -> list[str]:
+def path_rows(num_steps: int, nodes: Sequence[int], skip: str = "R") -> list[str]:
     keep = set(nodes)
-    return ["C" if s in keep else "R" for s in range(num_steps)]
+    return ["C" if s in keep else skip for s in range(num_steps)]
+
+
+def _stack_plan(template: Template, rows: list[str], forecast_order: int, **kwargs) -> Plan:
+    plan = template.plan(Granularity.STACK, rows, **kwargs)
+    return dataclasses.replace(plan, forecast_order=forecast_order) if forecast_order else plan
 
 
 def edge_weights(calib: Calibration, template: Template, max_span: int, error_fn: ErrorFn = l1_error,
-                 cache_path: str | os.PathLike | None = None, progress: bool = True) -> dict[tuple[int, int], float]:
+                 cache_path: str | os.PathLike | None = None, progress: bool = True,
+                 forecast_order: int = 0) -> dict[tuple[int, int], float]:
     """Global error of every edge i -> j (span 2..max_span), one cached generation each; saved to cache_path."""
     n = template.num_steps
     edges = [(i, j) for i in range(n) for j in range(i + 2, min(n, i + max_span) + 1)]
@@ -63,13 +77,14 @@ def edge_weights(calib: Calibration, template: Template, max_span: int, error_fn
         import json
 
         data = json.loads(Path(cache_path).read_text())
-        if data.get("num_steps") == n:
+        if data.get("num_steps") == n and data.get("forecast_order", 0) == forecast_order:
             done = {tuple(map(int, k.split("-"))): v for k, v in data["edges"].items()}
     todo = [e for e in edges if e not in done]
     ref = calib.reference()
 
     def weigh(edge: tuple[int, int]) -> float:
-        plan = template.plan(Granularity.STACK, segment_rows(n, *edge), method="lemica-edge")
+        skip = "F" if forecast_order else "R"
+        plan = _stack_plan(template, segment_rows(n, *edge, skip=skip), forecast_order, method="lemica-edge")
         return float(error_fn(run_plan(calib, plan), ref))
 
     chunk = 16  # save progress every chunk (resume after a crash re-measures at most one chunk)
@@ -83,7 +98,7 @@ def edge_weights(calib: Calibration, template: Template, max_span: int, error_fn
         for e, w in zip(part, distributed_map(weigh, part)):
             done[e] = w
         if cache_path is not None and is_main_process():
-            write_json(cache_path, {"num_steps": n, "max_span": max_span,
+            write_json(cache_path, {"num_steps": n, "max_span": max_span, "forecast_order": forecast_order,
                                     "edges": {f"{i}-{j}": w for (i, j), w in sorted(done.items())}})
         if bar is not None:
             bar.update(len(part))
@@ -134,7 +149,8 @@ def lemica_search(calib: Calibration, out_dir: str | os.PathLike, config: LeMiCa
     template = template or make_template(calib)
     n = template.num_steps
     budgets = config.budgets or default_budgets(n)
-    weights = edge_weights(calib, template, config.max_span, error_fn, out / "edges.json", progress)
+    weights = edge_weights(calib, template, config.max_span, error_fn, out / "edges.json", progress,
+                           config.forecast_order)
     points = []
     for b in budgets:
         nodes, vec = leximax_path(n, weights, b)
@@ -145,6 +161,7 @@ def lemica_search(calib: Calibration, out_dir: str | os.PathLike, config: LeMiCa
 
 def lemica_plan(template: Template, nodes: Sequence[int], *, budget: int, config: LeMiCaConfig | None = None,
                 edge_errors: Sequence[float] = ()) -> Plan:
-    return template.plan(Granularity.STACK, path_rows(template.num_steps, nodes), method="lemica",
-                         config={**(asdict(config) if config else {}), "budget": budget},
-                         extras={"compute_steps": list(nodes), "edge_errors_desc": list(edge_errors)})
+    order = config.forecast_order if config else 0
+    return _stack_plan(template, path_rows(template.num_steps, nodes, "F" if order else "R"), order, method="lemica",
+                       config={**(asdict(config) if config else {}), "budget": budget},
+                       extras={"compute_steps": list(nodes), "edge_errors_desc": list(edge_errors)})

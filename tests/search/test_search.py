@@ -137,6 +137,25 @@ def test_lemica_end_to_end(calib, template, tmp_path):
     handle.remove()
 
 
+def test_lemica_forecast_edges_and_plans(calib, template, tmp_path):
+    """forecast_order=1: edges measured with the skipped steps forecast, plans exported with F cells (Taylor 1)."""
+    reuse = lemica_search(calib, tmp_path / "r", LeMiCaConfig(budgets=(3,), max_span=3), template=template,
+                          progress=False)
+    front = lemica_search(calib, tmp_path / "f", LeMiCaConfig(budgets=(3,), max_span=3, forecast_order=1),
+                          template=template, progress=False)
+    plan = Plan.load(tmp_path / "f" / front["points"][0]["plan"])
+    assert plan.forecast_order == 1 and "R" not in "".join(plan.actions["cond"])
+    assert sum(r == "C" for r in plan.actions["cond"]) == 3 and "F" in plan.actions["cond"]
+    forecast_edges = json.loads((tmp_path / "f" / "edges.json").read_text())
+    reuse_edges = json.loads((tmp_path / "r" / "edges.json").read_text())
+    assert forecast_edges["forecast_order"] == 1 and forecast_edges["edges"].keys() == reuse_edges["edges"].keys()
+    assert forecast_edges["edges"] != reuse_edges["edges"]
+    assert calib.quality_fn(run_plan(calib, plan), calib.reference()) == pytest.approx(front["points"][0]["quality"])
+    assert front["points"][0]["compute_ratio"] == pytest.approx(reuse["points"][0]["compute_ratio"])
+    with pytest.raises(ValueError, match="forecast_order=-1"):
+        LeMiCaConfig(forecast_order=-1)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_dp_schedule_matches_brute_force(seed):
     gen = torch.Generator().manual_seed(seed)
