@@ -280,7 +280,6 @@ class Engine:
         return sum(b.nbytes for b in self.branches.values())
 
     # ------------------------------------------------------------------------------------------------ calls
-    @_eager
     def begin_call(self, args: tuple, kwargs: dict) -> None:
         self._hook_scheduler()
         name, pos = self._timestep_slot
@@ -298,7 +297,6 @@ class Engine:
         if Signal.SPECTRAL_REL_L1 in self.wanted:
             self._spectral_signal(self.call, args, kwargs)
 
-    @_eager
     def end_call(self) -> None:
         call, self.call = self.call, None
         if call is None or call.actions is None:
@@ -514,7 +512,6 @@ class Engine:
     # ------------------------------------------------------------------------------------------------ blocks
     # Every block call is split in three so that, under torch.compile, only the block's own forward is traced:
     #   block_enter (eager: bookkeeping, decision, reuse) -> forward (traced) -> block_exit (eager: caching).
-    @_eager
     def block_enter(self, slot: BlockSlot, forward: Any, args: tuple, kwargs: dict,
                     compiling: bool = False) -> tuple[bool, Any]:
         """(True, state) when the block must run, (False, output) when its result comes from the cache."""
@@ -563,7 +560,6 @@ class Engine:
         return self._apply_cached(slot, call.bstate.units[("seg", slot.list_index)], action, call.step, hidden,
                                   encoder)
 
-    @_eager
     def block_exit(self, slot: BlockSlot, state: Any, out: Any) -> Any:
         if state is None:
             return out
@@ -587,7 +583,6 @@ class Engine:
             call.stack_output = slot.slots.split_output(out)[0]
         return out
 
-    @_eager
     def abort(self, state: Any) -> None:
         """A forward raised: close an open FLOP counter and drop the call (its record entry is never written)."""
         if isinstance(state, tuple) and state and isinstance(state[-1], FlopCounterMode):
@@ -623,7 +618,6 @@ class Engine:
         return slot.slots.make_output(out_h, out_e)
 
     # ------------------------------------------------------------------------------------------------ modules
-    @_eager
     def module_enter(self, unit: int, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         first = args[0] if args and isinstance(args[0], torch.Tensor) else next(
             (v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
@@ -646,7 +640,6 @@ class Engine:
         leaves = [next(tensors) if is_t else None for is_t in hist.is_tensor]  # type: ignore[attr-defined]
         return False, tree_unflatten(leaves, hist.spec)  # type: ignore[attr-defined]
 
-    @_eager
     def module_exit(self, unit: int, state: Any, out: Any) -> Any:
         if state is None:
             return out
@@ -663,10 +656,17 @@ class Engine:
             hist.is_tensor = [isinstance(t, torch.Tensor) for t in leaves]  # type: ignore[attr-defined]
         return out
 
-
-def _dynamo_active() -> bool:
-    """True when torch.compile is tracing around this (eager) hook frame."""
-    return get_eval_frame_callback() is not None
+    # The same entry points behind torch.compiler.disable, for hook frames that run while torch.compile traces the
+    # model: dynamo must neither trace the bookkeeping nor compile its helpers as graphs of their own. In plain eager
+    # (no tracer active) the hooks call the undecorated methods: the disable wrapper's frame switching costs more
+    # than the rest of a skipped block's bookkeeping.
+    begin_call_traced = _eager(begin_call)
+    end_call_traced = _eager(end_call)
+    block_enter_traced = _eager(block_enter)
+    block_exit_traced = _eager(block_exit)
+    module_enter_traced = _eager(module_enter)
+    module_exit_traced = _eager(module_exit)
+    abort_traced = _eager(abort)
 
 
 def _has_accelerate_hook(module: nn.Module) -> bool:
@@ -710,13 +710,18 @@ class _TransformerHook(ModelHook):
 
     @torch.compiler.disable(recursive=False)
     def new_forward(self, module: nn.Module, *args, **kwargs):
-        self.engine.begin_call(args, kwargs)
+        engine = self.engine
+        if get_eval_frame_callback() is None:  # plain eager (see Engine.begin_call_traced)
+            begin, end, abort = engine.begin_call, engine.end_call, engine.abort
+        else:
+            begin, end, abort = engine.begin_call_traced, engine.end_call_traced, engine.abort_traced
+        begin(args, kwargs)
         try:
             out = self.fn_ref.original_forward(*args, **kwargs)
         except BaseException:
-            self.engine.abort(None)
+            abort(None)
             raise
-        self.engine.end_call()
+        end()
         return out
 
     def reset_state(self, module: nn.Module) -> nn.Module:
@@ -731,16 +736,21 @@ class _BlockHook(ModelHook):
     @torch.compiler.disable(recursive=False)  # this frame stays eager; the original forward below is traced
     def new_forward(self, module: nn.Module, *args, **kwargs):
         # Inline on purpose: a helper frame here would be traced by dynamo (only this frame is skipped).
-        run, state = self.engine.block_enter(self.slot, self.fn_ref.original_forward, args, kwargs,
-                                             _dynamo_active())
+        engine = self.engine
+        compiling = get_eval_frame_callback() is not None
+        if compiling:
+            enter, exit_, abort = engine.block_enter_traced, engine.block_exit_traced, engine.abort_traced
+        else:  # plain eager (see Engine.begin_call_traced)
+            enter, exit_, abort = engine.block_enter, engine.block_exit, engine.abort
+        run, state = enter(self.slot, self.fn_ref.original_forward, args, kwargs, compiling)
         if not run:
             return state
         try:
             out = self.fn_ref.original_forward(*args, **kwargs)
         except BaseException:
-            self.engine.abort(state)
+            abort(state)
             raise
-        return self.engine.block_exit(self.slot, state, out)
+        return exit_(self.slot, state, out)
 
 
 class _ModuleHook(ModelHook):
@@ -750,12 +760,17 @@ class _ModuleHook(ModelHook):
 
     @torch.compiler.disable(recursive=False)
     def new_forward(self, module: nn.Module, *args, **kwargs):
-        run, state = self.engine.module_enter(self.unit, args, kwargs)  # inline: see _BlockHook.new_forward
+        engine = self.engine  # inline: see _BlockHook.new_forward
+        if get_eval_frame_callback() is None:
+            enter, exit_, abort = engine.module_enter, engine.module_exit, engine.abort
+        else:
+            enter, exit_, abort = engine.module_enter_traced, engine.module_exit_traced, engine.abort_traced
+        run, state = enter(self.unit, args, kwargs)
         if not run:
             return state
         try:
             out = self.fn_ref.original_forward(*args, **kwargs)
         except BaseException:
-            self.engine.abort(state)
+            abort(state)
             raise
-        return self.engine.module_exit(self.unit, state, out)
+        return exit_(self.unit, state, out)

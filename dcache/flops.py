@@ -31,7 +31,8 @@ class FlopBook:
         return (unit, shape) in self.costs
 
     def cost(self, unit: Any, shape: tuple) -> float | None:
-        return self.costs.get((unit, shape), self.by_unit.get(unit))
+        cost = self.costs.get((unit, shape))
+        return cost if cost is not None else self.by_unit.get(unit)
 
     def record(self, unit: Any, shape: tuple, flops: float) -> None:
         self.costs[(unit, shape)] = flops

@@ -35,10 +35,17 @@ class StreamSlots:
         return cls(spec.hidden, hidden_pos, spec.encoder, encoder_pos, spec.outputs)
 
     def read(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(hidden [B, L, D], encoder [B, L_txt, D] or None) as passed to the block."""
-        hidden = _pick(args, kwargs, self.hidden_name, self.hidden_pos)
-        encoder = _pick(args, kwargs, self.encoder_name, self.encoder_pos) if self.encoder_name else None
-        return hidden, encoder
+        """(hidden [B, L, D], encoder [B, L_txt, D] or None) as passed to the block (runs for every block call)."""
+        if kwargs:
+            hidden = kwargs.get(self.hidden_name)
+            if hidden is None:
+                hidden = _pick(args, kwargs, self.hidden_name, self.hidden_pos)
+            encoder = kwargs.get(self.encoder_name) if self.encoder_name else None
+            if encoder is None and self.encoder_name:
+                encoder = _pick(args, kwargs, self.encoder_name, self.encoder_pos)
+            return hidden, encoder
+        return (_pick(args, kwargs, self.hidden_name, self.hidden_pos),
+                _pick(args, kwargs, self.encoder_name, self.encoder_pos) if self.encoder_name else None)
 
     def split_output(self, output: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(hidden, encoder) out of what the block returned."""
@@ -49,9 +56,17 @@ class StreamSlots:
 
     def make_output(self, hidden: torch.Tensor, encoder: torch.Tensor | None) -> Any:
         """A block result in the block's own format (tuple order from the adapter)."""
-        if self.outputs == (HIDDEN,):
+        outputs = self.outputs
+        if outputs == _HIDDEN_ONLY:
             return hidden
-        return tuple(hidden if s == HIDDEN else encoder if s == ENCODER else None for s in self.outputs)
+        if outputs == _ENCODER_HIDDEN:  # the MM-DiT orders, spelled out: this runs for every skipped block
+            return encoder, hidden
+        if outputs == _HIDDEN_ENCODER:
+            return hidden, encoder
+        return tuple(hidden if s == HIDDEN else encoder if s == ENCODER else None for s in outputs)
+
+
+_HIDDEN_ONLY, _ENCODER_HIDDEN, _HIDDEN_ENCODER = (HIDDEN,), (ENCODER, HIDDEN), (HIDDEN, ENCODER)
 
 
 def bind_arguments(block: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
