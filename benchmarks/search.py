@@ -26,6 +26,8 @@ Protocol (the held-out set is the one of benchmarks/methods.py, so its dynamic r
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -167,7 +169,9 @@ def main(argv=None) -> str:
     ap.add_argument("--heldout-seeds", type=int, default=10)
     ap.add_argument("--train-seeds", type=int, default=4, help="DisCa calibration runs (seeds 0..n-1, labels 0..9)")
     ap.add_argument("--disca-iterations", type=int, default=300, help="DisCa offline (residual) iterations")
-    ap.add_argument("--disca-online", type=int, default=72, help="DisCa closed-loop iterations (over all its plans)")
+    ap.add_argument("--disca-online", type=int, default=0, help="DisCa closed-loop iterations over all its plans")
+    ap.add_argument("--disca-per-plan", type=int, default=12,
+                    help="then closed-loop iterations per base plan (each DisCa plan gets its own fine-tuned copy)")
     ap.add_argument("--quick", action="store_true", help="12 steps, pop 8 x 3, span 4, routers 4 its, 2 held-out "
                                                          "seeds, DisCa 60 + 6 iterations on 2 seeds")
     ap.add_argument("--out", default=None, help="search output folder; searches found there are reused "
@@ -178,7 +182,7 @@ def main(argv=None) -> str:
     if args.quick:
         args.steps, args.pop_size, args.generations, args.max_span = 12, 8, 3, 4
         args.router_iterations, args.heldout_seeds, args.train_seeds = 4, 2, 2
-        args.disca_iterations, args.disca_online, args.budgets = 60, 6, "3,4,5,6,7"
+        args.disca_iterations, args.disca_online, args.disca_per_plan, args.budgets = 60, 0, 3, "3,4,5,6,7"
     torch.set_num_threads(1)
     t0 = time.time()
     from dcache.pipelines.bundled import load_digit_classifier, load_tiny_pipeline
@@ -244,11 +248,14 @@ def main(argv=None) -> str:
         disca_dir = out / "disca" / tag  # one checkpoint per set of base plans and config (resumable)
         predictor, disca_summary = disca.train_disca(calib, list(stack_bases.values()), disca_dir, cfg, runs=runs,
                                                      resume=True, progress=False)
-        timings["disca"] = time.time() - t
         for key, base in stack_bases.items():
-            plan = disca.disca_plan(base, predictor, disca_summary)
+            own = copy.deepcopy(predictor)  # fine-tuned in closed loop on this plan only (resumable, own folder)
+            plan_cfg = dataclasses.replace(cfg, online_iterations=args.disca_per_plan)
+            disca.finetune_online(pipe, [base], runs, own, disca_dir / key.replace("/", "-"), plan_cfg, progress=False)
+            plan = disca.disca_plan(base, own, disca_summary)
             plan.save(disca_dir / f"{key.replace('/', '-')}+disca.plan.json")
             plans.setdefault(f"{key.split('/')[0]}+disca", []).append((key, plan))
+        timings["disca"] = time.time() - t
         print(f"[{time.time() - t0:.0f}s] disca trained", flush=True)
 
     # ---------------------------------------------------------------------------------------------- scoring
@@ -323,7 +330,8 @@ def main(argv=None) -> str:
                   "Same stack plans (the searched step schedules), every skipped step forecast instead of reused: "
                   "Taylor order 1 / 2 from the cached history, or the DisCa predictor (trained on the calibration "
                   f"seeds for these plans: {args.disca_iterations} residual-regression iterations on the teacher and "
-                  f"Taylor-rollout trajectories, then {args.disca_online} closed-loop iterations on the output error; "
+                  f"Taylor-rollout trajectories of all of them, {args.disca_online} closed-loop iterations on the "
+                  f"output error over all of them, then {args.disca_per_plan} closed-loop iterations per plan; "
                   f"{predictor.num_params()} parameters = "
                   f"{predictor.num_params() / sum(p.numel() for p in pipe.transformer.parameters()):.1%} of the "
                   f"transformer). Held-out numbers; 'pred. FLOPs' = the predictor's FLOPs / uncached block FLOPs.", "",

@@ -589,6 +589,7 @@ def finetune_online(pipe: Any, plans: Sequence[Plan], runs: Sequence[Callable[[]
 
     Checkpointed with the offline state in the same file after every iteration; resumes from it.
     """
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     ckpt = Path(out_dir) / CHECKPOINT
     state = torch.load(ckpt, weights_only=False) if ckpt.is_file() else {}
     frozen = [p for p in pipe.transformer.parameters() if p.requires_grad]
