@@ -208,6 +208,9 @@ def main(argv: list[str] | None = None) -> Path:
     meta, rows = run(args.rounds, lambda m: print(m, flush=True), thresholds)
     lines = report(meta, rows)
     lines += ["", f"Command: `python benchmarks/overhead.py --rounds {args.rounds} --thresholds {args.thresholds}` ({(time.time() - t0) / 60:.1f} min)."]
+    notes = args.out / "overhead_notes.md"
+    if notes.is_file():  # the hand-written reading of these numbers (kept across reruns)
+        lines += ["", notes.read_text().rstrip()]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "overhead.md"
     tmp = path.with_suffix(".md.tmp")
