@@ -5,7 +5,9 @@ Triton or torch. In the engine's hot path the inputs are tensors the engine itse
 cached from an earlier one, so that validation re-proves the same facts a dozen times per call; on a small model at
 batch 1 it costs as much as the arithmetic. The engine therefore resolves the backend once per call:
 
-  * Triton (CUDA) or grad enabled: the public, validated ops (the kernels, or a clear error for grad inputs);
+  * grad enabled (e.g. a learned forecaster trained through the engine, `schedules/search/disca.py`): plain
+    differentiable torch compositions (the kernels write into out= buffers and are inference-only);
+  * Triton (CUDA): the public, validated ops;
   * torch otherwise: the `*_reference` implementations directly, which are what the public ops run on this
     backend anyway, so results are bit-identical either way.
 
@@ -42,12 +44,26 @@ def _store_torch(out: torch.Tensor, inp: torch.Tensor, buffer: torch.Tensor | No
     return torch.sub(out, inp, out=buffer) if buffer is not None else out - inp
 
 
+def _apply_autograd(hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """Differentiable hidden + residual on the last residual.shape[-2] tokens (no out= buffer)."""
+    head = hidden.shape[-2] - residual.shape[-2] if hidden.dim() >= 2 and residual.dim() >= 2 else 0
+    tail = (hidden[..., head:, :] if head else hidden) + residual.to(hidden.dtype)
+    return torch.cat([hidden[..., :head, :], tail], dim=-2) if head else tail
+
+
+def _store_autograd(out: torch.Tensor, inp: torch.Tensor, buffer: torch.Tensor | None) -> torch.Tensor:
+    return out - inp  # a fresh tensor: writing into a cached buffer would cut the graph
+
+
 VALIDATED = CacheOps("validated", residual_apply, _store_validated, rel_l1_stats)
+AUTOGRAD = CacheOps("autograd", _apply_autograd, _store_autograd, rel_l1_stats_reference)
 TORCH_DIRECT = CacheOps("torch", residual_apply_reference, _store_torch, rel_l1_stats_reference)
 
 
 def ops_for(tensor: torch.Tensor) -> CacheOps:
     """The ops for one transformer call whose hidden states are `tensor`."""
-    if torch.is_grad_enabled() or resolve(tensor) is Backend.TRITON:
+    if torch.is_grad_enabled():
+        return AUTOGRAD
+    if resolve(tensor) is Backend.TRITON:
         return VALIDATED
     return TORCH_DIRECT

@@ -35,11 +35,6 @@ def residual_apply_reference(
 
 def residual_apply(hidden: torch.Tensor, residual: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """hidden + residual on the last residual.shape[-2] tokens; see the module docstring."""
-    if torch.is_grad_enabled() and (hidden.requires_grad or residual.requires_grad):
-        # autograd on (training a forecaster through the engine): out= kernels record no gradient, use torch ops
-        head = hidden.shape[-2] - residual.shape[-2] if hidden.dim() >= 2 and residual.dim() >= 2 else 0
-        tail = (hidden[..., head:, :] if head else hidden) + residual.to(hidden.dtype)
-        return torch.cat([hidden[..., :head, :], tail], dim=-2) if head else tail
     hidden, residual, out = prepare("residual_apply", hidden, residual, out, "hidden", "residual")
     if use_triton("residual_apply", hidden, residual):
         return _residual_apply_triton(hidden, residual, out)

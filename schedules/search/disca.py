@@ -158,7 +158,7 @@ def record_units(pipe: Any, runs: Sequence[Callable[[], Any]], base: Plan, *, st
 
 def _student_hooks(session: ProfileSession, student: Plan, replicas: dict, forecast, order: int) -> dict[Any, int]:
     """Torch hooks that replace unit outputs at the student's skipped cells; returns unit key -> action column."""
-    from dcache.kernels import residual_apply
+    from dcache.cache_ops import ops_for
     from dcache.schedule import GenerationInfo
 
     g = Granularity(student.granularity)
@@ -203,8 +203,9 @@ def _student_hooks(session: ProfileSession, student: Plan, replicas: dict, forec
                 return None
             h_in, e_in = inputs[key]
             cached = predict(replica, where.step)
-            out_h = residual_apply(h_in, cached[0])
-            out_e = residual_apply(e_in, cached[1]) if e_in is not None and len(cached) > 1 else e_in
+            apply = ops_for(h_in).apply  # differentiable when grad is on (training through this rollout)
+            out_h = apply(h_in, cached[0])
+            out_e = apply(e_in, cached[1]) if e_in is not None and len(cached) > 1 else e_in
             return last.slots.make_output(out_h, out_e)
 
         session._torch_hooks.append(first.block.register_forward_pre_hook(pre, with_kwargs=True))
