@@ -49,6 +49,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = (0.5, 0.33)
 BAND_TOL = 1.18  # benchmarks/methods.py: a point is in band c if c / 1.18 <= ratio <= c * 1.18
 HELDOUT_SEED0 = 1000
+VALIDATION_SEED0 = 500  # DisCa's choice between its candidates (never trained on, not held out)
 LABELS = list(range(10))
 DYNAMIC_SWEEPS = {  # fallback when methods.json does not match this protocol
     "fbcache": [dict(threshold=t) for t in (0.1, 0.2, 0.3, 0.5)],
@@ -248,11 +249,30 @@ def main(argv=None) -> str:
         disca_dir = out / "disca" / tag  # one checkpoint per set of base plans and config (resumable)
         predictor, disca_summary = disca.train_disca(calib, list(stack_bases.values()), disca_dir, cfg, runs=runs,
                                                      resume=True, progress=False)
+        # validation runs: seeds the predictor never trained on and the held-out set does not contain
+        validation = search.Calibration(pipe, HeldOut(pipe, args.steps, [VALIDATION_SEED0 + i for i in range(2)]),
+                                        lambda a, b: psnr(a, b))
+        plan_cfg = dataclasses.replace(cfg, online_iterations=args.disca_per_plan)
+        choices = {}
         for key, base in stack_bases.items():
-            own = copy.deepcopy(predictor)  # fine-tuned in closed loop on this plan only (resumable, own folder)
-            plan_cfg = dataclasses.replace(cfg, online_iterations=args.disca_per_plan)
-            disca.finetune_online(pipe, [base], runs, own, disca_dir / key.replace("/", "-"), plan_cfg, progress=False)
-            plan = disca.disca_plan(base, own, disca_summary)
+            # candidates, each fine-tuned in closed loop on this plan only (resumable, own folders): from the shared
+            # regression predictor and from the Taylor start; chosen with the untouched ones on the validation runs
+            tuned = copy.deepcopy(predictor)
+            disca.finetune_online(pipe, [base], runs, tuned, disca_dir / key.replace("/", "-"), plan_cfg,
+                                  progress=False)
+            fresh = disca.DisCaPredictor(predictor.streams, order=cfg.order, hidden=cfg.hidden,
+                                         time_dim=cfg.time_dim, layout=predictor.layout)
+            disca.finetune_online(pipe, [base], runs, fresh, disca_dir / (key.replace("/", "-") + "-from-taylor"),
+                                  plan_cfg, progress=False)
+            candidates = {"taylor": None, "regression": predictor, "regression+closed-loop": tuned,
+                          "closed-loop": fresh}
+            name, val = disca.choose_predictor(validation, base, candidates, cfg.order)
+            choices[key] = (name, val)
+            print(f"[{time.time() - t0:.0f}s] disca {key}: validation PSNR "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in val.items()) + f" -> {name}", flush=True)
+            chosen = candidates[name]  # Taylor chosen: the plan forecasts with Taylor, no predictor (and no FLOPs)
+            plan = disca.taylor_plan(base, cfg.order) if chosen is None else disca.disca_plan(base, chosen,
+                                                                                               disca_summary)
             plan.save(disca_dir / f"{key.replace('/', '-')}+disca.plan.json")
             plans.setdefault(f"{key.split('/')[0]}+disca", []).append((key, plan))
         timings["disca"] = time.time() - t
@@ -269,7 +289,7 @@ def main(argv=None) -> str:
                 cache[key] = score(heldout, held_template, classifier, plan)
                 cache_path.write_text(json.dumps(cache, indent=1))
             row = {"method": method, "plan": name, **cache[key]}
-            if method.endswith("+disca"):
+            if method.endswith("+disca") and "forecaster" in plan.extras:
                 row["predictor_ratio"] = disca.predictor_flops_ratio(predictor, plan, held_template,
                                                                      disca_summary["tokens_per_call"])
             scored.setdefault(method, []).append(row)
@@ -334,9 +354,14 @@ def main(argv=None) -> str:
                   f"output error over all of them, then {args.disca_per_plan} closed-loop iterations per plan; "
                   f"{predictor.num_params()} parameters = "
                   f"{predictor.num_params() / sum(p.numel() for p in pipe.transformer.parameters()):.1%} of the "
-                  f"transformer). Held-out numbers; 'pred. FLOPs' = the predictor's FLOPs / uncached block FLOPs.", "",
+                  f"transformer). Per plan, four candidates: Taylor-{cfg.order} (no predictor), the shared "
+                  f"regression predictor, and both after {args.disca_per_plan} closed-loop iterations on that plan "
+                  f"alone; the one with the best PSNR on validation seeds {VALIDATION_SEED0}-{VALIDATION_SEED0 + 1} "
+                  f"(not trained on, not held out) is the DisCa plan. Held-out numbers; 'pred. FLOPs' = the "
+                  f"predictor's FLOPs / uncached block FLOPs.", "",
                   "| base plan | compute ratio | reuse PSNR / acc | Taylor-1 PSNR / acc | Taylor-2 PSNR / acc | "
-                  "DisCa PSNR / acc | pred. FLOPs |", "|---|---|---|---|---|---|---|"]
+                  "DisCa PSNR / acc | pred. FLOPs | DisCa variant (validation PSNR) |",
+                  "|---|---|---|---|---|---|---|---|"]
         by = {(m, p["plan"]): p for m, rows in scored.items() for p in rows}
         for key in stack_bases:
             m, name = key.split("/")
@@ -348,7 +373,10 @@ def main(argv=None) -> str:
                 cells.append(f"{r['psnr']:.2f} / {fmt(r['accuracy'], '.2f')}" if r else
                              own if v == "+taylor1" and stack_bases[key].forecast_order == 1 else "-")
             extra = by.get((m + "+disca", key), {}).get("predictor_ratio")
-            lines.append(f"| {key} | {base['compute_ratio']:.3f} | " + " | ".join(cells) + f" | {fmt(extra, '.4f')} |")
+            name, val = choices[key]
+            picked = f"{name} ({', '.join(f'{k} {v:.2f}' for k, v in val.items())})"
+            lines.append(f"| {key} | {base['compute_ratio']:.3f} | " + " | ".join(cells)
+                         + f" | {fmt(extra, '.4f')} | {picked} |")
     lines += ["", "## All scored plans (held-out)", "", "| method | plan | compute ratio | PSNR | accuracy |",
               "|---|---|---|---|---|"]
     for method, rows in scored.items():

@@ -42,7 +42,7 @@ from dcache.state import UnitHistory
 from .._profiling import ProfileSession
 from ..disca import DisCaPredictor, as_tokens, stream_name, taylor_terms, time_features
 from .core import (Calibration, FrontPoint, Template, first_output, make_template, measure,
-                   replace_first_output, write_front)
+                   replace_first_output, run_plan, write_front)
 
 CHECKPOINT = "disca.ckpt.pt"
 ROLLOUTS = {"taylor": None, "reuse": lambda hist, step: hist.reuse()}
@@ -459,6 +459,20 @@ def train_disca(calib: Calibration, base_plans: Sequence[Plan], out_dir: str | o
                                   for key, steps in some_branch.items()
                                   for i, t in enumerate(next(iter(steps.values())))}
     return predictor, summary
+
+
+def choose_predictor(validation: Calibration, base: Plan, candidates: dict[str, DisCaPredictor | None],
+                     order: int = 1) -> tuple[str, dict[str, float]]:
+    """The candidate whose DisCa plan scores best on a validation set (None = the Taylor twin of `order`).
+
+    A learned forecaster can fit its calibration runs and still lose to Taylor in closed loop on a given plan, so
+    the choice is made on generations it never trained on; returns (name, validation quality of every candidate).
+    """
+    scores = {}
+    for name, predictor in candidates.items():
+        plan = taylor_plan(base, order) if predictor is None else disca_plan(base, predictor)
+        scores[name] = float(validation.quality_fn(run_plan(validation, plan), validation.reference()))
+    return max(scores, key=lambda n: (scores[n], n == "taylor")), scores
 
 
 def predictor_flops_ratio(predictor: DisCaPredictor, plan: Plan, template: Template, tokens: dict[str, int]) -> float:

@@ -130,6 +130,18 @@ def test_forecasts_replay_deterministically_through_files_and_exported_plans(set
     assert torch.equal(first, run_plan(calib, exported))
 
 
+def test_choose_predictor_keeps_taylor_unless_a_candidate_beats_it_on_validation(setup, tmp_path):
+    calib, template, base, runs, data = setup
+    cfg = D.DisCaConfig(iterations=0, hidden=16, online_iterations=0)
+    zero, _ = D.train_predictor(data, tmp_path, cfg, progress=False)  # exactly Taylor: a tie goes to Taylor
+    broken = copy.deepcopy(zero)
+    with torch.no_grad():
+        for net in broken.nets.values():
+            net.out.weight.normal_(0.0, 5.0)  # a wild correction on every forecast
+    name, scores = D.choose_predictor(calib, base, {"taylor": None, "zero": zero, "broken": broken})
+    assert name == "taylor" and scores["zero"] == scores["taylor"] and scores["broken"] < scores["taylor"] - 3.0
+
+
 def _damaged(plan: Plan, **spec_changes) -> dict:
     d = copy.deepcopy(plan.to_dict())
     d["extras"]["forecaster"].update(spec_changes)
