@@ -65,7 +65,8 @@ def test_numbers_follow_the_definitions(eval_run):
     assert all(math.isinf(p) for p in same["per_image"]["psnr"]) and same["ssim"] == pytest.approx(1.0)
     assert same["fid_vs_uncached"] == pytest.approx(0.0, abs=1e-6)
     fora = v["fora"]
-    assert 0 < fora["compute_ratio"] < 1 and fora["ideal_speedup"] == pytest.approx(1 / fora["compute_ratio"])
+    ideal = fora["ideal_speedup"]  # arithmetic from FLOPs, not a timing
+    assert 0 < fora["compute_ratio"] < 1 and ideal == pytest.approx(1 / fora["compute_ratio"])
     assert fora["max_abs"] > 0 and math.isfinite(fora["psnr"])
     per_image = fora["per_image"]["max_abs"]
     assert fora["max_abs"] == pytest.approx(sum(per_image) / 8) and fora["max_abs_max"] == max(per_image)
@@ -76,7 +77,10 @@ def test_numbers_follow_the_definitions(eval_run):
     # measured FLOPs of a whole call shrink with the compute ratio
     assert fora["flops_per_image"] < v["uncached"]["flops_per_image"]
     assert v["uncached"]["latency"]["n"] == 4 and v["uncached"]["latency"]["median_s"] > 0
-    assert v["uncached"]["cpu_speedup"] == 1.0 and fora["cpu_latency"]["n"] == 4 and fora["cpu_speedup"] > 0
+    # the reported CPU-time ratio is the ratio of the reported medians (report arithmetic; no timing is bounded)
+    reported_ref, reported = v["uncached"]["cpu_speedup"], fora["cpu_speedup"]
+    assert reported_ref == 1.0 and fora["cpu_latency"]["n"] == 4
+    assert reported == pytest.approx(v["uncached"]["cpu_latency"]["median_s"] / fora["cpu_latency"]["median_s"])
 
 
 def test_per_image_psnr_matches_the_stored_images(eval_run):

@@ -19,7 +19,8 @@ def test_generate_writes_grid_stats_and_a_replayable_plan(tmp_path):
     assert result.exit_code == 0, result.output
     stats = json.loads((out / "stats.json").read_text())
     assert stats["calls"] == 24 and stats["units_reused"] > 0  # split CFG: 2 calls per step
-    assert stats["compute_ratio"] < 1.0 and stats["compute_ratio"] * stats["ideal_speedup"] == 1.0
+    ideal = stats["ideal_speedup"]  # arithmetic from FLOPs, not a timing
+    assert stats["compute_ratio"] < 1.0 and stats["compute_ratio"] * ideal == 1.0
     assert stats["psnr_db"] > 25.0
     assert (out / "grid.png").stat().st_size > 0
     assert "measured" in result.output and "PSNR" in result.output
