@@ -244,7 +244,8 @@ def main(argv=None) -> str:
         t = time.time()
         runs = [GenerationJob(pipe, True, prompts=[str(x) for x in LABELS], steps=args.steps, seed=s)
                 for s in range(args.train_seeds)]
-        cfg = disca.DisCaConfig(iterations=args.disca_iterations, online_iterations=args.disca_online)
+        cfg = disca.DisCaConfig(iterations=args.disca_iterations, online_iterations=args.disca_online,
+                                rollout=("taylor",))
         tag = hashlib.sha256(json.dumps([sorted(stack_bases), args.train_seeds, repr(cfg)]).encode()).hexdigest()[:10]
         disca_dir = out / "disca" / tag  # one checkpoint per set of base plans and config (resumable)
         predictor, disca_summary = disca.train_disca(calib, list(stack_bases.values()), disca_dir, cfg, runs=runs,
