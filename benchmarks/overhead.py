@@ -70,11 +70,7 @@ class Floor:
     """Every block returns its inputs in its own output format: what is left is the time outside the blocks."""
 
     def __init__(self, pipe):
-        from diffusers.hooks import HookRegistry, ModelHook
-
-        transformer = pipe.transformer
-        adapter = adapter_for(transformer)
-        self.registries = []
+        from diffusers.hooks import ModelHook
 
         class PassThrough(ModelHook):
             def __init__(self, slots: StreamSlots):
@@ -82,21 +78,24 @@ class Floor:
                 self.slots = slots
 
             def new_forward(self, module, *args, **kwargs):
-                hidden, encoder = self.slots.read(args, kwargs)
-                return self.slots.make_output(hidden, encoder)
+                return self.slots.make_output(*self.slots.read(args, kwargs))
 
-        self._hook = lambda block, spec: PassThrough(StreamSlots.for_block(block, spec))
-        self.pairs = [(block, adapter.block_lists[li]) for li, block in adapter.blocks(transformer)]
-        self._registry = HookRegistry
+        adapter = adapter_for(pipe.transformer)
+        self.hooks = [(block, PassThrough(StreamSlots.for_block(block, adapter.block_lists[li])))
+                      for li, block in adapter.blocks(pipe.transformer)]
 
     def __enter__(self):
-        for block, spec in self.pairs:
-            self._registry.check_if_exists_or_initialize(block).register_hook(self._hook(block, spec), "floor")
+        from diffusers.hooks import HookRegistry
+
+        for block, hook in self.hooks:
+            HookRegistry.check_if_exists_or_initialize(block).register_hook(hook, "floor")
         return self
 
     def __exit__(self, *exc):
-        for block, _ in self.pairs:
-            self._registry.check_if_exists_or_initialize(block).remove_hook("floor", recurse=False)
+        from diffusers.hooks import HookRegistry
+
+        for block, _ in self.hooks:
+            HookRegistry.check_if_exists_or_initialize(block).remove_hook("floor", recurse=False)
 
 
 def contenders(thresholds: tuple[float, ...] = THRESHOLDS) -> list[Row]:

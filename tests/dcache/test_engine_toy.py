@@ -60,7 +60,8 @@ def test_stack_reuse_skips_middle_blocks_and_adds_the_cached_segment_residuals()
     torch.testing.assert_close(outs[1], expected, rtol=1e-6, atol=1e-6)
     stats = handle.stats()
     assert stats.units_reused == 2 and stats.units_computed == 2
-    assert 1.0 < stats.ideal_speedup < 6 / 2  # probe + tail always run: at most 6 blocks / 2 per reused step
+    ideal = stats.ideal_speedup  # FLOP arithmetic, not a timing
+    assert 1.0 < ideal < 6 / 2  # probe + tail always run: at most 6 blocks / 2 per reused step
 
 
 def test_block_reuse_applies_each_blocks_own_residual():
