@@ -72,7 +72,10 @@ class CallState:
     pre: dict[Signal, torch.Tensor] = field(default_factory=dict)
     stack_input: torch.Tensor | None = None
     stack_output: torch.Tensor | None = None
-    segment_inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+    # STACK: the open run of middle segments (start list, its hidden and encoder inputs) and a finished run whose
+    # store waits for the next list's first block (which may continue it, see Engine._segment_start).
+    run: tuple[int, torch.Tensor, torch.Tensor | None] | None = None
+    finished_run: tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None] | None = None
     probe_residual: torch.Tensor | None = None
     signal_values: dict[str, float] = field(default_factory=dict)
     flops_total: float = 0.0
@@ -100,7 +103,7 @@ class Engine:
             self.module_unit = {(b, m): i for i, (b, m) in enumerate(self._module_pairs())}
             self.composed_units = composed_indices(self.adapter, self.units)
         self.decision_block = schedule.probe_blocks if self.granularity is Granularity.STACK else 0
-        self.segment_keys = tuple(("seg", s.list_index) for s in self.blocks if s.segment_first)
+        self.segment_lists = tuple(s.list_index for s in self.blocks if s.segment_first)  # STACK, in order
         self.last_block = len(self.blocks) - 1
         self.ops = VALIDATED  # kernel entry points, re-chosen at the first block of every call (cache_ops.py)
         self._bytes_seen: tuple[int, int] = (0, 0)  # (branches, units) when the cache bytes were last summed
@@ -301,6 +304,8 @@ class Engine:
         call, self.call = self.call, None
         if call is None or call.actions is None:
             return
+        if call.finished_run is not None:  # the forward returned before the next list's first block
+            self._store_run(call)
         rec = call.record
         signals = dict(call.signal_values, flops_total=call.flops_total, flops_computed=call.flops_computed)
         entry = CallRecord(call.step, call.branch, call.actions, signals)
@@ -342,7 +347,8 @@ class Engine:
             if a == _COMPUTE:
                 continue
             if self.granularity is Granularity.STACK:
-                ok = bool(bstate.units) and all(bstate.units.get(key) is not None for key in self.segment_keys)
+                ok = bool(bstate.units) and all(bstate.units.get(("seg", li)) is not None
+                                                for li in self.segment_lists if li not in bstate.chained)
             else:
                 hist = bstate.units.get(i)
                 ok = hist is not None and hist.tables is not None
@@ -537,7 +543,7 @@ class Engine:
                 call.stack_output = slot.slots.split_output(out)[0]
             return False, out
         if slot.segment_first and self.granularity is Granularity.STACK and slot.role == "middle":
-            call.segment_inputs[slot.list_index] = (hidden, encoder)
+            self._segment_start(call, slot, hidden, encoder)
         counter = None if compiling or self.flops.known(slot.index, shape) else self.flops.start(slot.index, shape)
         return True, (call, hidden, encoder, shape, counter)
 
@@ -555,8 +561,8 @@ class Engine:
         action = call.actions[0]
         if action == _COMPUTE:
             return None
-        if not slot.segment_first:
-            return slot.slots.make_output(hidden, encoder)  # skipped: the segment residual was applied already
+        if not slot.segment_first or slot.list_index in call.bstate.chained:
+            return slot.slots.make_output(hidden, encoder)  # skipped: the run's residual was applied already
         return self._apply_cached(slot, call.bstate.units[("seg", slot.list_index)], action, call.step, hidden,
                                   encoder)
 
@@ -572,16 +578,46 @@ class Engine:
         if self.granularity is Granularity.STACK:
             if slot.role == "probe" and slot.index == self.decision_block - 1:
                 self._on_probe_output(call, slot.slots.split_output(out)[0])
-            elif slot.role == "middle" and slot.segment_last and self.schedule.may_reuse(call.branch, 0):
-                seg_h, seg_e = call.segment_inputs.pop(slot.list_index)
+            elif slot.role == "middle" and slot.segment_last and call.run is not None:
+                start, seg_h, seg_e = call.run
+                call.run = None
                 out_h, out_e = slot.slots.split_output(out)
-                self._store(call, ("seg", slot.list_index), [out_h, out_e], [seg_h, seg_e])
+                call.finished_run = (start, seg_h, seg_e, out_h, out_e)
+                if slot.list_index == self.segment_lists[-1]:
+                    self._store_run(call)
         elif self.granularity is Granularity.BLOCK and self.schedule.may_reuse(call.branch, slot.index):
             out_h, out_e = slot.slots.split_output(out)
             self._store(call, slot.index, [out_h, out_e], [hidden, encoder])
         if slot.index == self.last_block:
             call.stack_output = slot.slots.split_output(out)[0]
         return out
+
+    def _segment_start(self, call: CallState, slot: BlockSlot, hidden, encoder) -> None:
+        """A computed call enters a list's middle segment. When the previous list's segment output flows into this
+        block unchanged (the same tensor objects: the transformer does nothing between the two lists, as in Flux's
+        double -> single blocks), the two segments are one run with one cached residual per stream, so a skipped
+        call adds 2 residuals instead of 4 and a computed one stores 2 instead of 4. Exact for REUSE and Taylor
+        FORECAST (both linear in the cached residuals: r_run = r_0 + r_1); `Schedule.segment_runs` turns it off
+        (a learned forecaster keeps one unit per list, the units its predictor was trained on)."""
+        bstate, li = call.bstate, slot.list_index
+        done = call.finished_run
+        if done is not None and hidden is done[3] and encoder is done[4] and self.schedule.segment_runs:
+            call.finished_run = None
+            call.run = done[:3]  # continue the run: its inputs stay those of its first list
+            bstate.chained.add(li)
+            bstate.units.pop(("seg", li), None)  # a per-list residual from before would be stale
+            return
+        self._store_run(call)
+        bstate.chained.discard(li)
+        if self.schedule.may_reuse(call.branch, 0):
+            call.run = (li, hidden, encoder)
+
+    def _store_run(self, call: CallState) -> None:
+        """Cache the finished run's residual (out - in per stream) under its first list's key."""
+        done, call.finished_run = call.finished_run, None
+        if done is not None:
+            start, seg_h, seg_e, out_h, out_e = done
+            self._store(call, ("seg", start), [out_h, out_e], [seg_h, seg_e])
 
     def abort(self, state: Any) -> None:
         """A forward raised: close an open FLOP counter and drop the call (its record entry is never written)."""

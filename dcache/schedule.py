@@ -47,6 +47,12 @@ class Schedule:
       forecast_order: Taylor order kept for FORECAST (0 = plain reuse history only).
       forecaster:     None (FORECAST = Taylor extrapolation) or a `dcache.forecast.Forecaster` that the engine asks
                       for every forecast unit instead.
+      segment_runs:   STACK granularity: the middle segments of consecutive block lists are one unit ("run") where
+                      the transformer passes one list's output straight to the next (Flux: double -> single blocks),
+                      so one residual per stream is cached and applied instead of one per list. Exact for REUSE
+                      and Taylor FORECAST (linear in the residuals); a learned forecaster is trained per list, so
+                      by default a schedule with one keeps the lists apart (and so must the recordings that train
+                      it).
     """
 
     granularity: Granularity = Granularity.STACK
@@ -56,6 +62,10 @@ class Schedule:
     forecast_order: int = 0
     forecaster = None
     name: str = "schedule"
+
+    @property
+    def segment_runs(self) -> bool:
+        return self.forecaster is None
 
     def reset(self, generation: GenerationInfo) -> None:
         """A new generation starts: forget all per-generation state."""

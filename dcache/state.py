@@ -75,6 +75,7 @@ class BranchState:
     """Everything one branch (cond / uncond / ...) keeps across the steps of one generation."""
 
     units: dict[Any, UnitHistory] = field(default_factory=dict)  # stack segments, blocks or modules
+    chained: set[int] = field(default_factory=set)  # STACK: lists whose segment continued the previous one's run
     last_compute_step: int | None = None
     # Signal references (only kept when a signal needs them).
     prev_modulated: torch.Tensor | None = None

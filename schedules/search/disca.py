@@ -96,6 +96,7 @@ class _Record(Schedule):
     """All-compute, every unit cached: the engine stores what a replay of the base plan stores at computed steps."""
 
     name = "disca-record"
+    segment_runs = False  # the predictor is trained per list, as a DisCa plan replays (Schedule.segment_runs)
 
     def __init__(self, granularity: Granularity, probe_blocks: int, tail_blocks: int):
         self.granularity = granularity

@@ -62,7 +62,9 @@ def test_student_rollout_follows_the_cached_replay_and_records_the_truth(setup):
     teacher, _ = D.record_units(calib.pipe, [lambda: images.append(calib.generate())], base)
     rollout, _ = D.record_units(calib.pipe, [lambda: images.append(calib.generate())], base, student=student)
     assert torch.equal(images[0], calib.reference())  # the teacher run is the uncached one
-    assert torch.equal(images[1], run_plan(calib, student))  # the student run is the cached replay, bit for bit
+    # the student run is the cached replay: the rollout forecasts each list's segment, the replay the merged run
+    # (Schedule.segment_runs), the same sum r0 + r1 rounded in another order
+    assert (images[1] - run_plan(calib, student)).abs().max() < 1e-5
     for branch, units in teacher[0].items():
         for key, steps in units.items():
             assert sorted(steps) == list(range(STEPS))  # true values at every step, skipped ones included
@@ -76,7 +78,9 @@ def test_untrained_predictor_is_exactly_the_taylor_forecast(setup, tmp_path):
     pred, summary = D.train_predictor(data, tmp_path, cfg, progress=False)
     assert summary["rel_mse_disca"] == summary["rel_mse_taylor"]
     disca_images = run_plan(calib, D.disca_plan(base, pred, summary))
-    assert torch.equal(disca_images, run_plan(calib, D.taylor_plan(base, 1)))
+    # per-list segments (the predictor's units) vs the Taylor plan's merged run (Schedule.segment_runs): the same
+    # forecasts summed in another order
+    assert (disca_images - run_plan(calib, D.taylor_plan(base, 1))).abs().max() < 1e-5
     assert not torch.equal(disca_images, run_plan(calib, base))  # Taylor order 1 differs from reuse
 
 
@@ -139,7 +143,9 @@ def test_choose_predictor_keeps_taylor_unless_a_candidate_beats_it_on_validation
         for net in broken.nets.values():
             net.out.weight.normal_(0.0, 5.0)  # a wild correction on every forecast
     name, scores = D.choose_predictor(calib, base, {"taylor": None, "zero": zero, "broken": broken})
-    assert name == "taylor" and scores["zero"] == scores["taylor"] and scores["broken"] < scores["taylor"] - 3.0
+    # zero == Taylor up to the order of the residual sums (per-list units vs the merged run, Schedule.segment_runs)
+    assert name == "taylor" and abs(scores["zero"] - scores["taylor"]) < 1e-3
+    assert scores["broken"] < scores["taylor"] - 3.0
 
 
 def _damaged(plan: Plan, **spec_changes) -> dict:
