@@ -28,6 +28,19 @@ ModulatedInputFn = Callable[[nn.Module, dict[str, Any]], torch.Tensor]
 
 
 @dataclass(frozen=True)
+class Invariant:
+    """A transformer submodule whose output is the same at every step for the same key (dcache.memo)."""
+
+    module: str  # dotted path under the transformer, e.g. "pos_embed"
+    key: str = "inputs"  # "inputs" | "shapes" (ignored when depends_on is given)
+    depends_on: tuple[str, ...] = ()  # transformer forward arguments the output is a function of
+
+    def __post_init__(self) -> None:
+        if self.key not in ("inputs", "shapes"):
+            raise ValueError(f"Invariant({self.module!r}).key={self.key!r} must be 'inputs' or 'shapes'.")
+
+
+@dataclass(frozen=True)
 class BlockList:
     """One `ModuleList` of blocks inside the transformer.
 
@@ -64,6 +77,8 @@ class Adapter:
     # fn(the transformer's bound forward arguments) -> the call's noisy latents [B, C, T, H, W] (SeaCache's spectral
     # indicator, dcache.spectral), or None; unset: a 4-D / 5-D `hidden_states` argument is taken as they are.
     latents: Callable[[dict[str, Any]], torch.Tensor | None] | None = None
+    # Step-invariant modules outside the blocks (RoPE tables) that the engine computes once (dcache.memo).
+    invariants: tuple[Invariant, ...] = ()
 
     def __post_init__(self) -> None:
         for unit, inputs in self.composed:

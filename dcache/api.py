@@ -21,12 +21,14 @@ DEFAULT_METHOD = "magcache"
 
 
 def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLike = DEFAULT_METHOD, *,
-          num_steps: int | None = None, count_flops: bool = True, **overrides: Any) -> Handle:
+          num_steps: int | None = None, count_flops: bool = True, memoize: bool = True, **overrides: Any) -> Handle:
     """Hook a caching method into a diffusers pipeline (or a bare transformer) and return its Handle.
 
     method:    a method name ("magcache", "fbcache", ...), a preset name, a plan file path (*.json), a config
                object, a Plan, or a Schedule instance.
     num_steps: transformer-only use: the number of denoising steps (a pipeline's scheduler tells it otherwise).
+    memoize:   compute step-invariant work outside the blocks (RoPE tables) once instead of every call
+               (dcache.memo; exact: keyed on the same input tensors). False leaves those modules alone.
     overrides: config fields, e.g. apply(pipe, "magcache", threshold=0.1).
     """
     pipeline, transformer = _split_target(target)
@@ -35,7 +37,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                            f"on the first handle before applying another method.")
     schedule, name, config = _resolve_schedule(method, overrides, transformer)
     engine = Engine(transformer, adapter_for(transformer), schedule, pipeline=pipeline,
-                    num_steps=num_steps, count_flops=count_flops)
+                    num_steps=num_steps, count_flops=count_flops, memoize=memoize)
     if isinstance(schedule, PlanSchedule):
         _check_plan_fits(schedule.plan, engine)
     transformer._dcache_engine = engine

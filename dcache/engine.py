@@ -32,6 +32,7 @@ from .adapters import Adapter, BlockList, composed_indices, submodule
 from .cache_ops import VALIDATED, ops_for
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
+from .memo import install_memos
 from .parallel import sync_signals
 from . import spectral
 from .schedule import CallContext, GenerationInfo, Schedule, normalize_actions
@@ -85,7 +86,7 @@ class CallState:
 class Engine:
     def __init__(self, transformer: nn.Module, adapter: Adapter, schedule: Schedule, *,
                  pipeline: Any = None, num_steps: int | None = None,
-                 count_flops: bool = True):
+                 count_flops: bool = True, memoize: bool = True):
         self.transformer = transformer
         self.adapter = adapter
         self.schedule = schedule
@@ -116,6 +117,9 @@ class Engine:
         self.scheduler_name: str | None = None  # class of the scheduler driving generations (kept after remove)
         self._removed = False
         self._timestep_slot = _timestep_slot(transformer)
+        self._call_inputs: tuple[tuple, dict] | None = None  # (args, kwargs) of the running transformer call
+        self.memoize = memoize
+        self.memos: list = []  # dcache.memo hooks on step-invariant modules (Adapter.invariants)
         self._install()
 
     # ------------------------------------------------------------------------------------------------ layout
@@ -173,6 +177,8 @@ class Engine:
             t._old_forward, t.forward = t.forward, accelerate_forward
         for slot in self.blocks:
             HookRegistry.check_if_exists_or_initialize(slot.block).register_hook(_BlockHook(self, slot), HOOK_NAME)
+        if self.memoize:
+            self.memos = install_memos(t, self.adapter.invariants, HOOK_NAME, self._call_arguments)
         self._module_hooked: dict[int, nn.Module] = {}
         if self.granularity is Granularity.MODULE:
             self._hook_modules()
@@ -283,7 +289,15 @@ class Engine:
         return sum(b.nbytes for b in self.branches.values())
 
     # ------------------------------------------------------------------------------------------------ calls
+    def _call_arguments(self) -> dict[str, Any] | None:
+        """The running transformer call's arguments by name (pipelines pass them as keywords: no binding)."""
+        if self._call_inputs is None:
+            return None
+        args, kwargs = self._call_inputs
+        return bind_arguments(self.transformer, args, kwargs) if args else kwargs
+
     def begin_call(self, args: tuple, kwargs: dict) -> None:
+        self._call_inputs = (args, kwargs)
         self._hook_scheduler()
         name, pos = self._timestep_slot
         timestep = kwargs.get(name) if name in kwargs else args[pos] if pos is not None and pos < len(args) else None
@@ -302,6 +316,7 @@ class Engine:
 
     def end_call(self) -> None:
         call, self.call = self.call, None
+        self._call_inputs = None
         if call is None or call.actions is None:
             return
         if call.finished_run is not None:  # the forward returned before the next list's first block
@@ -624,6 +639,7 @@ class Engine:
         if isinstance(state, tuple) and state and isinstance(state[-1], FlopCounterMode):
             self.flops.stop(state[-1], None, None)
         self.call = None
+        self._call_inputs = None
 
     def _store(self, call: CallState, key: Any, outs: list, ins: list) -> None:
         """Cache residual = out - in per stream (hidden, encoder), reusing the old buffer in place when possible."""

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .adapters import ENCODER, HIDDEN, Adapter, BlockList, register_adapter
+from .adapters import ENCODER, HIDDEN, Adapter, BlockList, Invariant, register_adapter
 from .spectral import packed_2x2_latents, unpack_tokens
 
 Args = dict[str, Any]  # the first block's bound forward arguments: name -> value
@@ -225,6 +225,10 @@ def _channels_last_latents(args: Args) -> torch.Tensor:
 #   h + gate * proj_out(cat[attn(n), gelu(proj_mlp(n))])      n = AdaLN(h): attn is pre_only (no to_out)
 # so proj_out (5 D^2 per token of the ~12 D^2 of the block's linear layers) is a unit too, composed of attn and
 # proj_mlp: a reused proj_out needs neither of them. Reused output = before the gate (the gate is recomputed).
+# RoPE tables outside the blocks, the same at every step (dcache.memo). Flux-style: pos_embed(cat[txt_ids, img_ids])
+# of the forward's own id arguments; Wan / HunyuanVideo-style: rope(hidden_states) reads its shape only.
+_IDS_ROPE = (Invariant("pos_embed", depends_on=("img_ids", "txt_ids")),)
+_SHAPE_ROPE = (Invariant("rope", key="shapes"),)
 _FLUX_LIKE_MODULES = ("attn", "ff", "ff_context", "proj_mlp", "proj_out")
 _SINGLE_BLOCK_COMPOSED = (("proj_out", ("attn", "proj_mlp")),)
 
@@ -238,6 +242,7 @@ register_adapter(Adapter(
     composed=_SINGLE_BLOCK_COMPOSED,
     latents=_packed_latents,
     modulated_input=_adaln_zero(),
+    invariants=_IDS_ROPE,
 ))
 
 register_adapter(Adapter(
@@ -251,6 +256,7 @@ register_adapter(Adapter(
     modulated_input=_flux2_modulated_input,
     notes="single blocks run over the concatenated [text; image] stream; their attention fuses the MLP "
           "(Flux2ParallelSelfAttention), so `attn` is the whole single block.",
+    invariants=(Invariant("pos_embed", key="inputs"),),  # pos_embed(img_ids[0]), pos_embed(txt_ids[0])
 ))
 
 register_adapter(Adapter(
@@ -260,6 +266,7 @@ register_adapter(Adapter(
     modulated_input=_time_embedding("temb"),
     notes="encoder_hidden_states is cross-attention context (read, not returned). Modulated input = the block's "
           "`temb` = timestep_proj [B, 6, D] (TeaCache's `e0`, the use_ret_steps coefficients).",
+    invariants=_SHAPE_ROPE,
 ))
 
 register_adapter(Adapter(
@@ -273,6 +280,7 @@ register_adapter(Adapter(
     modulated_input=_hunyuan_video_modulated_input,
     notes="text refiner (context_embedder.token_refiner) runs on text tokens before the blocks: not a block list. "
           "image_condition_type='token_replace' swaps in TokenReplace block classes with the same slots.",
+    invariants=_SHAPE_ROPE,
 ))
 
 register_adapter(Adapter(
@@ -356,6 +364,7 @@ register_adapter(Adapter(
     latents=_packed_latents,
     modulated_input=_chroma_modulated_input,
     notes="per-block modulation is sliced from one pooled embedding: temb differs per block.",
+    invariants=_IDS_ROPE,
 ))
 
 register_adapter(Adapter(
@@ -415,6 +424,7 @@ register_adapter(Adapter(
     modules=("attn1", "attn2", "ffn"),
     modulated_input=_time_embedding("temb"),
     notes="Wan-style. Modulated input = timestep_proj [B, 6, D] (or [B, 6, L, D] with diffusion forcing).",
+    invariants=_SHAPE_ROPE,
 ))
 
 register_adapter(Adapter(
@@ -447,6 +457,7 @@ register_adapter(Adapter(
     composed=_SINGLE_BLOCK_COMPOSED,
     latents=_packed_latents,
     modulated_input=_adaln_zero(),
+    invariants=_IDS_ROPE,
 ))
 
 register_adapter(Adapter(
@@ -469,6 +480,7 @@ register_adapter(Adapter(
     modules=("attn1", "attn2", "ffn"),
     modulated_input=_time_embedding("temb"),
     notes="Wan-style blocks; modulated input = timestep_proj [B, 6, D].",
+    invariants=_SHAPE_ROPE,
 ))
 
 register_adapter(Adapter(
@@ -606,6 +618,7 @@ register_adapter(Adapter(
     notes="Skipped: vace_blocks run first over the control stream and produce hints that the model adds after "
           "some main blocks (outside the blocks, so a whole-stack residual includes them). Reusing the main "
           "stack does not skip the VACE blocks.",
+    invariants=_SHAPE_ROPE,
 ))
 
 register_adapter(Adapter(
