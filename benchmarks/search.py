@@ -40,7 +40,7 @@ import torch
 import dcache
 from dcache.actions import Granularity
 from dcache.pipelines.runner import GenerationJob, psnr
-from dcache.pipelines.search_cli import dynamic_seed_plans, make_calibration
+from dcache.pipelines.search_cli import FORECAST_SEEDS, REUSE_SEEDS, dynamic_seed_plans, make_calibration
 from dcache.plan import Plan
 from dcache.schedules import search
 
@@ -164,8 +164,20 @@ def main(argv=None) -> str:
     ap.add_argument("--max-span", type=int, default=6)
     ap.add_argument("--budgets", default="8,9,10,13,14,15",
                     help="LeMiCa / DP: computed steps of the plans (default: both target bands, 28 steps)")
-    ap.add_argument("--methods", default="ecad,lemica,lemica-f1,dp,harmonica,l2c",
-                    help="lemica-f1: LeMiCa with the skipped steps forecast (Taylor 1) when measuring and replaying")
+    ap.add_argument("--methods", default="ecad,lemica,lemica-f1,dp,harmonica,l2c,ecad-f1",
+                    help="lemica-f1: LeMiCa with the skipped steps forecast (Taylor 1) when measuring and replaying; "
+                         "ecad-f1: ECAD over step genomes whose skipped steps are forecast (Taylor 1) when evaluated "
+                         "and replayed, seeded with the forecasting dynamic schedules' recorded plans and the step "
+                         "plans of the methods listed before it, then hill-climbed at --polish-steps")
+    ap.add_argument("--forecast-pop-size", type=int, default=24, help="ecad-f<k>: NSGA-II population")
+    ap.add_argument("--forecast-generations", type=int, default=4, help="ecad-f<k>: NSGA-II generations")
+    ap.add_argument("--polish-steps", default="14,13,10",
+                    help="ecad-f<k>: computed-step counts whose best plan is then hill-climbed (one computed step "
+                         "moved at a time); default: ratios 0.5, 0.464 and 0.357 at 28 steps")
+    ap.add_argument("--polish-evaluations", type=int, default=60, help="ecad-f<k>: neighbours per polish ratio")
+    ap.add_argument("--disca-bases", default="lemica,lemica-f1,dp",
+                    help="searched methods whose step-level plans get a DisCa twin (the predictor is trained for "
+                         "all of them together)")
     ap.add_argument("--router-iterations", type=int, default=60)
     ap.add_argument("--heldout-seeds", type=int, default=10)
     ap.add_argument("--train-seeds", type=int, default=4, help="DisCa calibration runs (seeds 0..n-1, labels 0..9)")
@@ -184,6 +196,7 @@ def main(argv=None) -> str:
         args.steps, args.pop_size, args.generations, args.max_span = 12, 8, 3, 4
         args.router_iterations, args.heldout_seeds, args.train_seeds = 4, 2, 2
         args.disca_iterations, args.disca_online, args.disca_per_plan, args.budgets = 60, 0, 3, "3,4,5,6,7"
+        args.forecast_pop_size, args.forecast_generations, args.polish_steps = 8, 3, "6,4"
     torch.set_num_threads(1)
     t0 = time.time()
     from dcache.pipelines.bundled import load_digit_classifier, load_tiny_pipeline
@@ -210,6 +223,21 @@ def main(argv=None) -> str:
             fronts[method] = search.ecad_search(
                 calib, folder, search.ECADConfig(pop_size=args.pop_size, generations=args.generations),
                 seed_plans=dynamic_seed_plans(pipe, calib), template=template, resume=True, progress=False)
+        elif method.startswith("ecad-f") and method[6:].isdigit():
+            cfg = search.ECADConfig(pop_size=args.forecast_pop_size, generations=args.forecast_generations,
+                                    granularity="stack", forecast_order=int(method[6:]),
+                                    polish_ratios=tuple(int(k) / args.steps for k in args.polish_steps.split(",")
+                                                        if k.strip()),
+                                    polish_evaluations=args.polish_evaluations)
+            # seeds: the forecasting dynamic schedules' recorded plans, the step plans of the searches run before
+            # this one (LeMiCa / DP paths, scored here with the skipped steps forecast), the reuse schedules
+            searched = {f"{m}/{Path(q['plan']).name.removesuffix('.plan.json')}": Plan.load(out / m / q["plan"])
+                        for m, front in fronts.items() for q in front["points"] if not m.startswith("ecad")}
+            ecad_seeds = {**dynamic_seed_plans(pipe, calib, FORECAST_SEEDS),
+                          **{k: v for k, v in searched.items() if Granularity(v.granularity) is Granularity.STACK},
+                          **dynamic_seed_plans(pipe, calib, REUSE_SEEDS)}
+            fronts[method] = search.ecad_search(calib, folder, cfg, seed_plans=ecad_seeds, template=template,
+                                                resume=True, progress=False)
         elif method in ("lemica", "lemica-f1"):
             cfg = search.LeMiCaConfig(budgets=budgets, max_span=args.max_span,
                                       forecast_order=int(method == "lemica-f1"))
@@ -234,28 +262,30 @@ def main(argv=None) -> str:
     bases = {f"{m}/{Path(name).name.removesuffix('.plan.json')}": plan for m, entries in plans.items()
              for name, plan in entries if set("RF") & set("".join(r for rows in plan.actions.values() for r in rows))}
     stack_bases = {k: p for k, p in bases.items() if Granularity(p.granularity) is Granularity.STACK}
+    disca_methods = {m for m in args.disca_bases.split(",") if m}
+    disca_bases = {k: p for k, p in stack_bases.items() if k.split("/")[0] in disca_methods}
     for key, base in bases.items():  # Taylor twins of every searched plan (order 2 for the step-level ones)
         for order in (1, 2) if key in stack_bases else (1,):
             if base.forecast_order != order:  # a forecasting plan (lemica-f1) is its own Taylor-1 twin
                 plans.setdefault(f"{key.split('/')[0]}+taylor{order}", []).append((key, disca.taylor_plan(base,
                                                                                                           order)))
     disca_summary = None
-    if stack_bases:
+    if disca_bases:
         t = time.time()
         runs = [GenerationJob(pipe, True, prompts=[str(x) for x in LABELS], steps=args.steps, seed=s)
                 for s in range(args.train_seeds)]
         cfg = disca.DisCaConfig(iterations=args.disca_iterations, online_iterations=args.disca_online,
                                 rollout=("taylor",))
-        tag = hashlib.sha256(json.dumps([sorted(stack_bases), args.train_seeds, repr(cfg)]).encode()).hexdigest()[:10]
+        tag = hashlib.sha256(json.dumps([sorted(disca_bases), args.train_seeds, repr(cfg)]).encode()).hexdigest()[:10]
         disca_dir = out / "disca" / tag  # one checkpoint per set of base plans and config (resumable)
-        predictor, disca_summary = disca.train_disca(calib, list(stack_bases.values()), disca_dir, cfg, runs=runs,
+        predictor, disca_summary = disca.train_disca(calib, list(disca_bases.values()), disca_dir, cfg, runs=runs,
                                                      resume=True, progress=False)
         # validation runs: seeds the predictor never trained on and the held-out set does not contain
         validation = search.Calibration(pipe, HeldOut(pipe, args.steps, [VALIDATION_SEED0 + i for i in range(2)]),
                                         lambda a, b: psnr(a, b))
         plan_cfg = dataclasses.replace(cfg, online_iterations=args.disca_per_plan)
         choices = {}
-        for key, base in stack_bases.items():
+        for key, base in disca_bases.items():
             # candidates, each fine-tuned in closed loop on this plan only (resumable, own folders): from the shared
             # regression predictor and from the Taylor start; chosen with the untouched ones on the validation runs
             tuned = copy.deepcopy(predictor)
@@ -364,15 +394,15 @@ def main(argv=None) -> str:
                   "DisCa PSNR / acc | pred. FLOPs | DisCa variant (validation PSNR) |",
                   "|---|---|---|---|---|---|---|---|"]
         by = {(m, p["plan"]): p for m, rows in scored.items() for p in rows}
-        for key in stack_bases:
+        for key in disca_bases:
             m, name = key.split("/")
             base = next(p for p in scored[m] if Path(p["plan"]).name.removesuffix(".plan.json") == name)
             own = f"{base['psnr']:.2f} / {fmt(base['accuracy'], '.2f')}"
-            cells = [own] if stack_bases[key].forecast_order == 0 else ["-"]  # a forecasting plan: own = Taylor-1
+            cells = [own] if disca_bases[key].forecast_order == 0 else ["-"]  # a forecasting plan: own = Taylor-1
             for v in ("+taylor1", "+taylor2", "+disca"):
                 r = by.get((m + v, key))
                 cells.append(f"{r['psnr']:.2f} / {fmt(r['accuracy'], '.2f')}" if r else
-                             own if v == "+taylor1" and stack_bases[key].forecast_order == 1 else "-")
+                             own if v == "+taylor1" and disca_bases[key].forecast_order == 1 else "-")
             extra = by.get((m + "+disca", key), {}).get("predictor_ratio")
             name, val = choices[key]
             picked = f"{name} ({', '.join(f'{k} {v:.2f}' for k, v in val.items())})"

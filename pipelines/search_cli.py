@@ -2,6 +2,7 @@
 
     dcache search --method ecad --budget 0.5,0.33 --pop-size 16 --generations 8 --out search-ecad
     dcache search --method lemica --budget 0.5,0.33 --out search-lemica
+    dcache search --method ecad --granularity stack --forecast-order 1 --out search-ecad-f1   # forecasting plans
     dcache generate --cache search-lemica/plans/lemica-B14.plan.json
     dcache search --method disca --base-plans search-lemica/plans/lemica-B14.plan.json --out search-disca
     dcache generate --cache search-disca/plans/disca-lemica-B14.plan.json
@@ -83,17 +84,32 @@ def parse_budget(budget: str, num_steps: int) -> tuple[list[float], tuple[int, .
     return [v / num_steps for v in values], tuple(int(v) for v in values)
 
 
-def dynamic_seed_plans(pipe: Any, calib, names=("fora", "fixed_interval", "fbcache", "easycache")) -> dict:
+REUSE_SEEDS = ("fora", "fixed_interval", "fbcache", "easycache")
+# The forecasting dynamic schedules (ECAD's seeds when it searches forecasting plans): MagCache's budget with the
+# skipped steps forecast, SeaCache order 2, TaylorSeer; each swept over its knob so the seeds span the ratios.
+FORECAST_SEEDS = ("magcache-forecast", "seacache-o2", "taylorseer")
+SEED_SWEEPS = {
+    "fora": ("fora", [dict(interval=k) for k in (2, 3)]),
+    "fixed_interval": ("fixed_interval", [dict(interval=k) for k in (2, 3)]),
+    "fbcache": ("fbcache", [dict(threshold=t) for t in (0.1, 0.2)]),
+    "easycache": ("easycache", [dict(threshold=t) for t in (0.05, 0.1)]),
+    "magcache-forecast": ("magcache", [dict(max_skip_steps=4, retention_ratio=0.0, order=1, cutoff_steps=1, threshold=t)
+                                       for t in (0.05, 0.1, 0.2, 0.4)]),
+    "seacache-o2": ("seacache", [dict(order=2, max_consecutive=2, threshold=t) for t in (0.14, 0.5, 4.0)]),
+    "taylorseer": ("taylorseer", [dict(interval=k) for k in (2, 3, 4)]),
+}
+
+
+def dynamic_seed_plans(pipe: Any, calib, names=REUSE_SEEDS) -> dict:
     """Recorded plans of dynamic methods on the calibration set (ECAD's seeds); methods that fail are skipped."""
     import torch
 
     import dcache
 
-    sweeps = {"fora": [dict(interval=k) for k in (2, 3)], "fixed_interval": [dict(interval=k) for k in (2, 3)],
-              "fbcache": [dict(threshold=t) for t in (0.1, 0.2)], "easycache": [dict(threshold=t) for t in (0.05, 0.1)]}
     plans = {}
-    for name in names:
-        for overrides in sweeps.get(name, [{}]):
+    for seed_name in names:
+        name, sweep = SEED_SWEEPS.get(seed_name, (seed_name, [{}]))
+        for overrides in sweep:
             try:
                 handle = dcache.apply(pipe, name, count_flops=False, **overrides)
             except (ValueError, TypeError, RuntimeError):
@@ -101,7 +117,7 @@ def dynamic_seed_plans(pipe: Any, calib, names=("fora", "fixed_interval", "fbcac
             try:
                 with torch.no_grad():
                     calib.generate()
-                key = name + "".join(f"-{k}{v}" for k, v in overrides.items())
+                key = seed_name + "".join(f"-{k}{v}" for k, v in overrides.items())
                 plans[key] = handle.plan()
             except (ValueError, RuntimeError):
                 pass
@@ -122,8 +138,11 @@ def search_command(
     generations: int = typer.Option(8, help="ECAD generations"),
     resume: bool = typer.Option(False, help="ECAD / routers / DisCa: continue from the checkpoint in <out>"),
     max_span: int = typer.Option(8, help="LeMiCa: longest cached segment + 1"),
-    forecast_order: int = typer.Option(0, help="LeMiCa: 0 reuses the skipped steps; k >= 1 forecasts them with "
-                                               "Taylor of order k (edges measured that way too)"),
+    forecast_order: int = typer.Option(0, help="LeMiCa / ECAD: 0 reuses the skipped cells; k >= 1 forecasts them "
+                                               "with Taylor of order k (edges / candidates measured that way too; "
+                                               "ECAD then also seeds with the forecasting dynamic schedules)"),
+    granularity: str = typer.Option("module", help="ECAD: the genome's unit, module (ECAD), block or stack (one bit "
+                                                   "per step)"),
     iterations: Optional[int] = typer.Option(None, help="L2C / HarmoniCa: router training iterations (default 60); "
                                                      "DisCa: residual-regression iterations (config default)"),
     online_iterations: Optional[int] = typer.Option(None, help="DisCa: closed-loop iterations, one calibration "
@@ -144,7 +163,7 @@ def search_command(
     front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts, seed=seed,
                        pop_size=pop_size, generations=generations, resume=resume, max_span=max_span,
                        iterations=iterations, progress=progress, base_plans=base_plans, train_seeds=train_seeds,
-                       online_iterations=online_iterations, forecast_order=forecast_order)
+                       online_iterations=online_iterations, forecast_order=forecast_order, granularity=granularity)
     typer.echo(f"wrote {out}/front.json, {out}/front.png, {out}/summary.md and {len(front.get('points', []))} plans:")
     for p in front.get("points", []):
         typer.echo(f"  {p['plan']}  compute ratio {p['compute_ratio']:.3f}  quality {p['quality']:.3f}")
@@ -154,9 +173,9 @@ def search_command(
 def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33", out: str = "dcache-search",
                steps: int = 28, prompts: str = DEFAULT_CALIB_LABELS, seed: int = 0, pop_size: int = 16,
                generations: int = 8, resume: bool = False, max_span: int = 8, iterations: int | None = None,
-               progress: bool = True, seed_methods: tuple[str, ...] = ("fora", "fixed_interval", "fbcache", "easycache"),
+               progress: bool = True, seed_methods: tuple[str, ...] = REUSE_SEEDS,
                on_generation=None, base_plans: str = "", train_seeds: int = 2,
-               online_iterations: int | None = None, forecast_order: int = 0) -> dict:
+               online_iterations: int | None = None, forecast_order: int = 0, granularity: str = "module") -> dict:
     """The search behind `dcache search`, on an already loaded pipeline; returns the front (as in front.json)."""
     from dcache.schedules import search
 
@@ -169,10 +188,14 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
     template = search.make_template(calib)
     ratios, counts = parse_budget(budget, template.num_steps)
     if method == "ecad":
-        seeds = dynamic_seed_plans(pipe, calib, seed_methods)
-        return search.ecad_search(calib, out, search.ECADConfig(pop_size=pop_size, generations=generations, seed=seed),
-                                  seed_plans=seeds, resume=resume, template=template, progress=progress,
-                                  on_generation=on_generation)
+        try:
+            cfg = search.ECADConfig(pop_size=pop_size, generations=generations, seed=seed, granularity=granularity,
+                                    forecast_order=forecast_order)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        seeds = dynamic_seed_plans(pipe, calib, (FORECAST_SEEDS if forecast_order else ()) + tuple(seed_methods))
+        return search.ecad_search(calib, out, cfg, seed_plans=seeds, resume=resume, template=template,
+                                  progress=progress, on_generation=on_generation)
     if method == "lemica":
         cfg = search.LeMiCaConfig(budgets=counts, max_span=max_span, forecast_order=forecast_order)
         return search.lemica_search(calib, out, cfg,

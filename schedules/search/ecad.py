@@ -5,8 +5,18 @@ s = 1..N-1 (step 0 always computes). The same rows serve every CFG branch. Objec
 (-quality on the calibration set, compute ratio in counted block FLOPs). Constraint: at least one reused unit
 (the all-compute default is not a candidate). Operators as ECAD: 4-point crossover (p=0.9), bit-flip mutation.
 
+dcache's extensions (ECADConfig), both off by default (the reference):
+  * `granularity`: the genome's unit: "module" (ECAD), "block" (one bit per block and step) or "stack" (one bit
+    per step: (N-1) bits, a space small enough for a few hundred evaluations to search it well).
+  * `forecast_order` k >= 1: a 0 bit is FORECAST (Taylor of order k from the unit's cached history) instead of
+    REUSE, in the evaluated candidates and in the exported plans, so the search optimises the quality that a replay
+    actually produces. With forecasting, where the computed steps sit matters differently than with reuse (the
+    history of a forecast is the last k + 1 computed steps), so searching reuse plans and forecasting them
+    afterwards (the "+taylor" twins) optimises the wrong objective.
+
 The initial population holds the seeds (heuristic fixed-interval schedules and the recorded plans of dynamic
-methods, converted to module rows) and random genomes. After every generation the whole state (the pickled
+methods, converted to the genome's rows) and random genomes; seeds that do not fit in it are scored into the archive
+(so the front is never worse than any seed). After every generation the whole state (the pickled
 algorithm with its random generator, and the archive of evaluated genomes) is written atomically to
 `checkpoint.pkl`; `resume=True` continues from it and reaches the same front as an uninterrupted run.
 Candidates are evaluated over the processes of `accelerate launch` (one process runs the same code).
@@ -14,6 +24,7 @@ Candidates are evaluated over the processes of `accelerate launch` (one process 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import pickle
@@ -24,7 +35,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dcache.actions import Granularity
+from dcache.actions import Action, Granularity
 from dcache.plan import Plan
 
 from .core import (Calibration, FrontPoint, Measured, Template, convert_rows, distributed_map, is_main_process,
@@ -43,8 +54,30 @@ class ECADConfig:
     mutation_prob: float = 0.9  # probability that an offspring is mutated at all
     mutation_bits: float = 0.02  # per-bit flip probability of a mutated offspring
     random_compute_fraction: float = 0.5  # P(bit = compute) in the random part of the initial population
+    granularity: str = "module"  # genome unit: "module" (ECAD), "block", or "stack" (one bit per step)
+    forecast_order: int = 0  # 0: a 0 bit reuses (ECAD); k >= 1: it forecasts with Taylor of order k
+    # After the generations, for each of these compute ratios: hill-climb from the best plan at or under it by moving
+    # one computed cell to a step at most `polish_reach` away in the same unit (the compute ratio is kept), while a
+    # neighbour scores better; at most `polish_evaluations` neighbours looked at per ratio (archived ones are free).
+    polish_ratios: tuple[float, ...] = ()
+    polish_evaluations: int = 60
+    polish_reach: int = 1
 
     def __post_init__(self) -> None:
+        allowed = [g.value for g in Granularity]
+        if self.granularity not in allowed:
+            raise ValueError(f"granularity={self.granularity!r} must be one of {allowed}: the unit one genome bit "
+                             f"decides per step (module = attention / MLP of a block, as ECAD).")
+        if not 0 <= self.forecast_order <= 4:
+            raise ValueError(f"forecast_order={self.forecast_order} must be in 0..4: 0 reuses the cached output at a "
+                             f"skipped cell (ECAD), k forecasts it with a Taylor series of order k.")
+        bad = [r for r in self.polish_ratios if not 0.0 < r <= 1.0]
+        if bad:
+            raise ValueError(f"polish_ratios={self.polish_ratios}: {bad} are not compute ratios in (0, 1] (the "
+                             f"budgets whose best plan is refined by local moves).")
+        for name in ("polish_evaluations", "polish_reach"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
         if self.pop_size < 4:
             raise ValueError(f"pop_size={self.pop_size} must be >= 4 (NSGA-II needs parents and offspring).")
         if self.generations < 1:
@@ -56,10 +89,33 @@ class ECADConfig:
 
 
 # ------------------------------------------------------------------------------------------------ genome <-> plan
-def genome_to_rows(x: np.ndarray, template: Template) -> list[str]:
-    u = len(template.module_units)
+def genome_to_rows(x: np.ndarray, template: Template, granularity: Granularity | str = Granularity.MODULE,
+                   skip: str = Action.REUSE.value) -> list[str]:
+    """Action rows (step 0 all-compute) of a genome; a 0 bit becomes `skip` (REUSE, or FORECAST)."""
+    u = len(template.units(granularity))
     bits = np.asarray(x, dtype=bool).reshape(template.num_steps - 1, u)
-    return ["C" * u] + ["".join("C" if b else "R" for b in row) for row in bits]
+    return ["C" * u] + ["".join("C" if b else skip for b in row) for row in bits]
+
+
+def genome_plan(x: np.ndarray, template: Template, ecad: "ECADConfig", **kwargs) -> Plan:
+    """The plan of a genome at ecad.granularity, with FORECAST cells (and forecast_order) when ecad asks for them;
+    kwargs go to Template.plan (method, config, extras)."""
+    skip = Action.FORECAST.value if ecad.forecast_order else Action.REUSE.value
+    plan = template.plan(ecad.granularity, genome_to_rows(x, template, ecad.granularity, skip), **kwargs)
+    return dataclasses.replace(plan, forecast_order=ecad.forecast_order) if ecad.forecast_order else plan
+
+
+def seed_rows(plan: Plan, template: Template, granularity: Granularity | str) -> list[str]:
+    """A seed plan's rows at the genome's granularity (first branch). Finer rows become coarser ones by letting a
+    coarse unit compute where any of its parts computes (a module plan seeds a stack genome with the steps where it
+    computes anything); coarser rows become finer ones as `convert_rows` does."""
+    g, src = Granularity(granularity), Granularity(plan.granularity)
+    if src is not Granularity.MODULE or g is Granularity.MODULE:
+        return convert_rows(plan, template, g)
+    rows = convert_rows(plan, template, Granularity.MODULE)
+    blocks = ["".join("C" if any(r[u] == "C" for u, b in enumerate(template.module_block) if b == i) else "R"
+                      for i in range(template.num_blocks)) for r in rows]
+    return blocks if g is Granularity.BLOCK else ["C" if "C" in r else "R" for r in blocks]
 
 
 def rows_to_genome(rows: Sequence[str]) -> np.ndarray:
@@ -70,14 +126,17 @@ def genome_key(x: np.ndarray) -> str:
     return hashlib.sha1(np.packbits(np.asarray(x, dtype=bool)).tobytes()).hexdigest()
 
 
-def heuristic_seeds(template: Template) -> dict[str, np.ndarray]:
-    """Fixed-interval schedules at module level: every k-th step computes; in between, reuse all modules, only the
-    MLPs, or only the attentions (ECAD's population initialisation is built from such heuristics)."""
-    n, units = template.num_steps, template.module_units
-    is_attn = np.array(["attn" in u.split(".", 1)[1] for u in units])
+def heuristic_seeds(template: Template, granularity: Granularity | str = Granularity.MODULE) -> dict[str, np.ndarray]:
+    """Fixed-interval schedules: every k-th step computes; in between, reuse all units, or (module level) only the
+    MLPs or only the attentions (ECAD's population initialisation is built from such heuristics)."""
+    n, units = template.num_steps, template.units(granularity)
+    kinds = [("all", np.ones(len(units), bool))]
+    if Granularity(granularity) is Granularity.MODULE:
+        is_attn = np.array(["attn" in u.split(".", 1)[1] for u in units])
+        kinds += [("mlp", ~is_attn), ("attn", is_attn)]
     seeds: dict[str, np.ndarray] = {}
     for k in (2, 3, 4, 5):
-        for kind, reuse in (("all", np.ones(len(units), bool)), ("mlp", ~is_attn), ("attn", is_attn)):
+        for kind, reuse in kinds:
             rows = []
             for s in range(n):
                 full = s % k == 0 or s == n - 1
@@ -90,8 +149,9 @@ def heuristic_seeds(template: Template) -> dict[str, np.ndarray]:
 class _State:
     """Everything a resume needs: the pymoo algorithm (with its RNG), the archive, the generation counter."""
 
-    def __init__(self, algorithm, archive: dict, generation: int, seeds: dict[str, str]):
+    def __init__(self, algorithm, archive: dict, generation: int, seeds: dict[str, str], genome: dict | None = None):
         self.algorithm, self.archive, self.generation, self.seeds = algorithm, archive, generation, seeds
+        self.genome = genome  # {"granularity", "forecast_order"} the archive was evaluated with
 
 
 def _save(path: Path, state: _State) -> None:
@@ -123,12 +183,12 @@ def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConf
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / CHECKPOINT
     template = template or make_template(calib)
-    n_var = (template.num_steps - 1) * len(template.module_units)
+    n_var = (template.num_steps - 1) * len(template.units(config.granularity))
     problem = Problem(n_var=n_var, n_obj=2, n_ieq_constr=1, xl=0, xu=1, vtype=bool)
+    genome = {"granularity": config.granularity, "forecast_order": config.forecast_order}
 
     def evaluate(x: np.ndarray) -> dict:
-        plan = template.plan(Granularity.MODULE, genome_to_rows(x, template), method="ecad")
-        return measure(calib, template, plan).to_dict()
+        return measure(calib, template, genome_plan(x, template, config, method="ecad")).to_dict()
 
     if resume and ckpt.is_file():
         with open(ckpt, "rb") as f:
@@ -136,11 +196,15 @@ def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConf
         if state.algorithm.problem.n_var != n_var:
             raise ValueError(f"the checkpoint in {out} is for a genome of {state.algorithm.problem.n_var} bits, this "
                              f"model/steps give {n_var}; use a new output folder.")
+        made = getattr(state, "genome", None) or {"granularity": "module", "forecast_order": 0}
+        if made != genome:
+            raise ValueError(f"the checkpoint in {out} was searched with {made}, this config asks for {genome}: its "
+                             f"archive scores other plans; use a new output folder.")
     else:
         # seed order: whole-step fixed intervals, then the given plans, then the per-component heuristics
-        heuristics = heuristic_seeds(template)
+        heuristics = heuristic_seeds(template, config.granularity)
         seeds = {k: v for k, v in heuristics.items() if k.endswith("-all")}
-        seeds.update({name: rows_to_genome(convert_rows(plan, template, Granularity.MODULE))
+        seeds.update({name: rows_to_genome(seed_rows(plan, template, config.granularity))
                       for name, plan in (seed_plans or {}).items()})
         seeds.update({k: v for k, v in heuristics.items() if not k.endswith("-all")})
         seeds = {k: v for k, v in seeds.items() if not v.all()}
@@ -148,7 +212,8 @@ def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConf
         uniq: dict[str, np.ndarray] = {}
         for v in seeds.values():
             uniq.setdefault(genome_key(v), v)
-        x0 = list(uniq.values())[: max(1, config.pop_size - config.pop_size // 4)]  # keep some random diversity
+        n_seeded = max(1, config.pop_size - config.pop_size // 4)  # keep some random diversity
+        x0, overflow = list(uniq.values())[:n_seeded], list(uniq.values())[n_seeded:]
         while len(x0) < config.pop_size:
             x0.append(rng.random(n_var) < config.random_compute_fraction)
         algorithm = NSGA2(pop_size=config.pop_size, sampling=np.array(x0, dtype=bool),
@@ -156,7 +221,12 @@ def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConf
                           mutation=BitflipMutation(prob=config.mutation_prob, prob_var=config.mutation_bits),
                           eliminate_duplicates=True)
         algorithm.setup(problem, termination=("n_gen", config.generations), seed=config.seed, verbose=False)
-        state = _State(algorithm, {}, 0, {name: genome_key(v) for name, v in seeds.items()})
+        state = _State(algorithm, {}, 0, {name: genome_key(v) for name, v in seeds.items()}, genome)
+        # seeds beyond the initial population are scored too: the front is never worse than a seed it was given
+        for x, r in zip(overflow, distributed_map(evaluate, overflow)):
+            state.archive[genome_key(x)] = {**r, "genome": np.packbits(x)}
+        if overflow and is_main_process():
+            _save(ckpt, state)
 
     bar = _bar(progress, config.generations, state.generation)
     algorithm = state.algorithm
@@ -183,7 +253,52 @@ def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConf
             on_generation(state.generation, info)
     if bar is not None:
         bar.close()
+    for ratio in config.polish_ratios:
+        _polish(state, ratio, config, evaluate, template.num_steps, n_var, ckpt)
     return _finish(state, template, out, config)
+
+
+def shift_moves(x: np.ndarray, num_steps: int, reach: int = 1) -> list[np.ndarray]:
+    """Genomes with one computed cell moved by 1..reach steps within its unit's column (onto a non-computed cell):
+    every unit keeps its number of computed steps, so the compute ratio is unchanged. Deterministic order."""
+    bits = np.asarray(x, dtype=bool).reshape(num_steps - 1, -1)
+    out = []
+    for s, u in zip(*np.nonzero(bits)):
+        for d in [d for r in range(1, reach + 1) for d in (-r, r)]:
+            t = s + d
+            if 0 <= t < num_steps - 1 and not bits[t, u]:
+                y = bits.copy()
+                y[s, u], y[t, u] = False, True
+                out.append(y.reshape(-1))
+    return out
+
+
+def _polish(state: _State, ratio: float, config: ECADConfig, evaluate, num_steps: int, n_var: int,
+            ckpt: Path) -> None:
+    """Best-improvement hill climbing at `ratio` (see ECADConfig.polish_ratios); evaluations go to the archive.
+
+    The walk depends only on the archive's scores, so a resumed search replays it from the archive for free."""
+    def best_key() -> str | None:
+        keys = [k for k, e in state.archive.items() if e["compute_ratio"] <= ratio + 1e-9]
+        return max(keys, key=lambda k: (state.archive[k]["quality"], -state.archive[k]["compute_ratio"], k)) \
+            if keys else None
+
+    looked = 0
+    key = best_key()
+    while key is not None and looked < config.polish_evaluations:
+        x = np.unpackbits(state.archive[key]["genome"])[:n_var].astype(bool)
+        moves = list({genome_key(y): y for y in shift_moves(x, num_steps, config.polish_reach)}.values())
+        moves = moves[: config.polish_evaluations - looked]
+        looked += len(moves)
+        todo = [y for y in moves if genome_key(y) not in state.archive]
+        for y, r in zip(todo, distributed_map(evaluate, todo)):
+            state.archive[genome_key(y)] = {**r, "genome": np.packbits(y), "polish": ratio}
+        if todo and is_main_process():
+            _save(ckpt, state)
+        new = best_key()
+        if new == key:
+            break
+        key = new
 
 
 def _bar(progress: bool, total: int, initial: int):
@@ -209,14 +324,14 @@ def _finish(state: _State, template: Template, out: Path, config: ECADConfig) ->
     for name, key in state.seeds.items():  # the first name of a genome wins (user seeds come first)
         seed_names.setdefault(key, name)
     points, others = [], []
-    n_var = (template.num_steps - 1) * len(template.module_units)
+    n_var = (template.num_steps - 1) * len(template.units(config.granularity))
     for i, k in enumerate(keys):
         e = state.archive[k]
         others.append({"quality": e["quality"], "compute_ratio": e["compute_ratio"], "seed": seed_names.get(k)})
         if keep[i]:
             x = np.unpackbits(e["genome"])[:n_var].astype(bool)
-            rows = genome_to_rows(x, template)
-            plan = template.plan(Granularity.MODULE, rows, method="ecad", config=asdict(config))
+            plan = genome_plan(x, template, config, method="ecad", config=asdict(config),
+                               extras={"seed": seed_names[k]} if k in seed_names else None)
             name = f"ecad-{len(points):02d}-r{e['compute_ratio']:.3f}"
             points.append(FrontPoint(name, plan, Measured(e["quality"], e["compute_ratio"], e["metrics"])))
     return write_front(out, "ecad", points, others=others, config={**asdict(config), "generations_run": state.generation})
