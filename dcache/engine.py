@@ -548,31 +548,34 @@ class Engine:
             self._decide(call)
             if self.granularity is Granularity.STACK:
                 self._after_probe_decision(call)
-        shape = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else ()
+        # torch.Size hashes and compares as the tuple it is: FLOP-book keys without a tuple() copy per block
+        shape = hidden.shape if isinstance(hidden, torch.Tensor) else ()
         if compiling and not self.flops.known(slot.index, shape):
             self.flops.count(slot.index, shape, forward, args, kwargs)
         out = self._cached_block_output(call, slot, hidden, encoder)
+        cost = self.flops.costs.get((slot.index, shape))
         if out is not None:
-            call.flops_total += self.flops.cost(slot.index, shape) or 0.0
+            call.flops_total += cost if cost is not None else self.flops.cost(slot.index, shape) or 0.0
             if slot.index == self.last_block:
                 call.stack_output = slot.slots.split_output(out)[0]
             return False, out
-        if slot.segment_first and self.granularity is Granularity.STACK and slot.role == "middle":
+        if slot.segment_first and slot.role == "middle" and self.granularity is Granularity.STACK:
             self._segment_start(call, slot, hidden, encoder)
-        counter = None if compiling or self.flops.known(slot.index, shape) else self.flops.start(slot.index, shape)
+        counter = None if compiling or cost is not None else self.flops.start(slot.index, shape)
         return True, (call, hidden, encoder, shape, counter)
 
     def _cached_block_output(self, call: CallState, slot: BlockSlot, hidden, encoder) -> Any:
         """The block's result without running it, or None when the block must compute."""
-        if self.granularity is Granularity.MODULE:
+        if slot.role != "middle":  # STACK probe / tail blocks; always "middle" at BLOCK and MODULE granularity
             return None
-        if self.granularity is Granularity.BLOCK:
+        granularity = self.granularity
+        if granularity is Granularity.MODULE:
+            return None
+        if granularity is Granularity.BLOCK:
             action = call.actions[slot.index]
             if action == _COMPUTE:
                 return None
             return self._apply_cached(slot, call.bstate.units[slot.index], action, call.step, hidden, encoder)
-        if slot.role != "middle":
-            return None
         action = call.actions[0]
         if action == _COMPUTE:
             return None

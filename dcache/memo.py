@@ -90,7 +90,11 @@ class _MemoHook(ModelHook):
             bound = self.call_args()
             if bound is None:
                 return None
-            return tuple(_identity(bound.get(name)) for name in spec.depends_on)
+            key = []
+            for name in spec.depends_on:  # forward arguments themselves (no views): object and in-place version
+                value = bound.get(name)
+                key.append((value, value._version) if isinstance(value, torch.Tensor) else value)
+            return tuple(key)
         part = _shape if spec.key == "shapes" else _identity
         key = [part(a) for a in args]
         for name in sorted(kwargs):
