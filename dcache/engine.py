@@ -59,6 +59,7 @@ class BlockSlot:
     segment_first: bool = False
     segment_last: bool = False
     modules: tuple[str, ...] = ()
+    exit_work: bool = True  # block_exit has more to do than FLOP accounting (set by Engine.__init__)
 
 
 @dataclass
@@ -106,6 +107,11 @@ class Engine:
         self.decision_block = schedule.probe_blocks if self.granularity is Granularity.STACK else 0
         self.segment_lists = tuple(s.list_index for s in self.blocks if s.segment_first)  # STACK, in order
         self.last_block = len(self.blocks) - 1
+        stack = self.granularity is Granularity.STACK
+        for s in self.blocks:
+            s.exit_work = (self.granularity is Granularity.BLOCK or s.index == self.last_block
+                           or (stack and s.role == "probe" and s.index == self.decision_block - 1)
+                           or (stack and s.role == "middle" and s.segment_last))
         self.ops = VALIDATED  # kernel entry points, re-chosen at the first block of every call (cache_ops.py)
         self._bytes_seen: tuple[int, int] = (0, 0)  # (branches, units) when the cache bytes were last summed
         self.record: GenerationRecord | None = None
@@ -562,7 +568,7 @@ class Engine:
         if slot.segment_first and slot.role == "middle" and self.granularity is Granularity.STACK:
             self._segment_start(call, slot, hidden, encoder)
         counter = None if compiling or cost is not None else self.flops.start(slot.index, shape)
-        return True, (call, hidden, encoder, shape, counter)
+        return True, (call, hidden, encoder, shape, cost, counter)  # counter last (abort)
 
     def _cached_block_output(self, call: CallState, slot: BlockSlot, hidden, encoder) -> Any:
         """The block's result without running it, or None when the block must compute."""
@@ -587,12 +593,15 @@ class Engine:
     def block_exit(self, slot: BlockSlot, state: Any, out: Any) -> Any:
         if state is None:
             return out
-        call, hidden, encoder, shape, counter = state
-        if counter is not None:
-            self.flops.stop(counter, slot.index, shape)
-        cost = self.flops.cost(slot.index, shape) or 0.0
+        call, hidden, encoder, shape, cost, counter = state
+        if counter is not None or cost is None:
+            if counter is not None:
+                self.flops.stop(counter, slot.index, shape)
+            cost = self.flops.cost(slot.index, shape) or 0.0
         call.flops_total += cost
         call.flops_computed += cost  # MODULE granularity: skipped modules subtract their share
+        if not slot.exit_work:
+            return out
         if self.granularity is Granularity.STACK:
             if slot.role == "probe" and slot.index == self.decision_block - 1:
                 self._on_probe_output(call, slot.slots.split_output(out)[0])
