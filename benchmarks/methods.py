@@ -710,16 +710,23 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
     js.write_text(json.dumps(dict(meta=meta, results=results), indent=1, default=_json_default))
     pareto_png(results, meta, png)
     rerun = meta.get("rerun")
-    commands = [meta["command"]] if not rerun else [rerun["kept_from"]["command"], meta["command"]]
+    earlier = rerun.get("earlier", []) if rerun else []
+    commands = [meta["command"]] if not rerun else [rerun["kept_from"]["command"],
+                                                    *[e["command"] for e in earlier], meta["command"]]
+    dating = []
+    if rerun:
+        dating.append(f"Rows of the contenders matching `{rerun['pattern']}` were measured by the last command on "
+                      f"{meta['date']} (the line above)")
+        for e in reversed(earlier):
+            dating.append(f"rows matching `{e['pattern']}` (and no later pattern) by `{e['command']}` on {e['date']}")
+        dating.append(f"every other row is from the first command's run of {rerun['kept_from']['date']} (same "
+                      f"steps, seeds, repeats, threads and model weights: checked).")
     lines = [f"# dcache methods vs diffusers caches vs cache-dit (tiny model)", "",
              "```", *commands, "```", "",
              f"{meta['date']} · {meta['runtime_s'] / 60:.1f} min · torch {meta['torch']} · diffusers {meta['diffusers']}"
              f" · cache-dit {meta['cache_dit']} · weights {meta.get('weights', '?')} · {meta['threads']} torch thread(s) · {meta['cpu']} · load average at "
              f"start {meta['load_start']}, end {meta.get('load_end', '?')}", "",
-             *([f"Rows of the contenders matching `{rerun['pattern']}` were measured by the second command on "
-                f"{meta['date']} (the line above); every other row is from the first command's run of "
-                f"{rerun['kept_from']['date']} (same steps, seeds, repeats, threads and model weights: checked).", ""]
-               if rerun else []),
+             *(["; ".join(dating), ""] if rerun else []),
              f"Bundled tiny model (FluxTransformer2DModel, 2 double + 6 single blocks), {meta['steps']} steps, CFG "
              f"{meta['guidance']}. Tuning run: labels {meta['tune_labels']} seed {TUNE_SEED} (every calibration and the "
              f"knob search use it). Held-out: seeds {meta['heldout_seeds'][0]}..{meta['heldout_seeds'][-1]} x labels "
@@ -993,8 +1000,14 @@ def main(argv: list[str] | None = None) -> Path:
                                  f"--rerun).")
             kept = [r for r in old["results"] if not re.search(args.rerun, f"{r['library']}:{r['method']}")]
             previous = {f"{r['library']}:{r['method']}": r for r in kept}
-            meta["rerun"] = dict(pattern=args.rerun, kept_from=dict(command=old["meta"]["command"],
-                                                                    date=old["meta"]["date"]))
+            # the kept rows come from the first full run and from every earlier rerun whose rows survive: keep
+            # that history (oldest first) so the report can date each row group
+            old_rerun = old["meta"].get("rerun")
+            base = old_rerun["kept_from"] if old_rerun else dict(command=old["meta"]["command"],
+                                                                 date=old["meta"]["date"])
+            earlier = [*old_rerun.get("earlier", []), dict(pattern=old_rerun["pattern"], command=old["meta"]["command"],
+                                                           date=old["meta"]["date"])] if old_rerun else []
+            meta["rerun"] = dict(pattern=args.rerun, kept_from=base, earlier=earlier)
             labels = {c.label for c in contenders}
             contenders += [c for c in all_contenders if c.label not in labels and c.label in previous]
             order = {f"{r['library']}:{r['method']}": i for i, r in enumerate(old["results"])}
