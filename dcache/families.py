@@ -188,6 +188,17 @@ def _packed_latents(args: Args) -> torch.Tensor | None:
     return packed_2x2_latents(args[HIDDEN], args.get("img_ids"))
 
 
+def _sample_list_latents(args: Args) -> torch.Tensor | None:
+    # Z-Image: `x` is a list of per-sample latents [C, F, H, W]; stacked to [B, C, F, H, W] when they share a shape
+    # (else no layout: the indicator is then unfiltered).
+    xs = args.get("x")
+    if not isinstance(xs, (list, tuple)) or not xs or not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in xs):
+        return None
+    if any(t.shape != xs[0].shape for t in xs):
+        return None
+    return torch.stack(list(xs))
+
+
 def _frames_first_latents(args: Args) -> torch.Tensor:
     # CogVideoX-style latents [B, F, C, H, W] -> [B, C, F, H, W].
     return args[HIDDEN].transpose(1, 2)
@@ -254,6 +265,9 @@ register_adapter(Adapter(
     ),
     modules=("attn", "ff", "ff_context"),
     modulated_input=_flux2_modulated_input,
+    # Flux2 pipelines patchify the VAE latents 2x2 (channels (C, dy, dx)) and pack them row-major, ids (t, h, w, l):
+    # the same token layout as Flux, so the same unpacking gives [B, C, 1, 2h, 2w].
+    latents=_packed_latents,
     notes="single blocks run over the concatenated [text; image] stream; their attention fuses the MLP "
           "(Flux2ParallelSelfAttention), so `attn` is the whole single block.",
     invariants=(Invariant("pos_embed", key="inputs"),),  # pos_embed(img_ids[0]), pos_embed(txt_ids[0])
@@ -432,6 +446,7 @@ register_adapter(Adapter(
     block_lists=(BlockList("layers", hidden="x", encoder=None, outputs=(HIDDEN,)),),
     modules=("attention", "feed_forward"),
     modulated_input=_z_image_modulated_input,
+    latents=_sample_list_latents,
     notes="blocks take the stream as `x`: [image ; caption] tokens [B, L_img + L_cap, D]. Skipped: noise_refiner "
           "(image tokens), context_refiner (caption tokens) and siglip_refiner (Omni image features) run before "
           "the join. Model timestep convention: t = 1 - sigma (grows while denoising).",

@@ -400,8 +400,6 @@ def test_composed_unit_reads_only_its_input_units(name, unit, inputs):
 # ---- latents for SeaCache's spectral indicator ------------------------------------------------------------------
 
 NO_LATENT_GRID = {  # compared unfiltered (dcache.spectral): no [B, C, T, H, W] layout of the input is known
-    "Flux2Transformer2DModel": "packed tokens whose ids carry (t, h, w, l) per token",
-    "ZImageTransformer2DModel": "a list of per-sample latents",
     "StableAudioDiTModel": "1-D audio latents",
 }
 
@@ -414,6 +412,8 @@ def test_call_latents_are_a_5d_relayout_of_the_input(name):
     model, adapter = _model(name), adapter_for(_model(name))
     arguments = bind_arguments(model, (), zoo.ZOO[name].make_inputs(0, batch=BATCH))
     hidden = arguments.get("hidden_states")
+    if hidden is None and isinstance(arguments.get("x"), list):  # Z-Image: a list of per-sample latents
+        hidden = torch.stack(arguments["x"])
     latents = spectral.call_latents(hidden, adapter.latents, arguments)
     if zoo.ZOO[name].model_class in NO_LATENT_GRID:
         assert latents is None

@@ -112,3 +112,22 @@ def test_engine_signal_equals_a_direct_computation():
         expected = sum(float((now[b] - before[b]).abs().mean() / before[b].abs().mean()) for b in range(2)) / 2
         assert record.seen[i] == pytest.approx(expected, rel=1e-5)
         assert math.isfinite(record.seen[i])
+
+
+def test_flux2_and_z_image_latent_layouts_recover_the_vae_latents():
+    from diffusers.pipelines.flux2.pipeline_flux2 import Flux2Pipeline
+
+    from dcache.adapters import registered_adapters
+
+    adapters = registered_adapters()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 8, 12, generator=g)  # VAE latents [B, C, H, W]
+    patches = Flux2Pipeline._patchify_latents(x)  # [B, 4C, H/2, W/2]
+    tokens = Flux2Pipeline._pack_latents(patches)  # [B, H/2 * W/2, 4C]
+    ids = Flux2Pipeline._prepare_latent_ids(patches)  # [B, L, 4]: (t, h, w, l)
+    flux2 = adapters["Flux2Transformer2DModel"].latents({"hidden_states": tokens, "img_ids": ids})
+    assert torch.equal(flux2, x.unsqueeze(2))
+    samples = [torch.randn(4, 1, 8, 8, generator=g) for _ in range(2)]  # Z-Image: per-sample [C, F, H, W]
+    z_image = adapters["ZImageTransformer2DModel"].latents
+    assert torch.equal(z_image({"x": samples}), torch.stack(samples))
+    assert z_image({"x": [samples[0], samples[1][:, :, :4]]}) is None  # different sizes: no common layout
