@@ -14,6 +14,11 @@ batch 1 it costs as much as the arithmetic. The engine therefore resolves the ba
     apply(hidden [.., L, D], residual [.., L_r, D])  -> hidden with residual added to its last L_r tokens
     store(out, inp, buffer | None)                   -> residual = out - inp (written into buffer when given)
     rel_l1(a, b)                                     -> float32 [2] = [sum|a - b|, sum|b|]
+    taylor_update(table, new, dist, filled)          -> new `filled` (table updated in place; UnitHistory)
+    taylor_forecast(table, dist_ahead, filled)       -> the order-(filled - 1) forecast (UnitHistory)
+
+The Taylor pair serves a history's own tables (dcache.state), whose shapes, dtypes, devices and distances the
+history guarantees; at module granularity their validation cost as much as the arithmetic.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from typing import Callable
 import torch
 
 from dcache.kernels import (Backend, rel_l1_stats, rel_l1_stats_reference, residual_apply,
-                            residual_apply_reference, residual_capture, resolve)
+                            residual_apply_reference, residual_capture, resolve, taylor_forecast,
+                            taylor_forecast_reference, taylor_update, taylor_update_reference)
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,8 @@ class CacheOps:
     apply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     store: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
     rel_l1: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    taylor_update: Callable[..., int]
+    taylor_forecast: Callable[..., torch.Tensor]
 
 
 def _store_validated(out: torch.Tensor, inp: torch.Tensor, buffer: torch.Tensor | None) -> torch.Tensor:
@@ -55,9 +63,11 @@ def _store_autograd(out: torch.Tensor, inp: torch.Tensor, buffer: torch.Tensor |
     return out - inp  # a fresh tensor: writing into a cached buffer would cut the graph
 
 
-VALIDATED = CacheOps("validated", residual_apply, _store_validated, rel_l1_stats)
-AUTOGRAD = CacheOps("autograd", _apply_autograd, _store_autograd, rel_l1_stats_reference)
-TORCH_DIRECT = CacheOps("torch", residual_apply_reference, _store_torch, rel_l1_stats_reference)
+VALIDATED = CacheOps("validated", residual_apply, _store_validated, rel_l1_stats, taylor_update, taylor_forecast)
+AUTOGRAD = CacheOps("autograd", _apply_autograd, _store_autograd, rel_l1_stats_reference, taylor_update_reference,
+                    taylor_forecast_reference)
+TORCH_DIRECT = CacheOps("torch", residual_apply_reference, _store_torch, rel_l1_stats_reference,
+                        taylor_update_reference, taylor_forecast_reference)
 
 
 def ops_for(tensor: torch.Tensor) -> CacheOps:

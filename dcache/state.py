@@ -13,18 +13,7 @@ from typing import Any
 
 import torch
 
-from dcache.kernels import (Backend, resolve, taylor_forecast, taylor_forecast_reference, taylor_update,
-                            taylor_update_reference)
-
-
-def _taylor_ops(table: torch.Tensor):
-    """(update, forecast) for a history's own table: the validated public kernels on the Triton backend, the torch
-    references directly otherwise. The references are what the public ops run on the torch backend (bit-identical),
-    and their validation only re-proves what the history guarantees (its own shapes, dtypes, devices, distances);
-    at module granularity it cost as much as the Taylor arithmetic itself (cf. dcache.cache_ops)."""
-    if resolve(table) is Backend.TRITON:
-        return taylor_update, taylor_forecast
-    return taylor_update_reference, taylor_forecast_reference
+from dcache.cache_ops import ops_for  # the Taylor pair, backend chosen as for the engine's other ops
 
 
 
@@ -49,8 +38,7 @@ class UnitHistory:
             dist = float(step - self.last_step) if self.last_step is not None else 1.0
             new_filled = self.filled
             for table, x in zip(self.tables, tensors):
-                update = _taylor_ops(table)[0]
-                new_filled = update(table, x.detach(), max(dist, 1.0), self.filled)
+                new_filled = ops_for(table).taylor_update(table, x.detach(), max(dist, 1.0), self.filled)
             self.filled = new_filled
         if self.order == 0:
             self.filled = 1
@@ -65,7 +53,7 @@ class UnitHistory:
         if self.order == 0 or self.filled <= 1:
             return self.reuse()
         ahead = float(step - (self.last_step or 0))
-        return [_taylor_ops(table)[1](table, ahead, self.filled) for table in self.tables or []]
+        return [ops_for(table).taylor_forecast(table, ahead, self.filled) for table in self.tables or []]
 
     def read(self, forecast: bool, step: int) -> list[torch.Tensor]:
         return self.forecast(step) if forecast else self.reuse()
