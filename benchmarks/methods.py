@@ -353,6 +353,31 @@ def dcache_contenders(bench: Bench) -> list[Contender]:
     contenders.append(Contender(
         "dcache", "taylorseer stack", Search("interval", "values", values=(2, 3, 4, 5, 6, 8)),
         lambda p, s: plain("taylorseer")(p, {**s, "granularity": "stack"}), note="taylorseer granularity=stack"))
+    # Call scope (dcache.call_scope): the same schedules replacing the whole transformer call by x + Delta, so a
+    # reused call also skips the embedders and the output head (the batch-1 regime where the cache path shows).
+    call = {"scope": "call"}
+    contenders.append(Contender(
+        "dcache", "magcache forecast call", Search("threshold", "log", 0.005, 2.0), calibrated("magcache"),
+        families=[{"max_skip_steps": 4, "retention_ratio": 0.0, "order": 1, "cutoff_steps": 1, **call},
+                  {"max_skip_steps": 6, "retention_ratio": 0.0, "order": 2, "cutoff_steps": 1, **call}],
+        note="magcache order>0 cutoff_steps=1 scope=call, ratios from calibrate_magcache on the tuning run"))
+    contenders.append(Contender(
+        "dcache", "magcache call", Search("threshold", "log", 0.005, 2.0), calibrated("magcache"),
+        families=[{"max_skip_steps": 3, "retention_ratio": 0.2, **call},
+                  {"max_skip_steps": 8, "retention_ratio": 0.1, **call}],
+        note="magcache scope=call, ratios from calibrate_magcache on the tuning run"))
+    contenders.append(Contender(
+        "dcache", "seacache o2 call", Search("threshold", "log", 0.01, 4.0), plain("seacache"),
+        families=[{"max_consecutive": 2, "order": 2, **call}, {"max_consecutive": 5, "order": 2, **call}],
+        note="seacache order=2 scope=call"))
+    contenders.append(Contender(
+        "dcache", "taylorseer stack call", Search("interval", "values", values=(2, 3, 4, 5, 6, 8)),
+        lambda p, s: plain("taylorseer")(p, {**s, "granularity": "stack", **call}),
+        note="taylorseer granularity=stack scope=call"))
+    contenders.append(Contender(
+        "dcache", "easycache call", Search("threshold", "log", 0.005, 2.0), plain("easycache"),
+        families=[dict(call), {"ret_ratio": 0.1, **call}], note="easycache scope=call (the reference's own "
+                                                                  "formulation: Delta = v - x of the whole model)"))
     return contenders
 
 

@@ -21,7 +21,8 @@ DEFAULT_METHOD = "magcache"
 
 
 def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLike = DEFAULT_METHOD, *,
-          num_steps: int | None = None, count_flops: bool = True, memoize: bool = True, **overrides: Any) -> Handle:
+          num_steps: int | None = None, count_flops: bool = True, memoize: bool = True, scope: str | None = None,
+          **overrides: Any) -> Handle:
     """Hook a caching method into a diffusers pipeline (or a bare transformer) and return its Handle.
 
     method:    a method name ("magcache", "fbcache", ...), a preset name, a plan file path (*.json), a config
@@ -29,6 +30,10 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     num_steps: transformer-only use: the number of denoising steps (a pipeline's scheduler tells it otherwise).
     memoize:   compute step-invariant work outside the blocks (RoPE tables) once instead of every call
                (dcache.memo; exact: keyed on the same input tensors). False leaves those modules alone.
+    scope:     "blocks" (default; a plan recorded in call scope replays in it): cache the block stack, recompute the embedders and output head every call.
+               "call": cache the whole transformer map x -> v (EasyCache's Delta = v - x, dcache.call_scope); a
+               reused call then skips everything, which matters on small models and batch 1, but the output head
+               is reused too. Only for schedules that decide before the call runs (no probe blocks).
     overrides: config fields, e.g. apply(pipe, "magcache", threshold=0.1).
     """
     pipeline, transformer = _split_target(target)
@@ -36,8 +41,10 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
         raise RuntimeError(f"dcache is already applied to this {type(transformer).__name__}; call handle.remove() "
                            f"on the first handle before applying another method.")
     schedule, name, config = _resolve_schedule(method, overrides, transformer)
+    if scope is None:
+        scope = schedule.plan.extras.get("scope", "blocks") if isinstance(schedule, PlanSchedule) else "blocks"
     engine = Engine(transformer, adapter_for(transformer), schedule, pipeline=pipeline,
-                    num_steps=num_steps, count_flops=count_flops, memoize=memoize)
+                    num_steps=num_steps, count_flops=count_flops, memoize=memoize, scope=scope)
     if isinstance(schedule, PlanSchedule):
         _check_plan_fits(schedule.plan, engine)
     transformer._dcache_engine = engine

@@ -29,6 +29,7 @@ from dcache.kernels import residual_capture
 
 from .actions import POST_SIGNALS, PRE_SIGNALS, Action, Granularity, Signal
 from .adapters import Adapter, BlockList, composed_indices, submodule
+from .call_scope import CALL_UNIT, check_scope, latent_input, output_layout
 from .cache_ops import VALIDATED, ops_for
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
@@ -79,6 +80,7 @@ class CallState:
     run: tuple[int, torch.Tensor, torch.Tensor | None] | None = None
     finished_run: tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None] | None = None
     probe_residual: torch.Tensor | None = None
+    counter: FlopCounterMode | None = None  # call scope: open around the first computed call of a shape
     signal_values: dict[str, float] = field(default_factory=dict)
     flops_total: float = 0.0
     flops_computed: float = 0.0
@@ -87,18 +89,21 @@ class CallState:
 class Engine:
     def __init__(self, transformer: nn.Module, adapter: Adapter, schedule: Schedule, *,
                  pipeline: Any = None, num_steps: int | None = None,
-                 count_flops: bool = True, memoize: bool = True):
+                 count_flops: bool = True, memoize: bool = True, scope: str = "blocks"):
         self.transformer = transformer
         self.adapter = adapter
         self.schedule = schedule
         self.pipeline = pipeline
         self.tracker = StepTracker(num_steps)
-        self.flops = FlopBook(count_flops)
         self.granularity = Granularity(schedule.granularity)
         self.wanted = frozenset(Signal(s) for s in schedule.signals)
         self.order = int(schedule.forecast_order)
+        self.call_scope = check_scope(scope, schedule, self.granularity.value)  # dcache.call_scope
+        self.scope = scope
         self.blocks = self._layout_blocks()
         self.units = self._unit_names()
+        layout = (tuple((type(s.block), s.list_index, s.modules) for s in self.blocks), self.units)
+        self.flops = FlopBook.for_model(transformer, layout, count_flops)
         self.module_unit: dict[tuple[int, str], int] = {}
         self.composed_units: list[tuple[int, tuple[int, ...]]] = []  # (unit, its input units), Adapter.composed
         if self.granularity is Granularity.MODULE:
@@ -112,6 +117,8 @@ class Engine:
             s.exit_work = (self.granularity is Granularity.BLOCK or s.index == self.last_block
                            or (stack and s.role == "probe" and s.index == self.decision_block - 1)
                            or (stack and s.role == "middle" and s.segment_last))
+        if self.call_scope:  # no block hooks: the call is computed or replaced as a whole
+            self.segment_lists = ()
         self.ops = VALIDATED  # kernel entry points, re-chosen at the first block of every call (cache_ops.py)
         self._bytes_seen: tuple[int, int] = (0, 0)  # (branches, units) when the cache bytes were last summed
         self.record: GenerationRecord | None = None
@@ -124,6 +131,7 @@ class Engine:
         self._removed = False
         self._timestep_slot = _timestep_slot(transformer)
         self._call_inputs: tuple[tuple, dict] | None = None  # (args, kwargs) of the running transformer call
+        self._latent: torch.Tensor | None = None  # call scope: the running call's latent input x
         self.memoize = memoize
         self.memos: list = []  # dcache.memo hooks on step-invariant modules (Adapter.invariants)
         self._install()
@@ -181,7 +189,7 @@ class Engine:
         self._installed_forward = t.forward
         if accelerate_forward is not None:
             t._old_forward, t.forward = t.forward, accelerate_forward
-        for slot in self.blocks:
+        for slot in self.blocks if not self.call_scope else ():  # call scope: the call is the unit, blocks run bare
             HookRegistry.check_if_exists_or_initialize(slot.block).register_hook(_BlockHook(self, slot), HOOK_NAME)
         if self.memoize:
             self.memos = install_memos(t, self.adapter.invariants, HOOK_NAME, self._call_arguments)
@@ -323,6 +331,7 @@ class Engine:
     def end_call(self) -> None:
         call, self.call = self.call, None
         self._call_inputs = None
+        self._latent = None
         if call is None or call.actions is None:
             return
         if call.finished_run is not None:  # the forward returned before the next list's first block
@@ -367,7 +376,10 @@ class Engine:
         for i, a in enumerate(chars):
             if a == _COMPUTE:
                 continue
-            if self.granularity is Granularity.STACK:
+            if self.call_scope:
+                hist = bstate.units.get(CALL_UNIT)
+                ok = hist is not None and bstate.call_layout is not None and hist.matches([self._latent])
+            elif self.granularity is Granularity.STACK:
                 ok = bool(bstate.units) and all(bstate.units.get(("seg", li)) is not None
                                                 for li in self.segment_lists if li not in bstate.chained)
             else:
@@ -536,6 +548,56 @@ class Engine:
         bstate.output_at_compute = v.detach()
         bstate.pending_post = pending
 
+    # ------------------------------------------------------------------------------------------------ call scope
+    def call_enter(self, forward: Any, args: tuple, kwargs: dict, compiling: bool = False) -> tuple[bool, Any]:
+        """Call scope (dcache.call_scope): decide before the transformer runs. (True, None) runs it; (False, out)
+        returns x + Delta (or its Taylor forecast) without running it. The unit is the whole call, so its FLOPs
+        (embedders and head included) are counted on the first computed call of each input shape."""
+        call = self.call
+        x = latent_input(self._call_arguments() or {}, args)
+        if call is None or x is None:
+            raise ValueError(f"scope='call' reads the latent input `hidden_states` of the transformer call, but "
+                             f"{type(self.transformer).__name__} got {type(x).__name__}; use scope='blocks'.")
+        self.ops = ops_for(x)
+        self._latent = x
+        bstate = call.bstate
+        if call.record.input_shape is None:
+            call.record.input_shape = tuple(x.shape)
+        if Signal.INPUT_DELTA in self.wanted:
+            if bstate.prev_input is not None and bstate.prev_input.shape == x.shape:
+                call.pre[Signal.INPUT_DELTA] = (x - bstate.prev_input).abs().mean()
+            bstate.prev_input = x.detach().clone()  # pipelines may update latents in place
+        self._decide(call)
+        action = call.actions[0]
+        shape = x.shape
+        if action == _COMPUTE:
+            if compiling:
+                self.flops.count(CALL_UNIT, shape, forward, args, kwargs)  # a dispatch mode would stop dynamo
+            else:
+                call.counter = self.flops.start(CALL_UNIT, shape)
+            return True, None
+        forecast = action == _FORECAST
+        delta = bstate.units[CALL_UNIT].read(forecast, call.step)[0]
+        call.flops_total = self.flops.cost(CALL_UNIT, shape) or 0.0
+        return False, bstate.call_layout.build(self.ops.apply(x, delta))
+
+    def call_exit(self, out: Any) -> Any:
+        """Call scope, computed call: cache Delta = v - x and the output's layout; post signals read x and v."""
+        call, x = self.call, self._latent
+        if call is None or x is None:
+            return out
+        bstate = call.bstate
+        if call.counter is not None:
+            counter, call.counter = call.counter, None
+            self.flops.stop(counter, CALL_UNIT, x.shape)
+        call.flops_total = call.flops_computed = self.flops.cost(CALL_UNIT, x.shape) or 0.0
+        layout, v = output_layout(out, x, type(self.transformer).__name__)
+        bstate.call_layout = layout
+        call.stack_input, call.stack_output = x, v
+        if self.schedule.may_reuse(call.branch, 0):
+            self._store(call, CALL_UNIT, [v], [x])
+        return out
+
     # ------------------------------------------------------------------------------------------------ blocks
     # Every block call is split in three so that, under torch.compile, only the block's own forward is traced:
     #   block_enter (eager: bookkeeping, decision, reuse) -> forward (traced) -> block_exit (eager: caching).
@@ -650,8 +712,11 @@ class Engine:
         """A forward raised: close an open FLOP counter and drop the call (its record entry is never written)."""
         if isinstance(state, tuple) and state and isinstance(state[-1], FlopCounterMode):
             self.flops.stop(state[-1], None, None)
+        if self.call is not None and self.call.counter is not None:  # call scope: counting the whole call
+            self.flops.stop(self.call.counter, None, None)
         self.call = None
         self._call_inputs = None
+        self._latent = None
 
     def _store(self, call: CallState, key: Any, outs: list, ins: list) -> None:
         """Cache residual = out - in per stream (hidden, encoder), reusing the old buffer in place when possible."""
@@ -725,6 +790,8 @@ class Engine:
     # (no tracer active) the hooks call the undecorated methods: the disable wrapper's frame switching costs more
     # than the rest of a skipped block's bookkeeping.
     begin_call_traced = _eager(begin_call)
+    call_enter_traced = _eager(call_enter)
+    call_exit_traced = _eager(call_exit)
     end_call_traced = _eager(end_call)
     block_enter_traced = _eager(block_enter)
     block_exit_traced = _eager(block_exit)
@@ -777,11 +844,20 @@ class _TransformerHook(ModelHook):
         engine = self.engine
         if get_eval_frame_callback() is None:  # plain eager (see Engine.begin_call_traced)
             begin, end, abort = engine.begin_call, engine.end_call, engine.abort
+            enter, exit_ = engine.call_enter, engine.call_exit
         else:
             begin, end, abort = engine.begin_call_traced, engine.end_call_traced, engine.abort_traced
+            enter, exit_ = engine.call_enter_traced, engine.call_exit_traced
         begin(args, kwargs)
         try:
+            if engine.call_scope:  # dcache.call_scope: the whole call may come from the cache
+                run, out = enter(self.fn_ref.original_forward, args, kwargs, enter is engine.call_enter_traced)
+                if not run:
+                    end()
+                    return out
             out = self.fn_ref.original_forward(*args, **kwargs)
+            if engine.call_scope:
+                out = exit_(out)
         except BaseException:
             abort(None)
             raise

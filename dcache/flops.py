@@ -20,7 +20,21 @@ from torch.utils.flop_counter import FlopCounterMode
 
 
 class FlopBook:
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, layout: tuple, enabled: bool = True) -> "FlopBook":
+        """The model's book, kept on the model across `dcache.apply` / `remove`: FLOPs depend on the architecture
+        and the shapes only, and counting them costs a few tens of milliseconds per shape (a FlopCounterMode pass
+        over every block), which would otherwise show in every re-applied run (an A/B timing loop). `layout`
+        (block classes in order, module units) must match, else a new book is started."""
+        book = model.__dict__.get("_dcache_flop_book")
+        if book is None or book.enabled != enabled or book.layout != layout:
+            book = cls(enabled)
+            book.layout = layout
+            model.__dict__["_dcache_flop_book"] = book  # plain attribute: not a submodule, not in state_dict
+        return book
+
     def __init__(self, enabled: bool = True):
+        self.layout: tuple = ()
         self.enabled = enabled
         self.costs: dict[tuple[Any, tuple], float] = {}
         self.by_unit: dict[Any, float] = {}  # last known cost of each unit (any shape)

@@ -58,6 +58,10 @@ class Handle:
                 raise RuntimeError(f"the last generation did not finish (branch {branch!r} has no call at steps "
                                    f"{missing[:5]}...); run a complete generation before exporting its plan.")
         layout = Counter(s.list_index for s in eng.blocks)
+        extras = dict(getattr(eng.schedule, "plan_extras", lambda: {})())
+        extras.pop("scope", None)  # a replayed plan's: this generation ran in eng.scope
+        if eng.scope != "blocks":  # replays in the scope it was recorded in (dcache.apply reads it)
+            extras["scope"] = eng.scope
         return Plan(
             model_class=type(eng.transformer).__name__,
             block_layout=[layout[i] for i in range(len(eng.adapter.block_lists))],
@@ -69,8 +73,8 @@ class Handle:
             scheduler=eng.scheduler_name,  # recorded when hooked: a removed handle still knows it
             resolution=list(rec.input_shape) if rec.input_shape else None,
             interpolate_steps=interpolate_steps,
-            extras=dict(getattr(eng.schedule, "plan_extras", lambda: {})()),
-            provenance={"method": self.method, "config": self.config, "quality": quality or {},
+            extras=extras,
+            provenance={"method": self.method, "config": self.config, "scope": eng.scope, "quality": quality or {},
                         "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
         )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .actions import Action, Granularity, Signal
+from .actions import ACTION_CHARS, Action, Granularity, Signal
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def normalize_actions(decision: str | Action | Sequence[Action], num_units: int)
     row = decision if isinstance(decision, str) else "".join(Action(a).value for a in decision)
     if len(row) == 1 and num_units > 1:
         row = row * num_units
-    if len(row) != num_units or not set(row) <= {a.value for a in Action}:
+    if len(row) != num_units or not ACTION_CHARS.issuperset(row):
         raise ValueError(
             f"A schedule returned actions {row[:40]!r} (length {len(row)}) but this call has {num_units} units; "
             f"return one character per unit from 'C' (compute), 'R' (reuse), 'F' (forecast)."

@@ -89,6 +89,7 @@ class BranchState:
     pending_post: dict[str, torch.Tensor] = field(default_factory=dict)  # measured after a computed call
     post_values: dict[str, float] = field(default_factory=dict)  # last synced post signals
     pending_call: Any = None  # the CallRecord the pending post signals belong to
+    call_layout: Any = None  # call scope: how the last computed call's output is built (call_scope.OutputLayout)
 
     def history(self, key: Any, order: int) -> UnitHistory:
         hist = self.units.get(key)

@@ -41,6 +41,10 @@ def generate(
     model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
     prompt: Optional[str] = typer.Option(None, help="prompt; for the tiny model, class labels like '3' or '0,1,2'"),
     cache: str = typer.Option("magcache", help="method name, preset, or plan/config JSON file"),
+    scope: Optional[str] = typer.Option(None, help="'blocks' (default) caches the block stack; 'call' the whole "
+                                                  "transformer call x -> v (skips embedders and head too; for "
+                                                  "methods that decide before the call, e.g. magcache, seacache, "
+                                                  "easycache); a plan replays in the scope it was recorded in"),
     steps: Optional[int] = typer.Option(None, help="number of inference steps (pipeline default if unset)"),
     seed: int = typer.Option(0, help="random seed (same for the uncached and cached runs)"),
     guidance: Optional[float] = typer.Option(None, help="guidance scale (pipeline default if unset)"),
@@ -79,7 +83,8 @@ def generate(
     try:
         result = run(model=model, prompts=prompts, cache=cache, steps=steps, seed=seed, guidance=guidance, out=out,
                      repeats=repeats, device=device, dtype=dtype, height=height, width=width,
-                     overrides=_parse_overrides(set_), threads=threads, pipeline_kwargs=_call_arguments(call))
+                     overrides=_parse_overrides(set_), threads=threads, pipeline_kwargs=_call_arguments(call),
+                     scope=scope)
     except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
         _fail(exc)
         return

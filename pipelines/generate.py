@@ -14,7 +14,7 @@ import dcache
 from dcache.plan import atomic_write_text
 
 from .images import heat, save_grid, save_video
-from .runner import GenerationJob, load_pipeline, median, psnr, timed_runs
+from .runner import GenerationJob, interleaved_runs, load_pipeline, median, psnr
 
 TINY_DEFAULT_LABELS = [str(i) for i in range(10)]
 
@@ -29,7 +29,8 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
              steps: int | None = None, seed: int = 0, guidance: float | None = None, out: str = "dcache-out",
              repeats: int = 3, device: str = "cpu", dtype: str = "float32", height: int | None = None,
              width: int | None = None, overrides: dict[str, Any] | None = None,
-             threads: int | None = None, pipeline_kwargs: dict[str, Any] | None = None) -> GenerateResult:
+             threads: int | None = None, pipeline_kwargs: dict[str, Any] | None = None,
+             scope: str | None = None) -> GenerateResult:
     if repeats < 1:
         raise ValueError(f"--repeats {repeats} must be >= 1.")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
@@ -50,14 +51,9 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
     job = GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=guidance, seed=seed,
                         height=height, width=width, extra=dict(pipeline_kwargs or {}))
 
-    reference, t_ref = timed_runs(job, repeats)
-    handle = dcache.apply(pipe, cache, **(overrides or {}))
-    try:
-        cached, t_cached = timed_runs(job, repeats)
-        stats = handle.stats()
-        plan = handle.plan()
-    finally:
-        handle.remove()
+    timing = interleaved_runs(job, lambda: dcache.apply(pipe, cache, scope=scope, **(overrides or {})), repeats)
+    reference, cached, t_ref, t_cached = timing.reference, timing.cached, timing.seconds_uncached, timing.seconds_cached
+    stats, plan = timing.stats, timing.plan
 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -65,6 +61,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
     summary = {
         "model": model or "tiny (bundled)",
         "cache": cache,
+        "scope": plan.extras.get("scope", "blocks"),
         "prompts": list(prompts),
         "seed": seed,
         "steps": stats.num_steps,
@@ -112,7 +109,7 @@ def _finite(obj: Any) -> Any:
 
 def format_summary(s: dict[str, Any]) -> str:
     lines = [
-        f"model        {s['model']}   cache: {s['cache']}   seed {s['seed']}",
+        f"model        {s['model']}   cache: {s['cache']} ({s['scope']} scope)   seed {s['seed']}",
         f"steps        {s['calls_fully_computed']}/{s['calls']} transformer calls fully computed "
         f"({s['steps']} steps), units computed {s['units_computed']}, reused {s['units_reused']}, "
         f"forecast {s['units_forecast']} ({s['blocks_per_call']} blocks per call)",

@@ -89,6 +89,18 @@ CASES = [
     QualityCase("seacache-cadence", "seacache-cadence", {}, 0.43, 42.0),
     # 0.357, 48.9 dB, 1.00 (the same with a quadratic forecast)
     QualityCase("seacache-order2", "seacache-cadence", dict(order=2), 0.43, 42.0),
+    # Call scope (dcache.call_scope): a reused call is x + Delta of the whole transformer, embedders and head
+    # included, so batch-1 speed-ups reach the ideal; measured in the same way:
+    # 0.304, 43.3 dB, 1.00 (45.9 dB in block scope)
+    QualityCase("magcache-forecast-call", "magcache", dict(threshold=0.3, max_skip_steps=4, retention_ratio=0.0,
+                                                         order=1, cutoff_steps=1, scope="call"), 0.37, 37.0),
+    # 0.357, 48.9 dB, 1.00 (48.8 dB in block scope)
+    QualityCase("seacache-cadence-call", "seacache-cadence", dict(scope="call"), 0.43, 42.0),
+    # 0.393, 33.9 dB, 1.00 (EasyCache's own formulation; tau 0.1 computes 0.607 of the blocks in block scope)
+    QualityCase("easycache-call", "easycache", dict(threshold=0.1, scope="call"), 0.46, 27.5),
+    # 0.393, 46.9 dB, 1.00 (48.9 dB in block scope)
+    QualityCase("taylorseer-stack-call", "taylorseer", dict(granularity="stack", interval=3, scope="call"), 0.46,
+                40.0),
 ]
 
 
