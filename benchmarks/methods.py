@@ -371,6 +371,10 @@ def dcache_contenders(bench: Bench) -> list[Contender]:
         families=[{"max_consecutive": 2, "order": 2, **call}, {"max_consecutive": 5, "order": 2, **call}],
         note="seacache order=2 scope=call"))
     contenders.append(Contender(
+        "dcache", "seacache o2 cadence call", Search("max_consecutive", "values", values=(1, 2, 3, 4, 6)),
+        plain("seacache"), families=[{"gate": False, "order": 2, **call}],
+        note="seacache gate=False order=2 scope=call: the cadence of the open-gate rows without the SEA indicator"))
+    contenders.append(Contender(
         "dcache", "taylorseer stack call", Search("interval", "values", values=(2, 3, 4, 5, 6, 8)),
         lambda p, s: plain("taylorseer")(p, {**s, "granularity": "stack", **call}),
         note="taylorseer granularity=stack scope=call"))

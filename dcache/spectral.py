@@ -18,6 +18,7 @@ no filter: the indicator is then the plain relative change of its input.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -26,8 +27,12 @@ import torch
 _EPS = 1e-16
 
 
+@functools.lru_cache(maxsize=512)
 def sea_gain(shape: tuple[int, ...], sigma: float, power: float, device: torch.device) -> torch.Tensor:
-    """Unit-mean Wiener gain over the frequency grid of `shape` (the filtered axes), float32."""
+    """Unit-mean Wiener gain over the frequency grid of `shape` (the filtered axes), float32; read-only.
+
+    Cached: a sampler visits the same few dozen noise levels in every generation (and both CFG branches of a step
+    share one), and building the gain costs more Python than the FFT on small latents."""
     sigma = min(max(float(sigma), 1e-6), 1.0 - 1e-6)
     signal, noise = 1.0 - sigma, sigma
     gain = None

@@ -24,7 +24,7 @@ class Stats:
     units_forecast: int
     calls_fully_computed: int  # calls where every unit ran ("steps computed")
     blocks_per_call: int
-    block_flops_total: float  # block FLOPs an uncached generation would spend
+    block_flops_total: float  # block FLOPs an uncached generation would spend (call scope: the whole calls' FLOPs)
     block_flops_computed: float  # block FLOPs actually spent
     compute_ratio: float  # computed / total block FLOPs (1.0 = nothing saved; a signal's own compute, e.g.
     #                       TeaCache's modulated-input probe, counts as computed and can put it above 1)

@@ -47,6 +47,14 @@ class SeaCacheConfig(MethodConfig):
     max_consecutive: int = knob(2, low=0, high=100_000, doc="most skipped calls in a row (0 = no limit)")
     power: float = knob(3.0, low=0.1, high=10.0, doc="p of the clean-signal power prior |f|^-p of the SEA filter "
                                                      "(SeaCache: 3)")
+    gate: bool = knob(True, doc="False: no SEA indicator is computed and the caps alone decide (retention_steps, "
+                                "cache_end_steps, max_consecutive): a fixed cadence without the indicator's per-call "
+                                "cost (FFTs of the latents), e.g. 1 compute + 2 forecasts with max_consecutive=2")
+
+    def check(self) -> None:
+        if not self.gate and self.max_consecutive == 0:
+            raise self.invalid("max_consecutive", 0, ">= 1 when gate=False (without the gate the cap is the only "
+                                                     "thing that computes again; 2 gives 1 compute + 2 forecasts)")
 
     def build(self, model: nn.Module) -> Schedule:
         return SeaCacheSchedule(self)
@@ -61,6 +69,8 @@ class SeaCacheSchedule(Schedule):
         self.forecast_order = config.order
         self.spectral_power = config.power  # read by the engine's SPECTRAL_REL_L1 filter
         self.name = "seacache"
+        if not config.gate:
+            self.signals = frozenset()  # the engine then measures nothing
         self._state: dict[str, list[float]] = {}  # branch -> [accumulated distance, skipped calls in a row]
 
     def reset(self, generation: GenerationInfo) -> None:
@@ -70,7 +80,8 @@ class SeaCacheSchedule(Schedule):
         c = self.config
         n = ctx.num_steps
         acc = self._state.setdefault(ctx.branch, [0.0, 0])
-        d = ctx.signals.get(Signal.SPECTRAL_REL_L1)  # None on a branch's first call
+        # None on a branch's first call; without the gate the engine's feasibility check computes that call
+        d = ctx.signals.get(Signal.SPECTRAL_REL_L1) if c.gate else 0.0
         forced = (d is None or ctx.step < c.retention_steps or (n is not None and ctx.step >= n - c.cache_end_steps)
                   or (c.max_consecutive > 0 and acc[1] >= c.max_consecutive))
         if not forced and acc[0] + d < c.threshold:
@@ -84,5 +95,5 @@ class SeaCacheSchedule(Schedule):
         return self.config.to_dict()
 
 
-register_preset("seacache-cadence", "seacache", "a loose gate: the cap decides (1 compute, 2 linear forecasts)",
-                threshold=1000.0, max_consecutive=2)
+register_preset("seacache-cadence", "seacache", "no gate: the cap decides (1 compute, 2 linear forecasts, the first "
+                                              "and last steps computed)", gate=False, max_consecutive=2)

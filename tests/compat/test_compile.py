@@ -39,8 +39,15 @@ def block_plan() -> Plan:
                 units=[f"b{i}" for i in range(NUM_BLOCKS)], num_steps=STEPS, actions={"cond": rows})
 
 
+def call_plan() -> Plan:
+    """A stack plan without probe blocks, replayed in call scope (dcache.call_scope)."""
+    return Plan(model_class="FluxTransformer2DModel", block_layout=BLOCK_LAYOUT, granularity="stack",
+                units=["stack"], num_steps=STEPS, actions={"cond": ["C", "C", "F", "C"]}, forecast_order=1)
+
+
 METHODS = {
     "stack-plan": lambda pipe: dcache.apply(pipe, stack_plan()),
+    "call-plan": lambda pipe: dcache.apply(pipe, call_plan(), scope="call"),
     "block-plan": lambda pipe: dcache.apply(pipe, block_plan()),
     "fbcache": lambda pipe: dcache.apply(pipe, "fbcache", threshold=0.5),
 }
@@ -96,6 +103,8 @@ def eager_outputs():
     ("full", "before", "stack-plan"),
     ("regional", "before", "block-plan"),
     ("regional", "after", "fbcache"),
+    ("full", "before", "call-plan"),
+    ("regional", "after", "call-plan"),
 ])
 def test_compiled_outputs_match_eager(mode, order, method, eager_outputs):
     """compile before or after dcache.apply: same outputs as eager dcache, same decisions, repeatable."""

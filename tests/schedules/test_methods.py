@@ -430,6 +430,12 @@ def test_seacache_accumulates_the_spectral_change_under_a_run_cap():
     reuse.reset(info())
     assert rows(reuse, spectral_rel_l1=0.01) == "CRRCRRCRRC"
     assert reuse.forecast_order == 0 and capped.forecast_order == 1 and capped.spectral_power == 3.0
+    # no gate: the same cadence as an open gate, and the engine is asked for no signal at all
+    cadence = seacache.SeaCacheSchedule(dcache.config_for("seacache-cadence"))
+    cadence.reset(info())
+    assert cadence.signals == frozenset() and rows(cadence) == "CFFCFFCFFC" == rows(capped, spectral_rel_l1=0.01)
+    with pytest.raises(ValueError, match="max_consecutive=0 is invalid: it must be >= 1 when gate=False"):
+        dcache.config_for("seacache", gate=False, max_consecutive=0)
     # per-branch accumulators
     schedule.reset(info())
     pairs = [(schedule.decide(ctx(i, branch="cond", spectral_rel_l1=0.03)).value,
