@@ -79,8 +79,15 @@ class Adapter:
     latents: Callable[[dict[str, Any]], torch.Tensor | None] | None = None
     # Step-invariant modules outside the blocks (RoPE tables) that the engine computes once (dcache.memo).
     invariants: tuple[Invariant, ...] = ()
+    # Module units a block calls more than once per forward (CogView4's `ff` runs on the image tokens, then on the
+    # text tokens): the engine keeps one cache per call of the unit within a block, in call order (k-th call reuses
+    # the k-th cached output); the unit's action covers all of its calls.
+    shared: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if not set(self.shared) <= set(self.modules):
+            raise ValueError(f"Adapter({self.model_class!r}).shared={self.shared} must name module units listed in "
+                             f"modules={self.modules}.")
         for unit, inputs in self.composed:
             unknown = [n for n in (unit, *inputs) if n not in self.modules]
             if unknown or not inputs or unit in inputs:

@@ -81,6 +81,7 @@ class CallState:
     finished_run: tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None] | None = None
     probe_residual: torch.Tensor | None = None
     counter: FlopCounterMode | None = None  # call scope: open around the first computed call of a shape
+    module_calls: dict[int, int] = field(default_factory=dict)  # shared module unit -> its calls so far this call
     signal_values: dict[str, float] = field(default_factory=dict)
     flops_total: float = 0.0
     flops_computed: float = 0.0
@@ -109,6 +110,9 @@ class Engine:
         if self.granularity is Granularity.MODULE:
             self.module_unit = {(b, m): i for i, (b, m) in enumerate(self._module_pairs())}
             self.composed_units = composed_indices(self.adapter, self.units)
+        # MODULE units a block calls more than once per forward (Adapter.shared): one cache per call, in call order
+        self.shared_units = frozenset(i for i, (_, m) in enumerate(self._module_pairs())
+                                      if m in self.adapter.shared) if self.module_unit else frozenset()
         self.decision_block = schedule.probe_blocks if self.granularity is Granularity.STACK else 0
         self.segment_lists = tuple(s.list_index for s in self.blocks if s.segment_first)  # STACK, in order
         self.last_block = len(self.blocks) - 1
@@ -759,10 +763,19 @@ class Engine:
         if call is None or call.actions is None:
             return True, None
         action = call.actions[unit]
+        cache_key: Any = unit
+        if unit in self.shared_units:  # the k-th call of a shared unit in this block has its own cache
+            k = call.module_calls.get(unit, 0)
+            call.module_calls[unit] = k + 1
+            cache_key = unit if k == 0 else (unit, k)
         if action == _COMPUTE:  # the block counts its modules' FLOPs; measure this module's share
-            return True, (call, key, shape, self.flops.start(key, shape))
+            return True, (call, key, shape, cache_key, self.flops.start(key, shape))  # counter last (abort)
         call.flops_computed -= self.flops.cost(key, shape) or 0.0
-        hist = call.bstate.units[unit]
+        hist = call.bstate.units.get(cache_key)
+        if hist is None or hist.tables is None:  # a shared unit called more often than when it was computed
+            raise RuntimeError(f"module unit {self.units[unit]} was called more times in this block than when it "
+                               f"was last computed; its adapter's `shared` modules must be called the same number "
+                               f"of times at every step.")
         forecast = action == _FORECAST
         forecaster = self.schedule.forecaster if forecast else None
         tensors = iter(forecaster(hist, call.step) if forecaster is not None else hist.read(forecast, call.step))
@@ -775,11 +788,11 @@ class Engine:
         if state == "counting":
             self.flops.exit()
             return out
-        call, key, shape, counter = state
+        call, key, shape, cache_key, counter = state
         self.flops.stop(counter, key, shape)
         if self.schedule.may_reuse(call.branch, unit):
             leaves, spec = tree_flatten(out)
-            hist = call.bstate.history(unit, self.order)
+            hist = call.bstate.history(cache_key, self.order)
             hist.update([t for t in leaves if isinstance(t, torch.Tensor)], call.step)
             hist.spec = spec  # type: ignore[attr-defined]
             hist.is_tensor = [isinstance(t, torch.Tensor) for t in leaves]  # type: ignore[attr-defined]

@@ -10,8 +10,9 @@ One `register_adapter(Adapter(...))` per transformer class, checked against diff
   text stream; a cross-attention context the block only reads is not a stream (encoder=None), so reuse leaves it be.
 - `outputs`: the order of the block's returned tensors (Flux-style blocks return (encoder, hidden); HunyuanVideo /
   CogVideoX-style return (hidden, encoder); single-stream and cross-attention blocks return hidden alone).
-- `modules`: inner units whose output can be cached and returned as-is (called once per block call). A module that
-  a block calls twice (e.g. one FFN shared by the text and image streams) is left out and named in `notes`.
+- `modules`: inner units whose output can be cached and returned as-is. A module that a block calls more than once
+  (one FFN shared by the text and image streams: CogView4, EasyAnimate) is also listed in `shared`, and gets one
+  cache per call within the block.
 - `modulated_input`: TeaCache's signal, the timestep-modulated input of the first block, computed from that block's
   bound forward arguments without side effects (see ALGORITHMS.md §2). None where the family has no AdaLN-style
   modulation of the hidden stream.
@@ -427,9 +428,10 @@ register_adapter(Adapter(
 register_adapter(Adapter(
     model_class="CogView4Transformer2DModel",
     block_lists=(BlockList("transformer_blocks", outputs=(HIDDEN, ENCODER)),),
-    modules=("attn1",),
+    modules=("attn1", "ff"),
+    shared=("ff",),
     modulated_input=_text_image_norm_modulated_input,
-    notes="`ff` is shared: called twice per block (image, then text), so it is not a module unit.",
+    notes="`ff` is shared: called twice per block (image, then text); one cache per call (Adapter.shared).",
 ))
 
 register_adapter(Adapter(
@@ -527,9 +529,10 @@ register_adapter(Adapter(
 register_adapter(Adapter(
     model_class="EasyAnimateTransformer3DModel",
     block_lists=(BlockList("transformer_blocks", outputs=(HIDDEN, ENCODER)),),
-    modules=("attn1",),
+    modules=("attn1", "ff", "txt_ff"),
+    shared=("ff",),
     modulated_input=_text_image_norm_modulated_input,
-    notes="without a separate txt_ff the block calls `ff` twice (image, text), so `ff` is not a module unit.",
+    notes="without a separate txt_ff the block calls `ff` twice (image, text); one cache per call (Adapter.shared).",
 ))
 
 register_adapter(Adapter(

@@ -6,7 +6,8 @@ engine forecasts, for the unit's cached tensors at `step`:
     forecaster(hist, step) -> list[Tensor]      # same shapes, dtypes and devices as hist.reuse()
 
 `hist` is the unit's `UnitHistory`: `hist.key` names the unit (("seg", list) for stack segments, the block index
-for blocks, the module-unit index for modules), `hist.tables` holds its Taylor tables ([order + 1, *shape] per
+for blocks, the module-unit index for modules, (index, k) for the k-th call (k >= 1) of a module a block calls
+several times, see Adapter.shared), `hist.tables` holds its Taylor tables ([order + 1, *shape] per
 cached tensor, or the tensors themselves at order 0), `hist.filled` how many table rows are valid and
 `hist.last_step` the step of the last computed value. REUSE never asks the forecaster.
 

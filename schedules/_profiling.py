@@ -140,8 +140,13 @@ class ProfileSession:
 
             self._torch_hooks.append(slot.block.register_forward_hook(hook, with_kwargs=True))
 
-    def on_module(self, fn: Callable[..., Any]) -> None:
-        """fn(unit, where, output) after every inner-module call; a non-None return replaces the output."""
+    def on_module(self, fn: Callable[..., Any], every_call: bool = False) -> None:
+        """fn(unit, where, output) after every inner-module call; a non-None return replaces the output.
+
+        A module a block calls more than once per forward (Adapter.shared, e.g. CogView4's `ff` on the image, then the
+        text tokens) reports its first call in each block call only (the image stream); with every_call=True every
+        call reports, as fn(unit, where, output, k) with k = 0, 1, ... its order within the block call."""
+        seen: dict[int, tuple[Any, int]] = {}  # unit -> (the engine's call object, calls of the unit in it)
         for unit, (b, name) in enumerate(self.module_pairs()):
             module = getattr(self.engine.blocks[b].block, name)
 
@@ -149,7 +154,12 @@ class ProfileSession:
                 where = self.where()
                 if where is None:
                     return None
-                return fn(unit, where, output)
+                call, last = self.engine.call, seen.get(unit)
+                k = last[1] + 1 if last is not None and last[0] is call else 0
+                seen[unit] = (call, k)
+                if every_call:
+                    return fn(unit, where, output, k)
+                return fn(unit, where, output) if k == 0 else None
 
             self._torch_hooks.append(module.register_forward_hook(hook, with_kwargs=True))
 

@@ -43,9 +43,12 @@ N_TIME_FEATURES = 5
 
 
 def unit_name(key: Any) -> str:
-    """The engine's unit key as a string: ("seg", 1) -> "seg1" (stack segments), 3 -> "u3" (block / module unit)."""
+    """The engine's unit key as a string: ("seg", 1) -> "seg1" (stack segments), 3 -> "u3" (block / module unit),
+    (3, 1) -> "u3k1" (the second call of a shared module unit, Adapter.shared)."""
     if isinstance(key, tuple) and len(key) == 2 and key[0] == "seg":
         return f"seg{int(key[1])}"
+    if isinstance(key, tuple) and len(key) == 2 and all(isinstance(k, int) for k in key):
+        return f"u{key[0]}k{key[1]}"
     if isinstance(key, int):
         return f"u{key}"
     raise ValueError(f"unit key {key!r} is not a stack segment or a unit index.")

@@ -187,12 +187,12 @@ def _correct(target: Any, runs, actions: dict[str, list[str]], tol: float, num_s
     cache: dict[tuple[int, str, int], Any] = {}
     flipped = 0
 
-    def on_module(unit, where, output):
+    def on_module(unit, where, output, k):
         nonlocal flipped
         rows = actions.get(where.branch)
         if rows is None or where.step >= len(rows):
             return None
-        key = (where.generation, where.branch, unit)
+        key = (where.generation, where.branch, unit, k)  # k: the call's order in the block (Adapter.shared)
         cached = cache.get(key)
         if rows[where.step][unit] == Action.COMPUTE.value or cached is None:
             cache[key] = prof.detach(output, None)
@@ -207,7 +207,7 @@ def _correct(target: Any, runs, actions: dict[str, list[str]], tol: float, num_s
         return cached
 
     with prof.ProfileSession(target, num_steps=num_steps) as session:
-        session.on_module(on_module)
+        session.on_module(on_module, every_call=True)
         session.run(runs)
     return flipped
 

@@ -232,6 +232,8 @@ def test_stream_arguments_and_returned_slots_match(name, recorded):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_module_units_exist_and_run_once_per_block(name, recorded):
+    """Every module unit runs once per block call, except those the adapter declares `shared` (called several times
+    with one cache per call): they must run more than once, else the declaration is wrong."""
     adapter, calls, _ = recorded(name)
     model = _model(name)
     for unit in adapter.modules:
@@ -239,9 +241,13 @@ def test_module_units_exist_and_run_once_per_block(name, recorded):
                                               unit) is not None]
         assert found, f"{name}: module unit {unit!r} exists on no block"
         for call in found:
-            assert call.module_calls.get(unit) == 1, (
-                f"{name}: {adapter.block_lists[call.list_index].path}[{call.block_index}].{unit} ran "
-                f"{call.module_calls.get(unit, 0)} times in one block call; a module unit must run exactly once")
+            runs = call.module_calls.get(unit, 0)
+            where = f"{name}: {adapter.block_lists[call.list_index].path}[{call.block_index}].{unit} ran {runs} times"
+            if unit in adapter.shared:
+                assert runs >= 1, f"{where} in one block call"
+            else:
+                assert runs == 1, f"{where} in one block call; a module unit must run exactly once (or be declared " \
+                                  f"in the adapter's `shared` modules)"
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if registered_adapters()[zoo.ZOO[n].model_class].modulated_input])
