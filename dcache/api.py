@@ -22,6 +22,7 @@ DEFAULT_METHOD = "magcache"
 
 def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLike = DEFAULT_METHOD, *,
           num_steps: int | None = None, count_flops: bool = True, memoize: bool = True, scope: str | None = None,
+          speed: str | float | None = None, quality: str | None = None, calibration_run: Any = None,
           **overrides: Any) -> Handle:
     """Hook a caching method into a diffusers pipeline (or a bare transformer) and return its Handle.
 
@@ -34,12 +35,21 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                "call": cache the whole transformer map x -> v (EasyCache's Delta = v - x, dcache.call_scope); a
                reused call then skips everything, which matters on small models and batch 1, but the output head
                is reused too. Only for schedules that decide before the call runs (no probe blocks).
+    speed / quality: a target instead of a raw threshold: speed="2x" picks, among the settings of the method's main
+               knob whose ideal speed-up reaches 2, the one with the best PSNR on `calibration_run`; quality=
+               "psnr>=30" the fastest setting that keeps 30 dB there (schedules.calibrate.resolve_target; the sweep
+               is `handle.target`). calibration_run() runs one uncached-comparable generation (e.g.
+               lambda: pipe(prompt, num_inference_steps=28, generator=torch.Generator().manual_seed(1))).
     overrides: config fields, e.g. apply(pipe, "magcache", threshold=0.1).
     """
     pipeline, transformer = _split_target(target)
     if getattr(transformer, "_dcache_engine", None) is not None:
         raise RuntimeError(f"dcache is already applied to this {type(transformer).__name__}; call handle.remove() "
                            f"on the first handle before applying another method.")
+    chosen = None
+    if speed is not None or quality is not None:
+        method, chosen = _resolve_target(target, method, speed, quality, calibration_run, num_steps, scope, overrides)
+        overrides = {}
     schedule, name, config = _resolve_schedule(method, overrides, transformer)
     if scope is None:
         scope = schedule.plan.extras.get("scope", "blocks") if isinstance(schedule, PlanSchedule) else "blocks"
@@ -48,7 +58,30 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     if isinstance(schedule, PlanSchedule):
         _check_plan_fits(schedule.plan, engine)
     transformer._dcache_engine = engine
-    return Handle(engine, name, config)
+    handle = Handle(engine, name, config)
+    handle.target = chosen
+    return handle
+
+
+def _resolve_target(target: Any, method: Any, speed: Any, quality: Any, calibration_run: Any, num_steps: Any,
+                    scope: Any, overrides: dict) -> tuple[MethodConfig, Any]:
+    """speed= / quality= -> the chosen config of `method` (schedules.calibrate.resolve_target on calibration_run)."""
+    from dcache.schedules.calibrate import format_sweep, resolve_target
+
+    what = f"speed={speed!r}" if speed is not None else f"quality={quality!r}"
+    if not isinstance(method, str) or method.endswith(".json"):
+        raise ValueError(f"{what} sweeps a method's main knob, so the method must be a method or preset name (e.g. "
+                         f"'magcache'), not {type(method).__name__} {str(method)[:60]!r}.")
+    if calibration_run is None:
+        raise ValueError(f"{what} is resolved by sweeping {method!r}'s main knob on a calibration run; pass "
+                         f"calibration_run=lambda: pipe(prompt, generator=torch.Generator().manual_seed(1), ...) "
+                         f"(one generation, compared with the same generation uncached).")
+    result = resolve_target(method, target=target, run_fn=calibration_run, speed=speed, quality=quality,
+                            num_steps=num_steps, scope=scope, **overrides)
+    if not result.met:
+        raise ValueError(f"no setting of {method!r} meets {what} on the calibration run:\n{format_sweep(result)}\n"
+                         f"Relax the target, or pick another method (dcache methods).")
+    return result.config, result
 
 
 def _split_target(target: Any) -> tuple[Any, nn.Module]:

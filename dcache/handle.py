@@ -15,6 +15,7 @@ class Handle:
         self._engine = engine
         self.method = method
         self.config = config
+        self.target = None  # dcache.apply(speed= / quality=): the sweep that chose the config (TargetResult)
         self._removed = False
 
     @property

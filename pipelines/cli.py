@@ -45,6 +45,11 @@ def generate(
                                                   "transformer call x -> v (skips embedders and head too; for "
                                                   "methods that decide before the call, e.g. magcache, seacache, "
                                                   "easycache); a plan replays in the scope it was recorded in"),
+    speed: Optional[str] = typer.Option(None, help="target instead of a threshold: e.g. 2x = the least lossy setting "
+                                                  "of --cache's main knob with ideal speed-up >= 2, found on a "
+                                                  "calibration run (same prompts, seed + 1)"),
+    quality: Optional[str] = typer.Option(None, help="target instead of a threshold: e.g. 'psnr>=30' = the fastest "
+                                                    "setting keeping 30 dB on the calibration run"),
     steps: Optional[int] = typer.Option(None, help="number of inference steps (pipeline default if unset)"),
     seed: int = typer.Option(0, help="random seed (same for the uncached and cached runs)"),
     guidance: Optional[float] = typer.Option(None, help="guidance scale (pipeline default if unset)"),
@@ -84,7 +89,7 @@ def generate(
         result = run(model=model, prompts=prompts, cache=cache, steps=steps, seed=seed, guidance=guidance, out=out,
                      repeats=repeats, device=device, dtype=dtype, height=height, width=width,
                      overrides=_parse_overrides(set_), threads=threads, pipeline_kwargs=_call_arguments(call),
-                     scope=scope)
+                     scope=scope, speed=speed, quality=quality)
     except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
         _fail(exc)
         return

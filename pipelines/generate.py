@@ -30,7 +30,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
              repeats: int = 3, device: str = "cpu", dtype: str = "float32", height: int | None = None,
              width: int | None = None, overrides: dict[str, Any] | None = None,
              threads: int | None = None, pipeline_kwargs: dict[str, Any] | None = None,
-             scope: str | None = None) -> GenerateResult:
+             scope: str | None = None, speed: str | None = None, quality: str | None = None) -> GenerateResult:
     if repeats < 1:
         raise ValueError(f"--repeats {repeats} must be >= 1.")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
@@ -51,7 +51,20 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
     job = GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=guidance, seed=seed,
                         height=height, width=width, extra=dict(pipeline_kwargs or {}))
 
-    timing = interleaved_runs(job, lambda: dcache.apply(pipe, cache, scope=scope, **(overrides or {})), repeats)
+    method: Any = cache
+    target = None
+    if speed is not None or quality is not None:  # resolve the target on the same prompts with the next seed
+        from dcache.schedules.calibrate import format_sweep, resolve_target
+
+        calibration = GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=guidance,
+                                    seed=seed + 1, height=height, width=width, extra=dict(pipeline_kwargs or {}))
+        target = resolve_target(cache, target=pipe, run_fn=calibration, speed=speed, quality=quality, scope=scope,
+                                **(overrides or {}))
+        if not target.met:
+            raise ValueError(f"no setting of {cache!r} meets the target on the calibration run (seed {seed + 1}):\n"
+                             f"{format_sweep(target)}\nRelax --speed / --quality or pick another --cache.")
+        method, overrides = target.config, {}
+    timing = interleaved_runs(job, lambda: dcache.apply(pipe, method, scope=scope, **(overrides or {})), repeats)
     reference, cached, t_ref, t_cached = timing.reference, timing.cached, timing.seconds_uncached, timing.seconds_cached
     stats, plan = timing.stats, timing.plan
 
@@ -61,6 +74,9 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
     summary = {
         "model": model or "tiny (bundled)",
         "cache": cache,
+        "target": None if target is None else {
+            "speed": speed, "quality": quality, "calibration_seed": seed + 1, "knob": target.knob,
+            "value": target.value, "sweep": target.sweep},
         "scope": plan.extras.get("scope", "blocks"),
         "prompts": list(prompts),
         "seed": seed,
@@ -118,6 +134,11 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{s['repeats']}), measured/ideal {s['measured_over_ideal']:.2f}",
         f"quality      PSNR cached vs uncached {s['psnr_db']:.2f} dB, max |error| {s['max_abs_error']:.4f}",
     ]
+    t = s.get("target")
+    if t:
+        goal = f"speed {t['speed']}" if t["speed"] is not None else f"quality {t['quality']}"
+        lines.append(f"target       {goal}: {t['knob']}={t['value']} chosen from {len(t['sweep'])} settings on the "
+                     f"calibration run (seed {t['calibration_seed']}; sweep in stats.json)")
     return "\n".join(lines)
 
 

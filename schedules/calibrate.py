@@ -457,7 +457,8 @@ def _output_tensor(result: Any) -> torch.Tensor:
 
 def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | float | None = None,
                    quality: str | None = None, reference_fn: RunFn | None = None, grid: Sequence | None = None,
-                   knob: str | None = None, num_steps: int | None = None, **fixed: Any) -> TargetResult:
+                   knob: str | None = None, num_steps: int | None = None, scope: str | None = None,
+                   **fixed: Any) -> TargetResult:
     """Sweep `method`'s main knob over `grid` and pick the fastest setting meeting the target.
 
     speed="2x":       among settings with ideal speed-up >= 2, the one with the best PSNR (the least lossy way to
@@ -465,7 +466,7 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
     quality="psnr>=30": the setting with the highest ideal speed-up whose PSNR vs the uncached output is >= 30 dB.
     run_fn runs one generation and returns its output (tensor, or pipeline output with .images); reference_fn
     (default run_fn without caching) gives the uncached output. `knob` / `grid` override the swept knob and its
-    values (MAIN_KNOBS holds the defaults); `fixed` are other knobs of the method.
+    values (MAIN_KNOBS holds the defaults); `fixed` are other knobs of the method; `scope` is dcache.apply's.
     """
     kind, goal = _parse_target(speed, quality)
     preset = dcache.presets().get(method)
@@ -484,7 +485,7 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
     configs: list[Any] = []
     for value in values:
         config = dcache.config_for(method, **{**fixed, knob_name: value})
-        handle = dcache.apply(target, config, num_steps=num_steps)
+        handle = dcache.apply(target, config, num_steps=num_steps, scope=scope)
         try:
             out = _output_tensor(run_fn())
             stats = handle.stats()
@@ -503,3 +504,13 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
         return TargetResult(method, knob_name, None, None, False, sweep)
     return TargetResult(method, knob_name, values[best], configs[best], True, sweep)
 
+
+
+def format_sweep(result: TargetResult) -> str:
+    """One line per swept setting: knob value, compute ratio, ideal speed-up, PSNR; the chosen one marked."""
+    lines = [f"{result.method}: {result.knob} sweep on the calibration run"]
+    for row in result.sweep:
+        mark = "  <- chosen" if result.met and row["value"] == result.value else ""
+        lines.append(f"  {result.knob}={row['value']!s:8s} compute ratio {row['compute_ratio']:.3f}  ideal "
+                     f"{row['ideal_speedup']:.2f}x  PSNR {row['psnr']:.2f} dB{mark}")
+    return "\n".join(lines)

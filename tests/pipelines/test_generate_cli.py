@@ -31,8 +31,26 @@ def test_generate_writes_grid_stats_and_a_replayable_plan(tmp_path):
     assert again["psnr_db"] == stats["psnr_db"]  # the plan replays the same decisions bit-exactly
 
 
+def test_generate_resolves_a_speed_target_on_a_calibration_seed_and_scope_call(tmp_path):
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["generate", "--prompt", "3,7", "--steps", "12", "--repeats", "1", "--out", str(out),
+                                 "--cache", "fixed_interval", "--speed", "2.5x", "--scope", "call"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((out / "stats.json").read_text())
+    target = stats["target"]
+    assert target["knob"] == "interval" and target["calibration_seed"] == 1 and stats["scope"] == "call"
+    fast_enough = [r for r in target["sweep"] if r["ideal_speedup"] >= 2.5]
+    chosen = next(r for r in target["sweep"] if r["value"] == target["value"])
+    assert chosen in fast_enough and chosen["psnr"] == max(r["psnr"] for r in fast_enough)
+    assert stats["ideal_speedup"] >= 2.5  # the generation itself, on seed 0, has the chosen setting's compute
+    assert "call scope" in result.output and "target       speed 2.5x: interval=" in result.output
+
+
 @pytest.mark.parametrize("args, message", [
     (["--prompt", "12"], "class labels 0-9"),
+    (["--cache", "fixed_interval", "--speed", "50x"], "no setting of 'fixed_interval' meets the target"),
+    (["--cache", "fixed_interval", "--speed", "fast"], "must look like '2x'"),
+    (["--cache", "fbcache", "--scope", "call"], "decides before the transformer runs"),
     (["--cache", "magcash"], "Did you mean 'magcache'"),
     (["--cache", "missing.json"], "does not exist"),
     (["--model", "not a model"], "neither an existing folder nor a hub id"),

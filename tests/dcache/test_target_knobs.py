@@ -1,0 +1,65 @@
+"""`dcache.apply(pipe, method, speed="2x" | quality="psnr>=30", calibration_run=...)`: the setting is chosen by a sweep
+of the method's main knob on the calibration run (schedules.calibrate.resolve_target), checked here against the
+sweep itself; bad use is refused with the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dcache
+from dcache.pipelines.bundled import load_tiny_pipeline
+
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return load_tiny_pipeline()
+
+
+def run(pipe, seed):
+    return pipe(labels=[2, 5], num_inference_steps=STEPS, generator=torch.Generator().manual_seed(seed)).images
+
+
+def test_speed_target_picks_the_least_lossy_fast_enough_setting(pipe):
+    with dcache.apply(pipe, "fixed_interval", speed="2x", calibration_run=lambda: run(pipe, 1)) as handle:
+        run(pipe, 0)
+        stats = handle.stats()
+    target = handle.target
+    assert target.met and target.knob == "interval"
+    fast = [r for r in target.sweep if r["ideal_speedup"] >= 2.0]
+    chosen = next(r for r in target.sweep if r["value"] == target.value)
+    assert chosen in fast and chosen["psnr"] == max(r["psnr"] for r in fast)
+    assert handle.config["interval"] == target.value and stats.ideal_speedup >= 2.0
+
+
+def test_quality_target_picks_the_fastest_setting_that_keeps_it_in_call_scope(pipe):
+    with dcache.apply(pipe, "magcache", quality="psnr>=35", calibration_run=lambda: run(pipe, 1),
+                      scope="call", max_skip_steps=2) as handle:
+        assert handle.engine.scope == "call" and handle.config["max_skip_steps"] == 2
+    target = handle.target
+    ok = [r for r in target.sweep if r["psnr"] >= 35.0]
+    chosen = next(r for r in target.sweep if r["value"] == target.value)
+    assert chosen in ok and chosen["ideal_speedup"] == max(r["ideal_speedup"] for r in ok)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(speed="2x"), "pass calibration_run=lambda: pipe"),
+    (dict(speed="90x", calibration_run=True), "no setting of 'fixed_interval' meets speed='90x'"),
+    (dict(speed="2x", quality="psnr>=30", calibration_run=True), "exactly one target"),
+])
+def test_bad_targets_are_refused_with_the_fix(pipe, kwargs, message):
+    if kwargs.get("calibration_run") is True:
+        kwargs["calibration_run"] = lambda: run(pipe, 1)
+    with pytest.raises(ValueError, match=message):
+        dcache.apply(pipe, "fixed_interval", **kwargs)
+    assert getattr(pipe.transformer, "_dcache_engine", None) is None
+
+
+def test_a_plan_has_no_knob_to_sweep(pipe, tmp_path):
+    with dcache.apply(pipe, "fixed_interval") as handle:
+        run(pipe, 0)
+        path = handle.plan().save(tmp_path / "p.json")
+    with pytest.raises(ValueError, match="must be a method or preset name"):
+        dcache.apply(pipe, str(path), speed="2x", calibration_run=lambda: run(pipe, 1))
