@@ -139,6 +139,8 @@ def plan_key(plan: Plan, seeds: list[int]) -> str:
     forecaster = plan.extras.get("forecaster") or {}
     what = [plan.model_class, plan.granularity, plan.units, plan.num_steps, plan.actions, plan.probe_blocks,
             plan.tail_blocks, plan.forecast_order, forecaster.get("sha256"), seeds]
+    if plan.extras.get("scope", "blocks") != "blocks":  # keys of block-scope plans stay those of earlier runs
+        what.append(plan.extras["scope"])
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -185,6 +187,8 @@ def main(argv=None) -> str:
     ap.add_argument("--disca-online", type=int, default=0, help="DisCa closed-loop iterations over all its plans")
     ap.add_argument("--disca-per-plan", type=int, default=12,
                     help="then closed-loop iterations per base plan (each DisCa plan gets its own fine-tuned copy)")
+    ap.add_argument("--no-call-scope", dest="call_scope", action="store_false",
+                    help="do not score the call-scope twins (<method>+call) of the step-level plans")
     ap.add_argument("--quick", action="store_true", help="12 steps, pop 8 x 3, span 4, routers 4 its, 2 held-out "
                                                          "seeds, DisCa 60 + 6 iterations on 2 seeds")
     ap.add_argument("--out", default=None, help="search output folder; searches found there are reused "
@@ -308,6 +312,14 @@ def main(argv=None) -> str:
             plans.setdefault(f"{key.split('/')[0]}+disca", []).append((key, plan))
         timings["disca"] = time.time() - t
         print(f"[{time.time() - t0:.0f}s] disca trained", flush=True)
+
+    if args.call_scope:  # call-scope twins of the step-level plans (dcache.call_scope: x + Delta of the whole call)
+        for method in [m for m in plans if not m.endswith("+disca")]:
+            for name, plan in plans[method]:
+                if Granularity(plan.granularity) is Granularity.STACK and not (plan.probe_blocks or plan.tail_blocks) \
+                        and "forecaster" not in plan.extras:
+                    twin = Plan.from_dict({**plan.to_dict(), "extras": {**plan.extras, "scope": "call"}})
+                    plans.setdefault(f"{method}+call", []).append((name, twin))
 
     # ---------------------------------------------------------------------------------------------- scoring
     scored: dict[str, list[dict]] = {}

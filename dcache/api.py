@@ -13,7 +13,7 @@ from .adapters import adapter_for
 from .config import MethodConfig
 from .engine import Engine
 from .handle import Handle
-from .methods import config_for
+from .methods import config_for, target_resolver
 from .plan import Plan, PlanError, PlanSchedule
 from .schedule import Schedule
 
@@ -48,7 +48,9 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                            f"on the first handle before applying another method.")
     chosen = None
     if speed is not None or quality is not None:
-        method, chosen = _resolve_target(target, method, speed, quality, calibration_run, num_steps, scope, overrides)
+        method, chosen = target_resolver()(target, method, speed=speed, quality=quality,
+                                           calibration_run=calibration_run, num_steps=num_steps, scope=scope,
+                                           overrides=overrides)
         overrides = {}
     schedule, name, config = _resolve_schedule(method, overrides, transformer)
     if scope is None:
@@ -61,27 +63,6 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     handle = Handle(engine, name, config)
     handle.target = chosen
     return handle
-
-
-def _resolve_target(target: Any, method: Any, speed: Any, quality: Any, calibration_run: Any, num_steps: Any,
-                    scope: Any, overrides: dict) -> tuple[MethodConfig, Any]:
-    """speed= / quality= -> the chosen config of `method` (schedules.calibrate.resolve_target on calibration_run)."""
-    from dcache.schedules.calibrate import format_sweep, resolve_target
-
-    what = f"speed={speed!r}" if speed is not None else f"quality={quality!r}"
-    if not isinstance(method, str) or method.endswith(".json"):
-        raise ValueError(f"{what} sweeps a method's main knob, so the method must be a method or preset name (e.g. "
-                         f"'magcache'), not {type(method).__name__} {str(method)[:60]!r}.")
-    if calibration_run is None:
-        raise ValueError(f"{what} is resolved by sweeping {method!r}'s main knob on a calibration run; pass "
-                         f"calibration_run=lambda: pipe(prompt, generator=torch.Generator().manual_seed(1), ...) "
-                         f"(one generation, compared with the same generation uncached).")
-    result = resolve_target(method, target=target, run_fn=calibration_run, speed=speed, quality=quality,
-                            num_steps=num_steps, scope=scope, **overrides)
-    if not result.met:
-        raise ValueError(f"no setting of {method!r} meets {what} on the calibration run:\n{format_sweep(result)}\n"
-                         f"Relax the target, or pick another method (dcache methods).")
-    return result.config, result
 
 
 def _split_target(target: Any) -> tuple[Any, nn.Module]:

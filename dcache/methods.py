@@ -8,12 +8,13 @@ from __future__ import annotations
 import difflib
 import importlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .config import MethodConfig
 
 _METHODS: dict[str, type[MethodConfig]] = {}
 _PRESETS: dict[str, "Preset"] = {}
+_TARGET_RESOLVER: list[Callable[..., Any]] = []  # dcache.apply(speed= / quality=), registered by dcache.schedules
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,20 @@ def register_method(config_cls: type[MethodConfig]) -> type[MethodConfig]:
 def register_preset(name: str, method: str, doc: str = "", **overrides: Any) -> Preset:
     preset = _PRESETS[name] = Preset(name, method, dict(overrides), doc)
     return preset
+
+
+def register_target_resolver(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """fn(target, method, *, speed, quality, calibration_run, num_steps, scope, overrides) -> (MethodConfig, sweep):
+    what dcache.apply runs for a speed= / quality= target (dcache.schedules.calibrate registers the sweep)."""
+    _TARGET_RESOLVER[:] = [fn]
+    return fn
+
+
+def target_resolver() -> Callable[..., Any]:
+    _load_builtins()
+    if not _TARGET_RESOLVER:
+        raise RuntimeError("no target resolver is registered (dcache.schedules registers one on import).")
+    return _TARGET_RESOLVER[0]
 
 
 def _load_builtins() -> None:

@@ -41,6 +41,7 @@ from torch import nn
 
 import dcache
 from dcache import Action, CallContext, Granularity, Schedule, Signal
+from dcache.methods import register_target_resolver
 from dcache.plan import atomic_write_text
 
 from .tables import model_identity, register_table
@@ -514,3 +515,24 @@ def format_sweep(result: TargetResult) -> str:
         lines.append(f"  {result.knob}={row['value']!s:8s} compute ratio {row['compute_ratio']:.3f}  ideal "
                      f"{row['ideal_speedup']:.2f}x  PSNR {row['psnr']:.2f} dB{mark}")
     return "\n".join(lines)
+
+
+@register_target_resolver
+def resolve_for_apply(target: Any, method: Any, *, speed: Any, quality: Any, calibration_run: Any, num_steps: Any,
+                      scope: Any, overrides: dict) -> tuple[Any, TargetResult]:
+    """dcache.apply(speed= / quality=): the chosen config of `method` (resolve_target on calibration_run), or a
+    teaching error (no name to sweep, no calibration run, target not met: the sweep is shown)."""
+    what = f"speed={speed!r}" if speed is not None else f"quality={quality!r}"
+    if not isinstance(method, str) or method.endswith(".json"):
+        raise ValueError(f"{what} sweeps a method's main knob, so the method must be a method or preset name (e.g. "
+                         f"'magcache'), not {type(method).__name__} {str(method)[:60]!r}.")
+    if calibration_run is None:
+        raise ValueError(f"{what} is resolved by sweeping {method!r}'s main knob on a calibration run; pass "
+                         f"calibration_run=lambda: pipe(prompt, generator=torch.Generator().manual_seed(1), ...) "
+                         f"(one generation, compared with the same generation uncached).")
+    result = resolve_target(method, target=target, run_fn=calibration_run, speed=speed, quality=quality,
+                            num_steps=num_steps, scope=scope, **overrides)
+    if not result.met:
+        raise ValueError(f"no setting of {method!r} meets {what} on the calibration run:\n{format_sweep(result)}\n"
+                         f"Relax the target, or pick another method (dcache methods).")
+    return result.config, result
