@@ -114,15 +114,14 @@ class Engine:
         self.shared_units = frozenset(i for i, (_, m) in enumerate(self._module_pairs())
                                       if m in self.adapter.shared) if self.module_unit else frozenset()
         self.decision_block = schedule.probe_blocks if self.granularity is Granularity.STACK else 0
-        self.segment_lists = tuple(s.list_index for s in self.blocks if s.segment_first)  # STACK, in order
+        # STACK, in order (call scope: none, the call is computed or replaced as a whole and no block is hooked)
+        self.segment_lists = () if self.call_scope else tuple(s.list_index for s in self.blocks if s.segment_first)
         self.last_block = len(self.blocks) - 1
         stack = self.granularity is Granularity.STACK
         for s in self.blocks:
             s.exit_work = (self.granularity is Granularity.BLOCK or s.index == self.last_block
                            or (stack and s.role == "probe" and s.index == self.decision_block - 1)
                            or (stack and s.role == "middle" and s.segment_last))
-        if self.call_scope:  # no block hooks: the call is computed or replaced as a whole
-            self.segment_lists = ()
         self.ops = VALIDATED  # kernel entry points, re-chosen at the first block of every call (cache_ops.py)
         self._bytes_seen: tuple[int, int] = (0, 0)  # (branches, units) when the cache bytes were last summed
         self.record: GenerationRecord | None = None
@@ -557,9 +556,9 @@ class Engine:
         """Call scope (dcache.call_scope): decide before the transformer runs. (True, None) runs it; (False, out)
         returns x + Delta (or its Taylor forecast) without running it. The unit is the whole call, so its FLOPs
         (embedders and head included) are counted on the first computed call of each input shape."""
-        call = self.call
+        call = self.call  # opened by begin_call
         x = latent_input(self._call_arguments() or {}, args)
-        if call is None or x is None:
+        if x is None:
             raise ValueError(f"scope='call' reads the latent input `hidden_states` of the transformer call, but "
                              f"{type(self.transformer).__name__} got {type(x).__name__}; use scope='blocks'.")
         self.ops = ops_for(x)
