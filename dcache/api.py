@@ -31,7 +31,8 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     num_steps: transformer-only use: the number of denoising steps (a pipeline's scheduler tells it otherwise).
     memoize:   compute step-invariant work outside the blocks (RoPE tables) once instead of every call
                (dcache.memo; exact: keyed on the same input tensors). False leaves those modules alone.
-    scope:     "blocks" (default; a plan recorded in call scope replays in it): cache the block stack, recompute the embedders and output head every call.
+    scope:     "blocks" (default; a plan recorded in call scope replays in it): cache the block stack, recompute the
+               embedders and output head every call.
                "call": cache the whole transformer map x -> v (EasyCache's Delta = v - x, dcache.call_scope); a
                reused call then skips everything, which matters on small models and batch 1, but the output head
                is reused too. Only for schedules that decide before the call runs (no probe blocks).
