@@ -61,9 +61,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     if isinstance(schedule, PlanSchedule):
         _check_plan_fits(schedule.plan, engine)
     transformer._dcache_engine = engine
-    handle = Handle(engine, name, config)
-    handle.target = chosen
-    return handle
+    return Handle(engine, name, config, chosen)
 
 
 def _split_target(target: Any) -> tuple[Any, nn.Module]:

@@ -485,9 +485,16 @@ class Engine:
                 call.pre[Signal.MODULATED_REL_L1] = self.ops.rel_l1(mod, bstate.prev_modulated)
             bstate.prev_modulated = mod.detach()
         if Signal.INPUT_DELTA in self.wanted:
-            if bstate.prev_input is not None and bstate.prev_input.shape == hidden.shape:
-                call.pre[Signal.INPUT_DELTA] = (hidden - bstate.prev_input).abs().mean()
-            bstate.prev_input = hidden.detach()
+            self._input_delta(call, hidden.detach())
+
+    @staticmethod
+    def _input_delta(call: CallState, x: torch.Tensor) -> None:
+        """INPUT_DELTA = mean|x - x of the branch's previous call| (x: the stack input, or the latents in call
+        scope); x becomes the next call's reference."""
+        bstate = call.bstate
+        if bstate.prev_input is not None and bstate.prev_input.shape == x.shape:
+            call.pre[Signal.INPUT_DELTA] = (x - bstate.prev_input).abs().mean()
+        bstate.prev_input = x
 
     def _on_probe_output(self, call: CallState, hidden_out: torch.Tensor) -> None:
         bstate = call.bstate
@@ -567,9 +574,7 @@ class Engine:
         if call.record.input_shape is None:
             call.record.input_shape = tuple(x.shape)
         if Signal.INPUT_DELTA in self.wanted:
-            if bstate.prev_input is not None and bstate.prev_input.shape == x.shape:
-                call.pre[Signal.INPUT_DELTA] = (x - bstate.prev_input).abs().mean()
-            bstate.prev_input = x.detach().clone()  # pipelines may update latents in place
+            self._input_delta(call, x.detach().clone())  # pipelines may update their latents in place
         self._decide(call)
         action = call.actions[0]
         shape = x.shape

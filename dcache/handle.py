@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Any
 
 from .engine import Engine
 from .plan import Plan
@@ -11,11 +12,11 @@ from .stats import Stats, stats_from_record
 
 
 class Handle:
-    def __init__(self, engine: Engine, method: str, config: dict):
+    def __init__(self, engine: Engine, method: str, config: dict, target: Any = None):
         self._engine = engine
         self.method = method
         self.config = config
-        self.target = None  # dcache.apply(speed= / quality=): the sweep that chose the config (TargetResult)
+        self.target = target  # dcache.apply(speed= / quality=): the sweep that chose the config (TargetResult)
         self._removed = False
 
     @property

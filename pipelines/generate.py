@@ -54,16 +54,13 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
     method: Any = cache
     target = None
     if speed is not None or quality is not None:  # resolve the target on the same prompts with the next seed
-        from dcache.schedules.calibrate import format_sweep, resolve_target
+        from dcache.schedules.calibrate import resolve_for_apply
 
         calibration = GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=guidance,
                                     seed=seed + 1, height=height, width=width, extra=dict(pipeline_kwargs or {}))
-        target = resolve_target(cache, target=pipe, run_fn=calibration, speed=speed, quality=quality, scope=scope,
-                                **(overrides or {}))
-        if not target.met:
-            raise ValueError(f"no setting of {cache!r} meets the target on the calibration run (seed {seed + 1}):\n"
-                             f"{format_sweep(target)}\nRelax --speed / --quality or pick another --cache.")
-        method, overrides = target.config, {}
+        method, target = resolve_for_apply(pipe, cache, speed=speed, quality=quality, calibration_run=calibration,
+                                           num_steps=None, scope=scope, overrides=dict(overrides or {}))
+        overrides = {}
     timing = interleaved_runs(job, lambda: dcache.apply(pipe, method, scope=scope, **(overrides or {})), repeats)
     reference, cached, t_ref, t_cached = timing.reference, timing.cached, timing.seconds_uncached, timing.seconds_cached
     stats, plan = timing.stats, timing.plan

@@ -48,7 +48,7 @@ def test_generate_resolves_a_speed_target_on_a_calibration_seed_and_scope_call(t
 
 @pytest.mark.parametrize("args, message", [
     (["--prompt", "12"], "class labels 0-9"),
-    (["--cache", "fixed_interval", "--speed", "50x"], "no setting of 'fixed_interval' meets the target"),
+    (["--cache", "fixed_interval", "--speed", "50x"], "no setting of 'fixed_interval' meets speed='50x'"),
     (["--cache", "fixed_interval", "--speed", "fast"], "must look like '2x'"),
     (["--cache", "fbcache", "--scope", "call"], "decides before the transformer runs"),
     (["--cache", "magcash"], "Did you mean 'magcache'"),
