@@ -13,6 +13,7 @@ input through untouched (no compute), probe (front) and tail (back) blocks alway
 
 from __future__ import annotations
 
+import functools
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -231,12 +232,17 @@ class Engine:
         engine = self
         set_timesteps, step = getattr(scheduler, "set_timesteps").__func__, getattr(scheduler, "step").__func__
 
+        # functools.wraps keeps the scheduler's own name, docstring and (through __wrapped__) signature: diffusers'
+        # retrieve_timesteps reads `inspect.signature(scheduler.set_timesteps)` to decide whether sigmas/timesteps
+        # may be passed, and refuses them when it sees a bare (*args, **kwargs).
+        @functools.wraps(set_timesteps)
         def wrapped_set_timesteps(sched, *args, **kwargs):
             out = set_timesteps(sched, *args, **kwargs)
             if sched is engine._hooked_scheduler:
                 engine._on_set_timesteps(sched)
             return out
 
+        @functools.wraps(step)
         def wrapped_step(sched, *args, **kwargs):
             out = step(sched, *args, **kwargs)
             if sched is engine._hooked_scheduler and engine.tracker.on_scheduler_step():

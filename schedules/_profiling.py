@@ -21,6 +21,8 @@ is the uncached trajectory.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -191,6 +193,7 @@ class ProfileSession:
             raise ValueError("scheduler taps need a pipeline target (a bare transformer has no scheduler).")
         prev = scheduler.step  # the engine's instance wrapper (or the bound method)
 
+        @functools.wraps(prev)  # the scheduler's own signature stays visible to inspect
         def wrapped_step(*args, **kwargs):
             rec = self.engine.record
             where = Where(self.engine.generations, rec.step if rec is not None else -1, "scheduler")

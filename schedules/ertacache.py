@@ -40,6 +40,8 @@ latent-sized update per step.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -353,6 +355,7 @@ def apply_timestep_adjustment(pipe: Any, plan: Plan) -> Callable[[], None]:
                          "timestep_adjustment=True on a pipeline.")
     prev = scheduler.step
 
+    @functools.wraps(prev)  # keeps the scheduler's own signature for inspect (diffusers reads it)
     def step(*args, **kwargs):
         from ._profiling import step_arguments
 
