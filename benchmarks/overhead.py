@@ -63,7 +63,8 @@ class Row:
 
 
 def generate(pipe) -> None:
-    pipe(labels=[LABEL], num_inference_steps=STEPS, guidance_scale=1.0, generator=torch.Generator().manual_seed(0))
+    pipe(labels=[LABEL], num_inference_steps=STEPS, guidance_scale=1.0, generator=torch.Generator().manual_seed(0),
+         output_type="pt")
 
 
 def cpu_time(fn: Callable[[], None]) -> float:

@@ -2,8 +2,9 @@
 
     from dcache.pipelines.bundled import load_tiny_pipeline, load_digit_classifier
     pipe = load_tiny_pipeline()
-    images = pipe([3, 1, 4], generator=torch.Generator().manual_seed(0)).images   # [3, 1, 16, 16] in [0, 1]
-    load_digit_classifier().predict(images)                                        # tensor([3, 1, 4])
+    pipe("3").images[0]                                                            # a PIL image of a 3 (64x64)
+    images = pipe(["3", "one", "4"], generator=torch.Generator().manual_seed(0), output_type="pt").images
+    load_digit_classifier().predict(images)                    # images: [3, 1, 16, 16] in [0, 1] -> tensor([3, 1, 4])
 
 The assets are written by `python -m dcache.pipelines.train_tiny --out pipelines/assets`; their quality numbers are
 in `assets/tiny-digits/METRICS.json`.

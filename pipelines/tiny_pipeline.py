@@ -3,7 +3,8 @@
 It follows diffusers' `FluxPipeline` wherever the cache engine looks: the scheduler's `set_timesteps` is called once
 per generation, the transformer gets `timestep = t / 1000` (= sigma in (0, 1]; Flux multiplies by 1000 inside),
 packed 2x2 image tokens with `img_ids`/`txt_ids`, and each transformer call runs inside `cache_context("cond")`,
-`cache_context("uncond")` (split CFG) or `cache_context("cond_uncond")` (batched CFG).
+`cache_context("uncond")` (split CFG) or `cache_context("cond_uncond")` (batched CFG). Its call looks like a
+text-to-image pipeline's: `pipe("3").images[0]` is a PIL image of a 3 (prompts name a digit: "3" or "three").
 
 Image layout: pixels [B, 1, 16, 16] in [-1, 1] during sampling  <->  packed tokens [B, 64, 4] (8x8 grid of 2x2 patches).
 Flow: x_t = (1 - t) * x_0 + t * noise, the transformer predicts v = noise - x_0, Euler steps from t = 1 to 0.
@@ -29,6 +30,7 @@ DEFAULT_STEPS = 28
 DEFAULT_GUIDANCE = 1.5
 CFG_MODES = ("split", "batched")
 OUTPUT_TYPES = ("pt", "np", "pil", "latent")
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 PIL_SCALE = 4  # "pil" output is upscaled with nearest-neighbour: 16x16 -> 64x64
 
 
@@ -59,6 +61,20 @@ def text_ids(num_tokens: int, device=None, dtype=torch.float32) -> torch.Tensor:
     return torch.zeros(num_tokens, 3, device=device, dtype=dtype)
 
 
+def parse_digit_prompt(prompt: str, position: int | None = None) -> int:
+    """A prompt naming a digit -> its class: "3", " 7 ", "seven", "Seven" -> 3, 7, 7, 7 (a ValueError otherwise)."""
+    text = prompt.strip().lower() if isinstance(prompt, str) else None
+    if text is not None and len(text) == 1 and text in "0123456789":
+        return int(text)
+    if text in DIGIT_WORDS:
+        return DIGIT_WORDS.index(text)
+    where = "" if position is None else f" at position {position}"
+    raise ValueError(
+        f"prompt {prompt!r}{where} names no digit: the bundled model draws the digits 0-9 and takes the prompts "
+        f"'0'..'9' or {', '.join(repr(w) for w in DIGIT_WORDS)} (or class labels: pipe(labels=[0, 1, 2]))."
+    )
+
+
 def flow_sigmas(num_inference_steps: int) -> np.ndarray:
     """Unshifted sigmas 1 -> 1/N, as FluxPipeline passes them; the scheduler applies its `shift` and appends 0."""
     return np.linspace(1.0, 1.0 / num_inference_steps, num_inference_steps)
@@ -87,6 +103,22 @@ class DigitFlowPipeline(DiffusionPipeline):
         """Number of denoising steps of the last (or current) call."""
         return self._num_timesteps
 
+    def _labels(self, prompt, labels):
+        """`prompt` (a digit string / word, a label, or a list of them) or `labels` -> what `_check_inputs` takes."""
+        if prompt is not None and labels is not None:
+            raise ValueError("pass the digits as prompt (pipe('3'), pipe(['3', 'seven'])) or as labels "
+                             "(pipe(labels=[3, 7])), not both.")
+        if prompt is None:
+            if labels is None:
+                raise ValueError("no digit requested: pass a prompt such as pipe('3') or pipe(['3', 'seven']), or "
+                                 "class labels such as pipe(labels=[3, 7]).")
+            return labels
+        if isinstance(prompt, str):
+            return [parse_digit_prompt(prompt)]
+        if isinstance(prompt, (list, tuple)):
+            return [parse_digit_prompt(p, i) if isinstance(p, str) else p for i, p in enumerate(prompt)]
+        return prompt  # an int, a tensor of labels: checked as labels
+
     def _check_inputs(self, labels, num_inference_steps, guidance_scale, generator, latents, cfg_mode, output_type):
         """Validates the call and returns the labels as a list of ints."""
         if isinstance(labels, torch.Tensor):
@@ -100,7 +132,7 @@ class DigitFlowPipeline(DiffusionPipeline):
         ):
             raise ValueError(
                 f"labels must be an int or a non-empty list of ints in 0..{self.num_classes - 1}, got {labels!r}; "
-                "e.g. pipe(labels=[0, 1, 2])."
+                "e.g. pipe(labels=[0, 1, 2]), or digit prompts such as pipe(['0', 'one', '2'])."
             )
         bad = [(i, label) for i, label in enumerate(labels) if not 0 <= label < self.num_classes]
         if bad:
@@ -149,29 +181,35 @@ class DigitFlowPipeline(DiffusionPipeline):
     @torch.no_grad()
     def __call__(
         self,
-        labels: int | list[int],
+        prompt: str | int | Sequence[str | int] | None = None,
         num_inference_steps: int = DEFAULT_STEPS,
         guidance_scale: float = DEFAULT_GUIDANCE,
         generator: torch.Generator | list[torch.Generator] | None = None,
         latents: torch.Tensor | None = None,
         cfg_mode: str = "split",
-        output_type: str = "pt",
+        output_type: str = "pil",
         return_dict: bool = True,
+        labels: int | Sequence[int] | torch.Tensor | None = None,
     ):
-        """Generate one image per label.
+        """Generate one image per requested digit, as a diffusers pipeline does per prompt.
+
+            pipe("3").images[0]                        # a PIL image of a 3
+            pipe(["3", "seven"], output_type="pt")      # tensor [2, 1, 16, 16] in [0, 1]
 
         Args:
-            labels: digit class(es) 0..9.
+            prompt: a digit as text ("3", "seven"; see `parse_digit_prompt`), a class label (3), or a list of them.
+            labels: the same as class labels 0..9 (instead of `prompt`).
             num_inference_steps: Euler steps (>= 1).
             guidance_scale: CFG scale g; v = v_uncond + g * (v_cond - v_uncond). g <= 1: no CFG, one call per step.
             generator: torch.Generator (or one per label) for the starting noise.
             latents: starting noise [B, 1, 16, 16] instead of drawing it.
             cfg_mode: "split" (two calls per step, cond then uncond) or "batched" (one call on [uncond; cond]).
-            output_type: "pt" (tensor [B, 1, 16, 16] in [0, 1]), "np" (array [B, 16, 16, 1] in [0, 1]),
-                "pil" (list of 64x64 grayscale images), "latent" (packed tokens [B, 64, 4], unclamped, in [-1, 1] scale).
+            output_type: "pil" (default: list of 64x64 grayscale images), "pt" (tensor [B, 1, 16, 16] in [0, 1]),
+                "np" (array [B, 16, 16, 1] in [0, 1]), "latent" (packed tokens [B, 64, 4], unclamped, [-1, 1] scale).
             return_dict: return an `ImagePipelineOutput` (else a tuple `(images,)`).
         """
-        labels = self._check_inputs(labels, num_inference_steps, guidance_scale, generator, latents, cfg_mode, output_type)
+        labels = self._check_inputs(self._labels(prompt, labels), num_inference_steps, guidance_scale, generator, latents,
+                                    cfg_mode, output_type)
         device = self._execution_device
         dtype = self.transformer.dtype
         batch = len(labels)

@@ -211,6 +211,7 @@ def generate_eval_set(
         num_inference_steps=num_inference_steps,
         guidance_scale=guidance_scale,
         generator=torch.Generator().manual_seed(seed),
+        output_type="pt",
     ).images
     return images, torch.tensor(labels)
 
@@ -262,7 +263,8 @@ def evaluate(pipe: DigitFlowPipeline, classifier: DigitClassifier, cfg: TrainCon
 
 def save_sample_grid(pipe: DigitFlowPipeline, path: Path, seed: int) -> None:
     """10 x 10 grid (row = digit) at the default steps and guidance, as a PNG."""
-    images = pipe(eval_labels(10), generator=torch.Generator().manual_seed(seed)).images  # [100, 1, 16, 16]
+    images = pipe(eval_labels(10), generator=torch.Generator().manual_seed(seed), output_type="pt").images
+    # images: [100, 1, 16, 16]
     grid = images.view(NUM_CLASSES, 10, 16, 16).permute(0, 2, 1, 3).reshape(NUM_CLASSES * 16, 10 * 16)
     to_pil(grid[None], scale=2).save(path)
 
@@ -298,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
     n_eval = cfg.eval_per_class * NUM_CLASSES
     metrics["frechet_real_train_vs_test"] = frechet_distance(classifier.features(train_x[:n_eval]), classifier.features(test_x))
     tick = time.time()
-    pipe([0], generator=torch.Generator().manual_seed(0))  # 28 steps, split CFG: 56 transformer calls
+    pipe([0], generator=torch.Generator().manual_seed(0), output_type="pt")  # 28 steps, split CFG: 56 calls
     metrics["sample_seconds_1_image_28_steps_split_cfg"] = round(time.time() - tick, 3)
     metrics.update(
         classifier_test_accuracy=classifier_accuracy,

@@ -18,7 +18,8 @@ class EveryOther(Schedule):
 
 
 def generate(pipe):
-    return pipe(labels=[1, 2], num_inference_steps=6, generator=torch.Generator().manual_seed(0)).images
+    return pipe(labels=[1, 2], num_inference_steps=6, generator=torch.Generator().manual_seed(0),
+                output_type="pt").images
 
 
 def test_reapplying_reuses_the_counts_and_gives_the_same_ratio():

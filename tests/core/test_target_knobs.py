@@ -19,7 +19,8 @@ def pipe():
 
 
 def run(pipe, seed):
-    return pipe(labels=[2, 5], num_inference_steps=STEPS, generator=torch.Generator().manual_seed(seed)).images
+    return pipe(labels=[2, 5], num_inference_steps=STEPS, generator=torch.Generator().manual_seed(seed),
+                output_type="pt").images
 
 
 def test_speed_target_picks_the_least_lossy_fast_enough_setting(pipe):

@@ -8,13 +8,15 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+import PIL.Image
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
 
 from dcache.pipelines.bundled import DIGIT_CLASSIFIER_PATH, TINY_MODEL_DIR, load_digit_classifier, load_tiny_pipeline
 from dcache.pipelines.digit_classifier import load_digits_16
-from dcache.pipelines.tiny_pipeline import image_ids, pack_images, unpack_tokens
+from dcache.pipelines.tiny_pipeline import PIL_SCALE, image_ids, pack_images, parse_digit_prompt, unpack_tokens
 from dcache.pipelines.train_tiny import generated_accuracy
 
 MAX_MODEL_BYTES = 15 * 2**20
@@ -56,7 +58,8 @@ def test_fresh_process_loads_offline_and_reproduces_in_process_images(pipe, tmp_
     code = (
         "import torch\n"
         "from dcache.pipelines.bundled import load_tiny_pipeline\n"
-        "images = load_tiny_pipeline()([0, 7], num_inference_steps=8, generator=torch.Generator().manual_seed(0)).images\n"
+        "images = load_tiny_pipeline()([0, 7], num_inference_steps=8, generator=torch.Generator().manual_seed(0),\n"
+        "                              output_type='pt').images\n"
         "print(images.flatten().tolist())\n"
     )
     # Empty HF cache + offline mode + a cwd outside the repository: only the installed package can provide the model.
@@ -64,7 +67,7 @@ def test_fresh_process_loads_offline_and_reproduces_in_process_images(pipe, tmp_
     result = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     fresh = torch.tensor(json.loads(result.stdout.strip().splitlines()[-1]))
-    here = pipe([0, 7], num_inference_steps=8, generator=_seeded(0)).images.flatten()
+    here = pipe([0, 7], num_inference_steps=8, generator=_seeded(0), output_type="pt").images.flatten()
     assert torch.allclose(fresh, here, atol=1e-5, rtol=0)
 
 
@@ -95,25 +98,25 @@ def test_generated_samples_are_the_requested_digits(pipe, classifier):
 
 def test_split_and_batched_cfg_give_the_same_images(pipe):
     labels = list(range(10))
-    split = pipe(labels, generator=_seeded(3), cfg_mode="split").images
-    batched = pipe(labels, generator=_seeded(3), cfg_mode="batched").images
-    no_cfg = pipe(labels, generator=_seeded(3), guidance_scale=1.0).images
+    split = pipe(labels, generator=_seeded(3), cfg_mode="split", output_type="pt").images
+    batched = pipe(labels, generator=_seeded(3), cfg_mode="batched", output_type="pt").images
+    no_cfg = pipe(labels, generator=_seeded(3), guidance_scale=1.0, output_type="pt").images
     assert (split - batched).abs().max().item() <= CFG_MODE_ATOL
     assert (split - no_cfg).abs().max().item() > 100 * CFG_MODE_ATOL  # guidance does change the samples
 
 
 def test_same_seed_gives_identical_images_and_latents_replace_the_noise(pipe):
-    first = pipe([4, 2], generator=_seeded(7)).images
-    again = pipe([4, 2], generator=_seeded(7)).images
-    other = pipe([4, 2], generator=_seeded(8)).images
-    from_latents = pipe([4, 2], latents=torch.randn(2, 1, 16, 16, generator=_seeded(7))).images
+    first = pipe([4, 2], generator=_seeded(7), output_type="pt").images
+    again = pipe([4, 2], generator=_seeded(7), output_type="pt").images
+    other = pipe([4, 2], generator=_seeded(8), output_type="pt").images
+    from_latents = pipe([4, 2], latents=torch.randn(2, 1, 16, 16, generator=_seeded(7)), output_type="pt").images
     assert torch.equal(first, again)
     assert torch.equal(first, from_latents)
     assert (first - other).abs().max().item() > 0.1
 
 
 def test_output_types(pipe):
-    pt = pipe([1, 5], num_inference_steps=4).images
+    pt = pipe([1, 5], num_inference_steps=4, output_type="pt").images
     assert pt.shape == (2, 1, 16, 16) and pt.dtype == torch.float32
     assert pt.min().item() >= 0.0 and pt.max().item() <= 1.0
     array = pipe([1, 5], num_inference_steps=4, output_type="np").images
@@ -122,6 +125,19 @@ def test_output_types(pipe):
     assert len(pil) == 1 and pil[0].size == (64, 64) and pil[0].mode == "L"
     (latent,) = pipe([1, 5], num_inference_steps=4, output_type="latent", return_dict=False)
     assert latent.shape == (2, 64, 4)
+
+
+def test_prompts_work_as_in_a_diffusers_pipeline(pipe):
+    """pipe(prompt).images[0] is a PIL image; a prompt names a digit ("3" or "three"), as labels do."""
+    image = pipe("3", num_inference_steps=4, generator=_seeded(0)).images[0]  # output_type="pil" by default
+    assert isinstance(image, PIL.Image.Image) and image.size == (64, 64) and image.mode == "L"
+    by_label = pipe(labels=[3], num_inference_steps=4, generator=_seeded(0), output_type="pt").images  # [1, 1, 16, 16]
+    pixels = torch.from_numpy(np.array(image))[::PIL_SCALE, ::PIL_SCALE]  # nearest-neighbour upscale undone
+    assert torch.equal(pixels, (by_label[0, 0] * 255).round().to(torch.uint8))
+    words = pipe(["3", " Seven "], num_inference_steps=4, generator=_seeded(1), output_type="pt").images
+    labels = pipe(labels=[3, 7], num_inference_steps=4, generator=_seeded(1), output_type="pt").images
+    assert torch.equal(words, labels)
+    assert [parse_digit_prompt(w) for w in ("zero", "five", "9", "NINE")] == [0, 5, 9, 9]
 
 
 @pytest.mark.parametrize(
@@ -139,6 +155,10 @@ def test_output_types(pipe):
         (dict(labels=1, output_type="tensor"), r"output_type"),
         (dict(labels=[1, 2], latents=torch.randn(1, 1, 16, 16)), r"\[2, 1, 16, 16\]"),
         (dict(labels=[1, 2], generator=[torch.Generator()]), r"one per label"),
+        (dict(prompt="a cat"), r"'a cat' names no digit.*'seven'"),
+        (dict(prompt=["3", "eleven"]), r"position 1.*'0'\.\.'9'"),
+        (dict(prompt="3", labels=[3]), r"not both"),
+        (dict(), r"no digit requested"),
     ],
 )
 def test_bad_inputs_raise_value_errors_that_name_the_fix(pipe, kwargs, message):

@@ -58,7 +58,8 @@ def pipe():
 
 
 def generate(pipe, labels, seed, steps=STEPS, **kw) -> torch.Tensor:
-    return pipe(labels=labels, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed), **kw).images
+    return pipe(labels=labels, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed), output_type="pt",
+                **kw).images
 
 
 def calibration_run(pipe, steps=STEPS, labels=CAL_LABELS, seed=CAL_SEED):

@@ -133,7 +133,8 @@ def classifier():
 
 
 def generate(pipe, labels=LABELS, seed=SEED) -> torch.Tensor:
-    return pipe(labels, num_inference_steps=STEPS, generator=torch.Generator().manual_seed(seed)).images
+    return pipe(labels, num_inference_steps=STEPS, generator=torch.Generator().manual_seed(seed),
+                output_type="pt").images
 
 
 def accuracy(classifier, images) -> float:

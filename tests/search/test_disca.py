@@ -201,5 +201,5 @@ def test_cli_search_disca_writes_plans_that_dcache_apply_uses(tiny_pipe, tmp_pat
     assert plan.extras["forecaster"]["name"] == "disca" and plan.forecast_order == 1
     assert (tmp_path / D.CHECKPOINT).is_file() and "Taylor twins" in (tmp_path / "summary.md").read_text()
     with dcache.apply(tiny_pipe, plan, count_flops=False) as handle:
-        tiny_pipe(labels=[2], num_inference_steps=STEPS, generator=torch.Generator().manual_seed(5))
+        tiny_pipe(labels=[2], num_inference_steps=STEPS, generator=torch.Generator().manual_seed(5), output_type="pt")
         assert handle.stats() is not None

@@ -79,7 +79,7 @@ def test_ecad_resume_gives_the_same_front(calib, template, tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         ecad_search(calib, tmp_path / "b", config, template=template, progress=False, on_generation=crash)
-    assert (tmp_path / "b" / "checkpoint.pkl").is_file() and not (tmp_path / "b" / "front.json").exists()
+    assert (tmp_path / "b" / "checkpoint.safetensors").is_file() and not (tmp_path / "b" / "front.json").exists()
     resumed = ecad_search(calib, tmp_path / "b", config, template=template, progress=False, resume=True)
     assert _front_points(resumed) == _front_points(straight)
     assert resumed["evaluated"] == straight["evaluated"]
@@ -181,7 +181,8 @@ def test_mismatched_plans_are_rejected(tiny_pipe, calib, template):
     with pytest.raises(PlanError, match="steps"):  # another step count
         handle = dcache.apply(tiny_pipe, plan)
         try:
-            tiny_pipe(labels=[1], num_inference_steps=STEPS + 2, generator=torch.Generator().manual_seed(0))
+            tiny_pipe(labels=[1], num_inference_steps=STEPS + 2, generator=torch.Generator().manual_seed(0),
+                      output_type="pt")
         finally:
             handle.remove()
     bad = Plan.from_dict({**plan.to_dict(), "block_layout": [3, 5]})
