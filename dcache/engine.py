@@ -35,6 +35,7 @@ from .cache_ops import VALIDATED, ops_for
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
 from .memo import install_memos
+from .memory import branch_breakdown
 from .parallel import sync_signals
 from . import spectral
 from .schedule import CallContext, GenerationInfo, Schedule, normalize_actions
@@ -130,6 +131,7 @@ class Engine:
         self.branches: dict[str, BranchState] = {}
         self.call: CallState | None = None
         self.peak_cache_bytes = 0
+        self.memory_at_end: dict[str, dict[str, int]] = {}  # {branch: {kind: bytes}} of the last generation
         self._hooked_scheduler: Any = None
         self.scheduler_name: str | None = None  # class of the scheduler driving generations (kept after remove)
         self._removed = False
@@ -295,6 +297,8 @@ class Engine:
         self.branches = {}
         self.schedule.reset(GenerationInfo(num_steps=record.num_steps, timesteps=record.timesteps, units=self.units,
                                            model_class=type(self.transformer).__name__, num_blocks=len(self.blocks)))
+        # a schedule may change the signals it reads between generations (MagCache stops measuring once calibrated)
+        self.wanted = frozenset(Signal(s) for s in self.schedule.signals)
 
     def _finish_generation(self) -> None:
         """Flush pending post-call signals into the record (one sync) and free every cached tensor."""
@@ -304,6 +308,8 @@ class Engine:
         for bstate in self.branches.values():
             self._sync_post(bstate, rec)
         self.peak_cache_bytes = max(self.peak_cache_bytes, self._cache_bytes())
+        if self.branches:  # handle.memory(): where the bytes were (dcache.memory)
+            self.memory_at_end = branch_breakdown(self.branches, self.granularity.value)
         self.branches = {}
         self._bytes_seen = (0, 0)
         rec.finished = True

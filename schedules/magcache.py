@@ -17,11 +17,13 @@ at compute ratio 0.50; plain reuse with the same budget gives 43.2 dB at 0.46.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
+from dcache import (Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob,
+                    register_method)
 from dcache.plan import nearest_interp
 
 from .tables import known_identities, lookup_table, model_identity
@@ -75,22 +77,36 @@ class MagCacheConfig(MethodConfig):
         if ratios is None:
             table = lookup_table("magcache", model)
             if table is None:
-                raise ValueError(
-                    f"MagCache needs calibrated magnitude ratios for {model_identity(model)}, and none is registered "
-                    f"(known: {known_identities('magcache') or 'none'}). Calibrate once with "
-                    f"`dcache calibrate --model <model> --method magcache` and pass the file as --cache, or pass "
-                    f"ratios=[...] (and ratios_uncond=[...] for split CFG).")
+                warnings.warn(
+                    f"dcache: MagCache has no calibrated magnitude ratios for {model_identity(model)} (registered: "
+                    f"{known_identities('magcache') or 'none'}), so the first generation computes every step and "
+                    f"measures them; later generations cache with the measured curve. To start caching from the "
+                    f"first generation, calibrate once and keep the file: `dcache calibrate --model <model> --method "
+                    f"magcache --out magcache.json`, then `--cache magcache --set calibration=magcache.json` "
+                    f"(Python: dcache.apply(pipe, 'magcache', calibration='magcache.json')).",
+                    MagCacheSelfCalibration, stacklevel=4)
+                return MagCacheSchedule(self, None, None)
             ratios, uncond = table.get("cond"), table.get("uncond")
         return MagCacheSchedule(self, tuple(ratios), tuple(uncond) if uncond else None)
+
+
+class MagCacheSelfCalibration(UserWarning):
+    """MagCache found no calibration for the model and measures its magnitude ratios on the first generation."""
 
 
 class MagCacheSchedule(Schedule):
     granularity = Granularity.STACK
 
-    def __init__(self, config: MagCacheConfig, ratios: tuple, ratios_uncond: tuple | None,
+    def __init__(self, config: MagCacheConfig, ratios: tuple | None, ratios_uncond: tuple | None,
                  by_steps: dict | None = None):
+        """ratios None: no calibration; the first complete generation computes every step and measures gamma per
+        branch (the engine's RESIDUAL_NORM_RATIO signal, delivered with each branch's next call), then caches."""
         self.config = config
         self.ratios, self.ratios_uncond = ratios, ratios_uncond
+        self.measured: dict[str, tuple[float, ...]] = {}  # branch -> gamma per step, once self-calibrated
+        self._measuring: dict[str, dict[int, float]] = {}  # branch -> {step: gamma} of the running generation
+        self.calibrating = ratios is None  # this generation measures (computes every step)
+        self.signals = frozenset({Signal.RESIDUAL_NORM_RATIO}) if self.calibrating else frozenset()
         self._by_steps = by_steps or {}  # calibrated step count -> (ratios, ratios_uncond), from a calibration file
         self._default = (ratios, ratios_uncond)
         self.probe_blocks, self.tail_blocks = config.probe_blocks, config.tail_blocks
@@ -98,23 +114,54 @@ class MagCacheSchedule(Schedule):
         self.name = "magcache"
         self._state: dict[str, list[float]] = {}
         self._curves: dict[str, list[float]] = {}
+        self._num_steps: int | None = None
 
     def reset(self, generation: GenerationInfo) -> None:
+        if self.calibrating:
+            self._finish_measurement()
+        self.calibrating = self._default[0] is None
+        self.signals = frozenset({Signal.RESIDUAL_NORM_RATIO}) if self.calibrating else frozenset()
         self._state = {}
         self._curves = {}
+        self._measuring = {}
         self._num_steps = generation.num_steps
         # a table calibrated for exactly this step count, else the default (interpolated to the step count)
         self.ratios, self.ratios_uncond = self._by_steps.get(generation.num_steps, self._default)
 
+    def _finish_measurement(self) -> None:
+        """Keep the last generation's curves if every branch saw every step but the last (whose gamma would only
+        arrive with a next call; it repeats the one before, as the curve is flat at the end of sampling)."""
+        curves = {}
+        for branch, seen in self._measuring.items():
+            n = max(seen, default=0) + 2  # gamma of step i arrives at step i + 1
+            if n < 3 or (self._num_steps is not None and n != self._num_steps) \
+                    or any(i not in seen for i in range(1, n - 1)):
+                return  # interrupted or too short: measure again on the next generation
+            curve = [1.0] + [seen[i] for i in range(1, n - 1)]
+            curves[branch] = tuple(curve + [curve[-1]])
+        if curves:
+            self.measured = curves
+            first = next(iter(curves.values()))
+            self._default = (curves.get("cond", first), curves.get("uncond"))
+
     def _curve(self, branch: str, num_steps: int) -> list[float]:
         curve = self._curves.get(branch)
         if curve is None:
-            table = self.ratios_uncond if (branch == "uncond" and self.ratios_uncond) else self.ratios
+            table = self.measured.get(branch) or (
+                self.ratios_uncond if (branch == "uncond" and self.ratios_uncond) else self.ratios)
             curve = self._curves[branch] = list(table) if len(table) == num_steps else nearest_interp(list(table),
                                                                                                       num_steps)
         return curve
 
     def decide(self, ctx: CallContext) -> Action:
+        if self.calibrating:
+            gamma = ctx.signals.get(Signal.RESIDUAL_NORM_RATIO)
+            if gamma is not None and ctx.step >= 1:
+                self._measuring.setdefault(ctx.branch, {})[ctx.step - 1] = float(gamma)
+            self._measuring.setdefault(ctx.branch, {})
+            if ctx.num_steps is not None and ctx.step == ctx.num_steps - 1:
+                self._finish_measurement()  # readable right after the generation (the last call of each branch)
+            return Action.COMPUTE
         n = ctx.num_steps or len(self.ratios)
         retain = int(self.config.retention_ratio * n + 0.5)
         acc = self._state.setdefault(ctx.branch, [1.0, 0.0, 0.0])  # acc_ratio, acc_steps, acc_err
