@@ -12,13 +12,13 @@ cached tensor, or the tensors themselves at order 0), `hist.filled` how many tab
 `hist.last_step` the step of the last computed value. REUSE never asks the forecaster.
 
 Plans carry a forecaster as `extras["forecaster"] = {"name": ..., ...}`; the name is looked up in the registry
-below (methods register theirs on import of dcache.schedules, like method configs), so the core never names one.
+below (method packages register theirs when imported, like method configs: see dcache.plugins), so the core never
+names one.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,6 +57,7 @@ def register_forecaster(name: str, loader: Callable[[dict, "Plan"], Forecaster])
 def forecaster_from_plan(plan: "Plan") -> Forecaster | None:
     """The forecaster a plan carries in extras["forecaster"], or None (Taylor forecasting)."""
     from .plan import PlanError
+    from .plugins import load_method_packages
 
     spec: Any = plan.extras.get("forecaster") if isinstance(plan.extras, dict) else None
     if spec is None:
@@ -66,7 +67,7 @@ def forecaster_from_plan(plan: "Plan") -> Forecaster | None:
                         "re-export it (e.g. with dcache search --method disca).")
     name = spec["name"]
     if name not in _FORECASTERS:
-        importlib.import_module("dcache.schedules")  # registers the built-in forecasters
+        load_method_packages()  # registers the built-in forecasters
     loader = _FORECASTERS.get(name)
     if loader is None:
         close = difflib.get_close_matches(name, list(_FORECASTERS), n=2)

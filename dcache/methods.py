@@ -1,20 +1,22 @@
 """The method registry: name -> config class, and named presets (name -> method + overrides).
 
-The core never names a method; `dcache.schedules` registers them on import. Users register their own the same way.
+The core never names a method: method packages register theirs when imported, and dcache.plugins imports every
+package declared under the `dcache.methods` entry point (dcache.schedules is one) at the first lookup. Users register
+their own the same way.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .config import MethodConfig
+from .plugins import load_method_packages, no_methods_hint
 
 _METHODS: dict[str, type[MethodConfig]] = {}
 _PRESETS: dict[str, "Preset"] = {}
-_TARGET_RESOLVER: list[Callable[..., Any]] = []  # dcache.apply(speed= / quality=), registered by dcache.schedules
+_TARGET_RESOLVER: list[Callable[..., Any]] = []  # dcache.apply(speed= / quality=), registered by a method package
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ def register_preset(name: str, method: str, doc: str = "", **overrides: Any) -> 
 
 def register_target_resolver(fn: Callable[..., Any]) -> Callable[..., Any]:
     """fn(target, method, *, speed, quality, calibration_run, num_steps, scope, overrides) -> (MethodConfig, sweep):
-    what dcache.apply runs for a speed= / quality= target (dcache.schedules.calibrate registers the sweep)."""
+    what dcache.apply runs for a speed= / quality= target (dcache's own sweep is registered by its methods package)."""
     _TARGET_RESOLVER[:] = [fn]
     return fn
 
@@ -48,12 +50,14 @@ def register_target_resolver(fn: Callable[..., Any]) -> Callable[..., Any]:
 def target_resolver() -> Callable[..., Any]:
     _load_builtins()
     if not _TARGET_RESOLVER:
-        raise RuntimeError("no target resolver is registered (dcache.schedules registers one on import).")
+        raise RuntimeError(f"no target resolver is registered for speed= / quality=: {no_methods_hint()}")
     return _TARGET_RESOLVER[0]
 
 
 def _load_builtins() -> None:
-    importlib.import_module("dcache.schedules")
+    load_method_packages()
+    if not _METHODS:
+        raise RuntimeError(no_methods_hint())
 
 
 def methods() -> dict[str, type[MethodConfig]]:

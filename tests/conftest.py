@@ -1,5 +1,37 @@
-"""Suite-wide settings: the test models are tiny, so one intra-op thread is fastest (and fair on a 2-core CI)."""
+"""Suite-wide settings, so that `pytest` and `python -m pytest` behave the same from any directory.
+
+- One intra-op thread: the test models are tiny, so one thread is fastest (and fair on a 2-core CI).
+- Import names: the package is imported as `dcache`, `dcache.kernels`, `dcache.schedules`, ... only. Neither the
+  repository root nor tests/ stays on sys.path (`python -m pytest` puts the working directory there): the root's
+  source folders (kernels/, schedules/, pipelines/, eval/) and tests/' folders of the same names would otherwise be
+  importable as top-level `kernels`, `schedules`, ... and mask import mistakes (tests/meta/test_packaging.py checks).
+- The suite's shared helpers tests/zoo.py and tests/toy_models.py are importable as `zoo` and `toy_models`.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import torch
 
 torch.set_num_threads(1)
+
+_TESTS = Path(__file__).resolve().parent
+_HIDDEN = {_TESTS, _TESTS.parent}
+
+
+def _hidden(entry: str) -> bool:
+    try:
+        return Path(entry or ".").resolve() in _HIDDEN
+    except OSError:
+        return False
+
+
+sys.path[:] = [entry for entry in sys.path if not _hidden(entry)]
+
+for _name in ("zoo", "toy_models"):
+    if _name not in sys.modules:
+        _spec = importlib.util.spec_from_file_location(_name, _TESTS / f"{_name}.py")
+        _module = importlib.util.module_from_spec(_spec)
+        sys.modules[_name] = _module
+        _spec.loader.exec_module(_module)

@@ -1,8 +1,17 @@
-"""Guards: one import name (`dcache`), and the one-way import direction of DESIGN.md."""
+"""Guards: one import name (`dcache`), and imports that point one way through the layers.
+
+Layers, lowest first: kernels/ (dcache.kernels), dcache/ (the core), schedules/ (dcache.schedules), pipelines/
+(dcache.pipelines), eval/ (dcache.eval), and the command line (pipelines/cli.py, dcache.pipelines.cli) on top of
+everything. A file may import its own layer and the layers below; nothing imports the command line. Imports are read
+from the syntax tree, including `importlib.import_module("dcache.x")` / `__import__("dcache.x")` calls, so a dynamic
+import counts like a static one. The core reaches the method packages through the `dcache.methods` entry point
+(dcache/plugins.py), which names no package in code.
+"""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -10,11 +19,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ["kernels", "dcache", "schedules", "pipelines", "eval"]  # lower first
+LAYERS = ["kernels", "dcache", "schedules", "pipelines", "eval", "cli"]  # lower first
 PACKAGE_OF = {"kernels": "dcache.kernels", "dcache": "dcache", "schedules": "dcache.schedules",
-              "pipelines": "dcache.pipelines", "eval": "dcache.eval"}
-# The CLI sits on top of everything; it may import any layer.
-TOP_LEVEL_FILES = {Path("pipelines/cli.py")}
+              "pipelines": "dcache.pipelines", "eval": "dcache.eval", "cli": "dcache.pipelines.cli"}
+CLI_FILE = Path("pipelines/cli.py")
+SOURCE_NAMES = ["kernels", "schedules", "pipelines", "eval"]  # source folders, importable only under dcache.
 
 
 def test_only_dcache_is_importable(tmp_path):
@@ -22,7 +31,7 @@ def test_only_dcache_is_importable(tmp_path):
         "import importlib, sys\n"
         "import dcache, dcache.kernels, dcache.schedules, dcache.pipelines, dcache.eval\n"
         "bad = []\n"
-        "for name in ['kernels', 'schedules', 'pipelines', 'tests']:\n"
+        f"for name in {SOURCE_NAMES + ['tests']!r}:\n"
         "    try:\n"
         "        importlib.import_module(name)\n"
         "        bad.append(name)\n"
@@ -34,10 +43,52 @@ def test_only_dcache_is_importable(tmp_path):
     assert out.stdout.strip() == "", f"top-level names leak besides dcache: {out.stdout}"
 
 
-def _imports(path: Path, package: str) -> set[str]:
-    tree = ast.parse(path.read_text())
+def test_no_source_folder_is_importable_by_its_bare_name_inside_the_suite():
+    # Inside the running suite (tests/conftest.py takes the repository root and tests/ off sys.path), a test that
+    # wrote `import kernels` or `from schedules import x` must fail as it would for a user of the installed package.
+    leaks = {name: str(spec.origin or list(spec.submodule_search_locations or []))
+             for name in SOURCE_NAMES if (spec := importlib.util.find_spec(name)) is not None}
+    loaded = [name for name in SOURCE_NAMES if name in sys.modules]
+    assert not leaks and not loaded, f"top-level import names leak into the test run: {leaks or loaded}"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    if rel == CLI_FILE:
+        return PACKAGE_OF["cli"]
+    parts = [PACKAGE_OF[rel.parts[0]], *rel.parts[1:-1]]
+    if path.stem != "__init__":
+        parts.append(path.stem)
+    return ".".join(parts)
+
+
+def _dynamic_target(call: ast.Call, module: str) -> str | None:
+    """The module named by importlib.import_module("x") / import_module(f"{__name__}.y") / __import__("x")."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if name not in {"import_module", "__import__"} or not call.args:
+        return None
+    arg = call.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr):  # the constant prefix, with {__name__} read as this module's name
+        text = ""
+        for part in arg.values:
+            if isinstance(part, ast.Constant):
+                text += str(part.value)
+            elif isinstance(part.value, ast.Name) and part.value.id == "__name__":
+                text += module
+            else:
+                break
+        return text.rstrip(".") or None
+    return None
+
+
+def imports_of(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module a source file imports, statically or through importlib; relative imports resolved."""
+    package = module if is_package else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -47,7 +98,13 @@ def _imports(path: Path, package: str) -> set[str]:
                 found.add(".".join(base + ([node.module] if node.module else [])))
             elif node.module:
                 found.add(node.module)
+        elif isinstance(node, ast.Call) and (target := _dynamic_target(node, module)):
+            found.add(target)
     return found
+
+
+def _imports(path: Path) -> set[str]:
+    return imports_of(path.read_text(), _module_name(path), path.stem == "__init__")
 
 
 def _layer_of(module: str) -> str | None:
@@ -57,25 +114,37 @@ def _layer_of(module: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("folder", LAYERS)
-def test_imports_point_down_only(folder):
-    allowed = set(LAYERS[: LAYERS.index(folder) + 1])
+def _files_of(layer: str) -> list[Path]:
+    if layer == "cli":
+        return [ROOT / CLI_FILE]
+    return [path for path in sorted((ROOT / layer).rglob("*.py")) if path.relative_to(ROOT) != CLI_FILE]
+
+
+def test_the_import_reader_sees_dynamic_and_relative_imports():
+    source = ("import importlib\nfrom . import plan\nfrom ..x import y\n"
+              "importlib.import_module('dcache.schedules')\n__import__('dcache.eval.runner')\n"
+              "importlib.import_module(f'{__name__}.sub')\nimportlib.import_module(name)\n")
+    assert imports_of(source, "dcache.pipelines.mod") == {
+        "importlib", "dcache.pipelines", "dcache.x", "dcache.schedules", "dcache.eval.runner",
+        "dcache.pipelines.mod.sub"}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_imports_point_down_only(layer):
+    allowed = set(LAYERS[: LAYERS.index(layer) + 1])
     offenders = []
-    for path in sorted((ROOT / folder).rglob("*.py")):
+    for path in _files_of(layer):
         rel = path.relative_to(ROOT)
-        if rel in TOP_LEVEL_FILES:
-            continue
-        pkg = PACKAGE_OF[folder] + "".join("." + p for p in rel.parts[1:-1])
-        for module in _imports(path, pkg):
-            layer = _layer_of(module)
-            if layer is not None and layer not in allowed:
-                offenders.append(f"{rel} imports {module} ({layer} is above {folder})")
+        for module in _imports(path):
+            found = _layer_of(module)
+            if found is not None and found not in allowed:
+                offenders.append(f"{rel} imports {module} ({found} is above {layer})")
     assert not offenders, "\n".join(offenders)
 
 
 def test_kernels_import_only_torch_triton_and_stdlib():
     for path in sorted((ROOT / "kernels").rglob("*.py")):
-        for module in _imports(path, "dcache.kernels"):
+        for module in _imports(path):
             top = module.split(".")[0]
             assert top in {"torch", "triton", "dcache", "__future__"} or top in sys.stdlib_module_names, \
                 f"{path.name} imports {module}"

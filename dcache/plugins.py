@@ -1,0 +1,47 @@
+"""Method packages: how methods, presets, forecasters and the target resolver reach the core.
+
+The core names no method and imports nothing above it. A method package registers its configs (register_method),
+presets (register_preset), plan forecasters (dcache.forecast.register_forecaster) and target resolver
+(register_target_resolver) when it is imported, and declares itself under the `dcache.methods` entry point of its
+distribution, e.g. in its pyproject.toml:
+
+    [project.entry-points."dcache.methods"]
+    my_methods = "my_package.methods"
+
+The first registry lookup (dcache.methods(), config_for, dcache.apply with a name, a plan with a forecaster) imports
+every package of that group once. dcache's own methods (the dcache.schedules package) are declared the same way.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+ENTRY_POINT_GROUP = "dcache.methods"
+
+_loaded = False
+
+
+def load_method_packages() -> None:
+    """Import every package declared under the `dcache.methods` entry point group, once per process."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True  # set first: a package that looks up the registry while it is imported must not recurse
+    try:
+        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                entry.load()
+            except Exception as error:
+                raise ImportError(f"the method package {entry.value!r} (entry point {entry.name!r} of group "
+                                  f"{ENTRY_POINT_GROUP!r}) failed to import: {error}. Fix or uninstall the "
+                                  f"package that declares it.") from error
+    except BaseException:
+        _loaded = False  # the next lookup retries and reports the same error
+        raise
+
+
+def no_methods_hint() -> str:
+    """The fix when the registries are empty after loading: dcache's metadata is missing."""
+    return (f"no method package declared itself under the {ENTRY_POINT_GROUP!r} entry point group, so dcache's "
+            f"built-in methods are not registered: install dcache as a distribution (pip install dcache, or "
+            f"pip install -e . in a checkout) rather than importing it from a bare source tree.")
