@@ -19,7 +19,9 @@ module's output when the adapter declares it step-invariant (`Adapter.invariants
 A hit returns the very tensors of the first call (RoPE tables are read, never written: a cached output whose
 in-place version changed is recomputed). Exact by construction: a key that matches means the same inputs. No host
 sync (identity and version are Python-side), nothing under torch.compile (a compiled graph computes the tables
-itself) and nothing with grad enabled. The memo keeps the last few keys (Flux2 calls its pos_embed twice per
+itself), nothing with grad enabled and nothing under `torch.inference_mode()`: inference tensors carry no in-place
+version counter, so a key could not prove that the tensors were not written since (the modules then run every call,
+as without dcache; outputs stay bit-identical). The memo keeps the last few keys (Flux2 calls its pos_embed twice per
 forward, for image and text ids) and holds references to the keyed tensors, so an id can never be recycled.
 """
 
@@ -39,9 +41,15 @@ def _identity(value: Any) -> Any:
     """Key part of one argument compared by identity. A tensor is (its base tensor, in-place version, storage
     offset, shape, stride, dtype): a view taken afresh every call (Flux2's `img_ids[0]`) still matches."""
     if isinstance(value, torch.Tensor):
+        if value.is_inference():
+            raise _Unversioned
         root = value._base if value._base is not None else value
         return (root, value._version, value.storage_offset(), tuple(value.shape), value.stride(), value.dtype)
     return value
+
+
+class _Unversioned(Exception):
+    """A key tensor is an inference tensor (created under torch.inference_mode): it has no version counter."""
 
 
 def _shape(value: Any) -> Any:
@@ -93,17 +101,22 @@ class _MemoHook(ModelHook):
             key = []
             for name in spec.depends_on:  # forward arguments themselves (no views): object and in-place version
                 value = bound.get(name)
+                if isinstance(value, torch.Tensor) and value.is_inference():
+                    return None
                 key.append((value, value._version) if isinstance(value, torch.Tensor) else value)
             return tuple(key)
         part = _shape if spec.key == "shapes" else _identity
-        key = [part(a) for a in args]
-        for name in sorted(kwargs):
-            key += [name, part(kwargs[name])]
+        try:
+            key = [part(a) for a in args]
+            for name in sorted(kwargs):
+                key += [name, part(kwargs[name])]
+        except _Unversioned:
+            return None
         return tuple(key)
 
     def new_forward(self, module: torch.nn.Module, *args, **kwargs):
         forward = self.fn_ref.original_forward
-        if torch.compiler.is_compiling() or torch.is_grad_enabled():
+        if torch.compiler.is_compiling() or torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return forward(*args, **kwargs)
         key = self._key(args, kwargs)
         if key is None:
@@ -113,6 +126,8 @@ class _MemoHook(ModelHook):
                 self.hits += 1
                 return out
         out = forward(*args, **kwargs)
+        if any(t.is_inference() for t in _tensors(out)):  # no version counter to prove it unwritten later
+            return out
         self.entries.insert(0, (key, out, [(t, t._version) for t in _tensors(out)]))
         del self.entries[_SLOTS:]
         return out

@@ -116,6 +116,8 @@ def _grid(key: torch.Tensor, ids: torch.Tensor) -> tuple[int, int]:
     if known is not None and known[0]() is key and known[1] == key._version:
         return known[2], known[3]
     span = (ids[:, 1:3].amax(dim=0) - ids[:, 1:3].amin(dim=0) + 1).tolist()
+    if key.is_inference():  # no version counter (torch.inference_mode): read every call, never remembered
+        return int(span[0]), int(span[1])
     if len(_GRIDS) > 64:  # forget the ids of finished generations
         for k in [k for k, v in _GRIDS.items() if v[0]() is None]:
             del _GRIDS[k]

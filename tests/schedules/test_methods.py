@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 import zoo
-from schedule_testkit import (STEPS, denoise, denoise_two_branches, rel_l1, run_with, tiny_flux,
+from schedule_testkit import (STEPS, call, denoise, denoise_two_branches, rel_l1, run_with, start, tiny_flux,
                               true_compute_ratio)
 
 import dcache
@@ -109,6 +109,39 @@ def test_reuse_happens_and_stays_close(case, model, reference):
     assert stats.compute_ratio == pytest.approx(ratio)  # the engine's FLOP accounting agrees
     assert torch.isfinite(out).all()
     assert rel_l1(out, reference[1]) < ERR
+
+
+GRAD_MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "grad": torch.enable_grad}
+
+
+def _generation_in(mode: str, model, scope: str | None, case: Case) -> tuple[torch.Tensor, dict]:
+    handle = dcache.apply(model, case.method, num_steps=STEPS, scope=scope, **overrides(case))
+    try:
+        with GRAD_MODES[mode]():
+            s = start(1)
+            x = s["x"]
+            for i in range(STEPS):
+                x = x - call(model, x, s, i, STEPS) / STEPS
+    finally:
+        handle.remove()
+    return x.detach().clone(), handle.plan().actions
+
+
+@pytest.mark.parametrize("scope", [None, "call"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_inference_mode_no_grad_and_grad_are_bit_identical(case, scope, model):
+    """Serving stacks call pipelines under torch.inference_mode(): inference tensors have no version counter, which
+    the step-invariant memo and SeaCache's ids grid must not read. Every mode gives the same decisions and output."""
+    if scope == "call" and case.id not in CALL_SCOPE_CASES:
+        pytest.skip("call scope needs a schedule that decides before the call")
+    (out, plan), *others = [_generation_in(mode, model, scope, case) for mode in GRAD_MODES]
+    for mode, (other, other_plan) in zip(list(GRAD_MODES)[1:], others):
+        assert other_plan == plan, mode
+        assert torch.equal(other, out), mode
+
+
+CALL_SCOPE_CASES = {"magcache", "magcache-forecast", "easycache", "fixed_interval", "taylorseer-stack", "seacache",
+                    "seacache-cadence"}
 
 
 class _BlockMeter:
