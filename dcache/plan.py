@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .actions import ACTION_CHARS, Action, Granularity
+from .io import atomic_write_text  # re-exported: older code imports it from here
 from .schedule import CallContext, GenerationInfo, Schedule
 
 PLAN_FORMAT = "dcache.plan"
@@ -217,23 +217,6 @@ def nearest_interp(rows: list[Any], n: int) -> list[Any]:
         return [rows[-1]]
     scale = (len(rows) - 1) / (n - 1)
     return [rows[int(round(i * scale))] for i in range(n)]
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write via a temporary file in the same folder and os.replace: readers never see a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 class PlanSchedule(Schedule):

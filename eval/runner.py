@@ -7,11 +7,12 @@
 Work is split into *items*: (seed, a batch of prompts). An item is generated with `torch.Generator().manual_seed(
 seed)`, so its images do not depend on which process runs it or in what order.
 
-Resumable: every finished (variant, item) is a record file in `<out>/.work/<variant>/<item>.pt`, written atomically
-(temporary file + rename); a new run with the same settings skips what exists, so an interrupted eval continues
-where it stopped, and adding a method to the list computes only that method. A run with different settings
-(model, prompts, seeds, steps, ...) in the same folder is refused with the fix. The report files are written last,
-atomically: nothing half-written is left.
+Resumable: every finished (variant, item) is a record file in `<out>/.work/<variant>/<item>.safetensors`
+(dcache.state_file: JSON + tensors, never a pickle), written atomically (temporary file + rename); a new run with
+the same settings skips what exists, so an interrupted eval continues where it stopped, and adding a method to the
+list computes only that method. A run with different settings (model, prompts, seeds, steps, ...) in the same folder
+is refused with the fix; a record or cost file that is not what dcache wrote is refused naming the file. The
+report files are written last, atomically: nothing half-written is left.
 
 Distributed: under `accelerate launch` the items are split over processes with
 `accelerate.PartialState().split_between_processes` (contiguous chunks, in item order), every process runs every
@@ -24,7 +25,6 @@ count: CPU matmuls may round differently with a different number of threads). La
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import os
@@ -38,7 +38,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dcache.plan import atomic_write_text
+from dcache.io import atomic_write_text
+from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
 
 from .judges import Judges, is_auto, resolve_eval_metrics
 from .metrics import METRICS, classifier_accuracy, finite_mean, frechet_distance, reference_metrics, temporal_error
@@ -184,23 +185,44 @@ def make_items(prompts: Sequence[str], seeds: Sequence[int], batch_size: int) ->
 # Records (one per variant x item), atomic on disk
 # ------------------------------------------------------------------------------------------------------------------
 
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    with open(tmp, "wb") as f:
-        f.write(buf.getvalue())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+RECORD = "eval record"
+RECORD_SUFFIX = ".safetensors"  # dcache.state_file: JSON + tensors, never a pickle
 
 
-def _load_record(path: Path) -> dict | None:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception:  # a torn file from a crash before the rename cannot exist; a foreign/corrupt one is redone
+def _record_fix(path: Path) -> str:
+    return f"delete {path} (the rerun computes it again) or pass a new --out"
+
+
+def _save_record(rec: dict, path: Path) -> None:
+    save_state(path, rec, RECORD)
+
+
+def _load_record(vdir: Path, item_id: str) -> dict | None:
+    """The record of `item_id` in `vdir`, None when there is none; StateFileError (naming the file and the fix) for a
+    file that is not a record dcache wrote, a pickle of an older dcache (`<item>.pt`) included: never loaded."""
+    path = vdir / f"{item_id}{RECORD_SUFFIX}"
+    legacy = vdir / f"{item_id}.pt"
+    refuse_legacy(legacy, RECORD, _record_fix(vdir))
+    if not path.is_file():
         return None
+    rec = load_state(path, RECORD, _record_fix(path))
+    if not isinstance(rec, dict):
+        raise StateFileError(f"{str(path)!r} does not hold an eval record; {_record_fix(path)}.")
+    return rec
+
+
+def _load_cost(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        cost = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise StateFileError(f"{str(path)!r} is not a valid cost file ({exc}); delete it (the rerun measures it "
+                             f"again) or pass a new --out.") from None
+    if not isinstance(cost, dict):
+        raise StateFileError(f"{str(path)!r} does not hold a JSON object; delete it (the rerun measures it again) or "
+                             f"pass a new --out.")
+    return cost
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -276,14 +298,14 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, networks: dict[str, Any
         vdir = work / variant.key
         records, todo = [], []
         for item in mine:
-            rec = _load_record(vdir / f"{item.id}.pt") if (vdir / f"{item.id}.pt").is_file() else None
+            rec = _load_record(vdir, item.id)
             if rec is not None and rec.get("fingerprint") == fingerprint:
                 records.append(rec)
                 bar.update()
             else:
                 todo.append(item)
         cost_path = vdir / "cost.json"
-        cost = json.loads(cost_path.read_text()) if cost_path.is_file() else None
+        cost = _load_cost(cost_path)
         if todo or (cost is None and state.is_main_process):
             bar.set_postfix_str(variant.label, refresh=True)
             handle = dcache.apply(pipe, variant.method, **variant.overrides) if variant.method else None
@@ -303,7 +325,7 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, networks: dict[str, Any
                     stats = handle.stats().to_dict() if handle is not None else None
                     rec = _make_record(variant, item, images, job.frames_per_sample, timing, stats, names,
                                        judges, references, vdir.parent, fingerprint, cfg.grid_items, is_tiny)
-                    _atomic_torch_save(rec, vdir / f"{item.id}.pt")
+                    _save_record(rec, vdir / f"{item.id}{RECORD_SUFFIX}")
                     records.append(rec)
                     bar.update()
                     if on_record is not None:
@@ -403,10 +425,11 @@ def _check_methods(pipe: Any, variants: list[Variant], dcache: Any) -> None:
 
 def _fingerprint(cfg: EvalConfig, prompts: list[str], seeds: list[int], batch_size: int, names: list[str],
                  is_tiny: bool) -> str:
-    model = cfg.model or "tiny"
-    if Path(model).is_dir():  # a local folder: its weights, by size and mtime of the files
-        model += ":" + ",".join(f"{p.name}:{p.stat().st_size}" for p in sorted(Path(model).rglob("*.*"))
-                                if p.is_file() and p.suffix in (".safetensors", ".bin", ".json"))
+    # The bundled model is "tiny" (load_pipeline never reads a ./tiny folder for it); a local folder is the hash of
+    # its files' contents (retrained weights of the same shapes are another model); a hub id is its name.
+    model = "tiny" if cfg.model in (None, "", "tiny") else cfg.model
+    if model != "tiny" and Path(model).is_dir():
+        model = "folder:" + folder_digest(Path(model))
     data = dict(model=model, prompts=prompts, seeds=seeds, batch_size=batch_size, steps=cfg.steps,
                 guidance=cfg.guidance, height=cfg.height, width=cfg.width, dtype=cfg.dtype, metrics=names,
                 classifier=cfg.classifier, tiny=is_tiny)
@@ -416,6 +439,21 @@ def _fingerprint(cfg: EvalConfig, prompts: list[str], seeds: list[int], batch_si
         if getattr(cfg, key) != default:
             data[key] = getattr(cfg, key)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def folder_digest(folder: Path) -> str:
+    """sha256 over the relative path, length and contents of every file under `folder` (hidden files skipped); it
+    reads the whole model once per run, as loading it does."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        digest.update(f"{rel.as_posix()}\0{path.stat().st_size}\0".encode())  # name and length: unambiguous
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def claim_work_dir(work: Path, fingerprint: str, what: str = "an eval") -> None:
@@ -452,7 +490,7 @@ def _make_record(variant: Variant, item: Item, images: torch.Tensor, frames: int
     if variant.method is not None:
         reference = references.get(item.index)
         if reference is None:
-            ref_rec = _load_record(work / UNCACHED / f"{item.id}.pt")
+            ref_rec = _load_record(work / UNCACHED, item.id)
             if ref_rec is None:
                 raise RuntimeError(f"the uncached record of item {item.id} is missing; rerun to regenerate it.")
             reference = ref_rec["images"]

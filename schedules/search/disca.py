@@ -19,8 +19,8 @@
    plan). `disca_search` also measures each plan's Taylor twin (same cells, no predictor): equal block FLOPs.
 
 The state (weights, optimisers, iterations of both phases, data fingerprint) is written atomically to
-`disca.ckpt.pt` every `checkpoint_every` regression iterations, after every closed-loop iteration and when a run
-stops; `resume=True` continues from it and refuses a checkpoint made on other data or another config.
+`disca.ckpt.safetensors` (JSON + tensors, no pickle) every `checkpoint_every` regression iterations, after every
+closed-loop iteration and when a run stops; `resume=True` continues from it and refuses a checkpoint made on other data or another config.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import torch
 
 from dcache.actions import Action, Granularity
 from dcache.plan import Plan
+from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
 from dcache.schedule import CallContext, Schedule
 from dcache.state import UnitHistory
 
@@ -44,7 +45,9 @@ from ..disca import DisCaPredictor, as_tokens, stream_name, taylor_terms, time_f
 from .core import (Calibration, FrontPoint, Template, first_output, make_template, measure,
                    replace_first_output, run_plan, write_front)
 
-CHECKPOINT = "disca.ckpt.pt"
+CHECKPOINT = "disca.ckpt.safetensors"  # dcache.state_file: JSON + tensors, never a pickle
+LEGACY_CHECKPOINT = "disca.ckpt.pt"  # what older versions pickled; refused, never opened
+STATE_KIND = "DisCa checkpoint"
 ROLLOUTS = {"taylor": None, "reuse": lambda hist, step: hist.reuse()}
 
 
@@ -308,9 +311,20 @@ def evaluate(model: DisCaPredictor, data: dict[str, StreamData], chunk: int = 25
 
 
 def _save(path: Path, state: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    save_state(path, state, STATE_KIND)
+
+
+def _load(ckpt: Path) -> dict:
+    """The checkpoint's state ({} when there is none); StateFileError naming the file for anything dcache did not
+    write, a pickle of an older version (disca.ckpt.pt) included: never loaded."""
+    fix = "delete it to start over (or run without --resume), or pass a new --out"
+    refuse_legacy(ckpt.with_name(LEGACY_CHECKPOINT), STATE_KIND, fix)
+    if not ckpt.is_file():
+        return {}
+    state = load_state(ckpt, STATE_KIND, fix)
+    if not isinstance(state, dict):
+        raise StateFileError(f"{str(ckpt)!r} does not hold a DisCa training state; it is damaged: {fix}.")
+    return state
 
 
 def train_predictor(data: dict[str, StreamData], out_dir: str | os.PathLike, config: DisCaConfig = DisCaConfig(), *,
@@ -327,8 +341,8 @@ def train_predictor(data: dict[str, StreamData], out_dir: str | os.PathLike, con
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     fingerprint = data_fingerprint(data, config)
     start = 0
-    if resume and ckpt.is_file():
-        state = torch.load(ckpt, weights_only=False)
+    state = _load(ckpt) if resume else {}
+    if state:
         if state.get("fingerprint") != fingerprint:
             raise ValueError(f"the DisCa checkpoint {ckpt} was trained on other calibration data, plans or config "
                              f"({state.get('config')}); use a new output folder or resume=False to start over.")
@@ -608,7 +622,7 @@ def finetune_online(pipe: Any, plans: Sequence[Plan], runs: Sequence[Callable[[]
     """
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     ckpt = Path(out_dir) / CHECKPOINT
-    state = torch.load(ckpt, weights_only=False) if ckpt.is_file() else {}
+    state = _load(ckpt)
     frozen = [p for p in pipe.transformer.parameters() if p.requires_grad]
     for p in frozen:
         p.requires_grad_(False)

@@ -16,9 +16,11 @@ dcache's extensions (ECADConfig), both off by default (the reference):
 
 The initial population holds the seeds (heuristic fixed-interval schedules and the recorded plans of dynamic
 methods, converted to the genome's rows) and random genomes; seeds that do not fit in it are scored into the archive
-(so the front is never worse than any seed). After every generation the whole state (the pickled
-algorithm with its random generator, and the archive of evaluated genomes) is written atomically to
-`checkpoint.pkl`; `resume=True` continues from it and reaches the same front as an uninterrupted run.
+(so the front is never worse than any seed). After every generation the state (the initial population, the
+algorithm's settings, the archive of evaluated genomes with their scores, the generation count) is written atomically
+to `checkpoint.safetensors` (JSON + arrays, no pickle); `resume=True` rebuilds the algorithm and replays its
+generations from the archive (NSGA-II with its seeded generator is deterministic given the scores), so it reaches the
+same front as an uninterrupted run without evaluating anything twice.
 Candidates are evaluated over the processes of `accelerate launch` (one process runs the same code).
 """
 
@@ -27,8 +29,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import pickle
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -37,11 +37,13 @@ import numpy as np
 
 from dcache.actions import Action, Granularity
 from dcache.plan import Plan
+from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
 
 from .core import (Calibration, FrontPoint, Measured, Template, convert_rows, distributed_map, is_main_process,
                    make_template, measure, pareto_mask, write_front)
 
-CHECKPOINT = "checkpoint.pkl"
+CHECKPOINT = "checkpoint.safetensors"  # dcache.state_file: JSON + arrays, never a pickle
+LEGACY_CHECKPOINT = "checkpoint.pkl"  # what older versions pickled; refused, never opened
 
 
 @dataclass(frozen=True)
@@ -146,21 +148,86 @@ def heuristic_seeds(template: Template, granularity: Granularity | str = Granula
 
 
 # ------------------------------------------------------------------------------------------------ search
-class _State:
-    """Everything a resume needs: the pymoo algorithm (with its RNG), the archive, the generation counter."""
+# The fields of ECADConfig that shape the NSGA-II run itself: a resume rebuilds the algorithm from the checkpoint's.
+ALGORITHM_FIELDS = ("pop_size", "seed", "crossover_prob", "crossover_points", "mutation_prob", "mutation_bits")
+STATE_KIND = "ECAD checkpoint"
 
-    def __init__(self, algorithm, archive: dict, generation: int, seeds: dict[str, str], genome: dict | None = None):
+
+class _State:
+    """Everything a resume needs, as data: the initial population and the algorithm settings (the algorithm is
+    rebuilt from them and replayed: NSGA-II with its own seeded generator is a deterministic function of the scores
+    it is told, and every score is in the archive), the archive, the generation counter, the seed names."""
+
+    def __init__(self, algorithm, archive: dict, generation: int, seeds: dict[str, str], genome: dict,
+                 x0: np.ndarray, settings: dict):
         self.algorithm, self.archive, self.generation, self.seeds = algorithm, archive, generation, seeds
         self.genome = genome  # {"granularity", "forecast_order"} the archive was evaluated with
+        self.x0, self.settings = x0, settings
+
+    def to_data(self) -> dict:
+        return {"archive": self.archive, "generation": self.generation, "seeds": self.seeds, "genome": self.genome,
+                "x0": self.x0, "settings": self.settings}
 
 
 def _save(path: Path, state: _State) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        pickle.dump(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    save_state(path, state.to_data(), STATE_KIND)
+
+
+def _algorithm(x0: np.ndarray, settings: dict, problem, generations: int):
+    from pymoo.algorithms.moo.nsga2 import NSGA2
+    from pymoo.operators.crossover.pntx import PointCrossover
+    from pymoo.operators.mutation.bitflip import BitflipMutation
+
+    algorithm = NSGA2(pop_size=settings["pop_size"], sampling=np.array(x0, dtype=bool),
+                      crossover=PointCrossover(prob=settings["crossover_prob"], n_points=settings["crossover_points"]),
+                      mutation=BitflipMutation(prob=settings["mutation_prob"], prob_var=settings["mutation_bits"]),
+                      eliminate_duplicates=True)
+    algorithm.setup(problem, termination=("n_gen", generations), seed=settings["seed"], verbose=False)
+    return algorithm
+
+
+def _generation(state: _State, problem, evaluate: Callable | None) -> None:
+    """One NSGA-II generation: ask, score what the archive lacks (evaluate None: a replay, all scores known), tell."""
+    from pymoo.core.evaluator import Evaluator
+    from pymoo.problems.static import StaticProblem
+
+    pop = state.algorithm.ask()
+    xs = [np.asarray(x, dtype=bool) for x in pop.get("X")]
+    todo = [x for x in {genome_key(x): x for x in xs}.values() if genome_key(x) not in state.archive]
+    if todo and evaluate is None:
+        raise StateFileError(f"the ECAD checkpoint's archive lacks {len(todo)} genomes of generation "
+                             f"{state.generation + 1}: it was edited or damaged; delete it to start over.")
+    for x, r in zip(todo, distributed_map(evaluate, todo) if todo else []):
+        state.archive[genome_key(x)] = {**r, "genome": np.packbits(x)}
+    f = np.array([[-state.archive[genome_key(x)]["quality"], state.archive[genome_key(x)]["compute_ratio"]]
+                  for x in xs])
+    g = np.array([[0.5 - (~x).sum()] for x in xs])  # <= 0 iff at least one unit is reused
+    Evaluator().eval(StaticProblem(problem, F=f, G=g), pop)
+    state.algorithm.tell(infills=pop)
+
+
+def _resume(ckpt: Path, problem, n_var: int, genome: dict, generations: int) -> _State:
+    """The state of the checkpoint at `ckpt`, its algorithm replayed to the saved generation (no evaluation)."""
+    fix = "delete it to start over (or run without --resume), or pass a new --out"
+    refuse_legacy(ckpt.with_name(LEGACY_CHECKPOINT), STATE_KIND, "delete it to start over, or pass a new --out")
+    data = load_state(ckpt, STATE_KIND, fix)
+    try:
+        x0 = np.asarray(data["x0"], dtype=bool)
+        settings = {k: data["settings"][k] for k in ALGORITHM_FIELDS}
+        archive, seeds, made, done = data["archive"], data["seeds"], data["genome"], int(data["generation"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateFileError(f"the ECAD checkpoint {str(ckpt)!r} lacks {exc}; it is damaged: {fix}.") from None
+    if x0.ndim != 2 or x0.shape[1] != n_var:
+        raise ValueError(f"the checkpoint in {ckpt.parent} is for a genome of {x0.shape[-1]} bits, this model/steps "
+                         f"give {n_var}; use a new output folder.")
+    if made != genome:
+        raise ValueError(f"the checkpoint in {ckpt.parent} was searched with {made}, this config asks for {genome}: "
+                         f"its archive scores other plans; use a new output folder.")
+    state = _State(_algorithm(x0, settings, problem, generations), archive, 0, seeds, genome, x0, settings)
+    for _ in range(done):
+        _generation(state, problem, None)
+        state.generation += 1
+    return state
 
 
 def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConfig = ECADConfig(), *,
@@ -172,12 +239,7 @@ def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConf
     on_generation: called as fn(generation, info) after each generation's checkpoint is written.
     Returns the front dict (as written to front.json).
     """
-    from pymoo.algorithms.moo.nsga2 import NSGA2
-    from pymoo.core.evaluator import Evaluator
     from pymoo.core.problem import Problem
-    from pymoo.operators.crossover.pntx import PointCrossover
-    from pymoo.operators.mutation.bitflip import BitflipMutation
-    from pymoo.problems.static import StaticProblem
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -190,16 +252,8 @@ def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConf
     def evaluate(x: np.ndarray) -> dict:
         return measure(calib, template, genome_plan(x, template, config, method="ecad")).to_dict()
 
-    if resume and ckpt.is_file():
-        with open(ckpt, "rb") as f:
-            state: _State = pickle.load(f)
-        if state.algorithm.problem.n_var != n_var:
-            raise ValueError(f"the checkpoint in {out} is for a genome of {state.algorithm.problem.n_var} bits, this "
-                             f"model/steps give {n_var}; use a new output folder.")
-        made = getattr(state, "genome", None) or {"granularity": "module", "forecast_order": 0}
-        if made != genome:
-            raise ValueError(f"the checkpoint in {out} was searched with {made}, this config asks for {genome}: its "
-                             f"archive scores other plans; use a new output folder.")
+    if resume and (ckpt.is_file() or (out / LEGACY_CHECKPOINT).exists()):
+        state = _resume(ckpt, problem, n_var, genome, config.generations)
     else:
         # seed order: whole-step fixed intervals, then the given plans, then the per-component heuristics
         heuristics = heuristic_seeds(template, config.granularity)
@@ -216,12 +270,10 @@ def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConf
         x0, overflow = list(uniq.values())[:n_seeded], list(uniq.values())[n_seeded:]
         while len(x0) < config.pop_size:
             x0.append(rng.random(n_var) < config.random_compute_fraction)
-        algorithm = NSGA2(pop_size=config.pop_size, sampling=np.array(x0, dtype=bool),
-                          crossover=PointCrossover(prob=config.crossover_prob, n_points=config.crossover_points),
-                          mutation=BitflipMutation(prob=config.mutation_prob, prob_var=config.mutation_bits),
-                          eliminate_duplicates=True)
-        algorithm.setup(problem, termination=("n_gen", config.generations), seed=config.seed, verbose=False)
-        state = _State(algorithm, {}, 0, {name: genome_key(v) for name, v in seeds.items()}, genome)
+        x0 = np.array(x0, dtype=bool)
+        settings = {k: getattr(config, k) for k in ALGORITHM_FIELDS}
+        state = _State(_algorithm(x0, settings, problem, config.generations), {}, 0,
+                       {name: genome_key(v) for name, v in seeds.items()}, genome, x0, settings)
         # seeds beyond the initial population are scored too: the front is never worse than a seed it was given
         for x, r in zip(overflow, distributed_map(evaluate, overflow)):
             state.archive[genome_key(x)] = {**r, "genome": np.packbits(x)}
@@ -229,19 +281,8 @@ def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConf
             _save(ckpt, state)
 
     bar = _bar(progress, config.generations, state.generation)
-    algorithm = state.algorithm
     while state.generation < config.generations:
-        pop = algorithm.ask()
-        xs = [np.asarray(x, dtype=bool) for x in pop.get("X")]
-        todo = [x for x in {genome_key(x): x for x in xs}.values() if genome_key(x) not in state.archive]
-        results = distributed_map(evaluate, todo)
-        for x, r in zip(todo, results):
-            state.archive[genome_key(x)] = {**r, "genome": np.packbits(x)}
-        f = np.array([[-state.archive[genome_key(x)]["quality"], state.archive[genome_key(x)]["compute_ratio"]]
-                      for x in xs])
-        g = np.array([[0.5 - (~x).sum()] for x in xs])  # <= 0 iff at least one unit is reused
-        Evaluator().eval(StaticProblem(problem, F=f, G=g), pop)
-        algorithm.tell(infills=pop)
+        _generation(state, problem, evaluate)
         state.generation += 1
         if is_main_process():
             _save(ckpt, state)

@@ -59,11 +59,14 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from dcache.actions import Granularity
 from dcache.adapters import adapter_for, reuse_composed_inputs, submodule
 from dcache.plan import Plan
+from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
 
 from .core import (Calibration, FrontPoint, Template, first_output, make_template, measure, replace_first_output,
                    run_plan, write_front)
 
-CHECKPOINT = "router.pt"
+CHECKPOINT = "router.ckpt.safetensors"  # dcache.state_file: JSON + tensors, never a pickle
+LEGACY_CHECKPOINT = "router.pt"  # what older versions pickled; refused, never opened
+STATE_KIND = "router checkpoint"
 
 
 @dataclass(frozen=True)
@@ -258,8 +261,12 @@ def train_routers(calib: Calibration, out_dir: str | os.PathLike, config: Router
     log_beta = math.log(config.beta)
     done: dict[float, torch.Tensor] = {}
     start = 0
-    if resume and ckpt.is_file():
-        state = torch.load(ckpt, weights_only=False)
+    if resume and (ckpt.is_file() or (out / LEGACY_CHECKPOINT).exists()):
+        fix = "delete it to start over (or run without --resume), or pass a new --out"
+        refuse_legacy(out / LEGACY_CHECKPOINT, STATE_KIND, fix)
+        state = load_state(ckpt, STATE_KIND, fix)
+        if not isinstance(state, dict) or not isinstance(state.get("theta"), torch.Tensor):
+            raise StateFileError(f"{str(ckpt)!r} holds no router weights; it is damaged: {fix}.")
         if tuple(state["theta"].shape) != (n, u):
             raise ValueError(f"the router checkpoint in {out} has shape {tuple(state['theta'].shape)}, the model gives "
                              f"{(n, u)}; use a new output folder.")
@@ -330,9 +337,7 @@ def train_router(calib: Calibration, out_dir: str | os.PathLike, config: RouterC
 
 
 def _save(path: Path, state: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    save_state(path, state, STATE_KIND)
 
 
 def threshold_for(theta: torch.Tensor, template: Template, target: float) -> float:

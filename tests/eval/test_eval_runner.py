@@ -19,6 +19,7 @@ from eval_testkit import FAST, TINY_LABELS, HtmlChecker
 
 from dcache.eval.metrics import psnr_per_image
 from dcache.eval.runner import EvalConfig, make_variants, parse_method, run_eval
+from dcache.state_file import load_state
 
 METHODS = ["fora", "fixed_interval:interval=1", "fixed_interval:interval=2"]
 METRICS = "psnr,ssim,max_abs,mean_abs,fid,accuracy"
@@ -86,8 +87,8 @@ def test_numbers_follow_the_definitions(eval_run):
 def test_per_image_psnr_matches_the_stored_images(eval_run):
     work = eval_run.out_dir / ".work"
     [fora_dir] = [p for p in work.iterdir() if p.name.startswith("fora-")]
-    ref = torch.load(work / "uncached" / "s0-p0-1.pt", weights_only=False)
-    rec = torch.load(fora_dir / "s0-p0-1.pt", weights_only=False)
+    ref = load_state(work / "uncached" / "s0-p0-1.safetensors", "eval record", "rerun")
+    rec = load_state(fora_dir / "s0-p0-1.safetensors", "eval record", "rerun")
     expected = psnr_per_image(rec["images"], ref["images"]).tolist()
     assert eval_run.results["variants"]["fora"]["per_image"]["psnr"][:2] == expected
 
@@ -213,8 +214,8 @@ def test_two_processes_give_identical_numbers(eval_run, tiny_dir, classifier_pat
         for key in keys:
             assert dist["variants"][label].get(key) == row.get(key), (label, key)
     # each process generated its own half of the items
-    assert sorted(p.name for p in (out / ".work" / "uncached").glob("*.pt")) == \
-        ["s0-p0-1.pt", "s0-p2-3.pt", "s1-p0-1.pt", "s1-p2-3.pt"]
+    assert sorted(p.name for p in (out / ".work" / "uncached").glob("*.safetensors")) == \
+        ["s0-p0-1.safetensors", "s0-p2-3.safetensors", "s1-p0-1.safetensors", "s1-p2-3.safetensors"]
 
 
 def test_dcache_cli_has_eval_and_analyze():

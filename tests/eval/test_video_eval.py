@@ -17,6 +17,7 @@ from tiny_video import CALL, HEIGHT, PROMPTS, WIDTH, save_tiny_wan
 from dcache.eval.metrics import psnr_per_image, ssim_per_image, temporal_error
 from dcache.eval.networks import ClipScorer, ImageRewardScorer, LpipsScorer
 from dcache.eval.runner import EvalConfig, run_eval
+from dcache.state_file import load_state
 
 FRAMES = CALL["num_frames"]
 SAME = "fixed_interval(interval=1)"  # computes every step: bit-identical to uncached
@@ -78,8 +79,8 @@ def test_per_frame_and_temporal_numbers(video_eval):
 def test_metrics_match_the_stored_frames(video_eval):
     work = video_eval.out_dir / ".work"
     [fora_dir] = [p for p in work.iterdir() if p.name.startswith("fora-")]
-    ref = torch.load(work / "uncached" / "s0-p0-0.pt", weights_only=False)
-    rec = torch.load(fora_dir / "s0-p0-0.pt", weights_only=False)
+    ref = load_state(work / "uncached" / "s0-p0-0.safetensors", "eval record", "rerun")
+    rec = load_state(fora_dir / "s0-p0-0.safetensors", "eval record", "rerun")
     assert rec["frames_per_sample"] == FRAMES and rec["images"].shape == (FRAMES, 3, HEIGHT, WIDTH)
     assert 0.0 <= float(ref["images"].min()) and float(ref["images"].max()) <= 1.0
     assert float(ref["images"].std()) > 0.01  # the decoded video is not a constant image

@@ -90,7 +90,7 @@ def test_resume_gives_the_same_predictor_as_an_uninterrupted_run(setup, tmp_path
     straight, s1 = D.train_predictor(data, tmp_path / "a", cfg, progress=False)
     _, partial = D.train_predictor(data, tmp_path / "b", cfg, progress=False, stop_after=7)
     assert partial["iterations"] == 7
-    assert torch.load(tmp_path / "b" / D.CHECKPOINT, weights_only=False)["iteration"] == 7  # saved at the stop
+    assert D._load(tmp_path / "b" / D.CHECKPOINT)["iteration"] == 7  # saved at the stop
     resumed, s2 = D.train_predictor(data, tmp_path / "b", cfg, progress=False, resume=True)
     assert s2["iterations"] == 12
     a, b = straight.state_dict(), resumed.state_dict()

@@ -1,0 +1,81 @@
+"""Atomic file writes for everything dcache writes (plans, stats, calibrations, search fronts, reports, images).
+
+    atomic_write_text(path, text)            # str
+    atomic_write_bytes(path, data)           # bytes
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp))   # a writer that takes a file path (matplotlib, PIL)
+
+Each writes a temporary file in the destination folder and renames it over `path` (`os.replace`, atomic on POSIX
+and Windows), so a reader sees the old file or the new one, never half of one; a failure (or Ctrl-C) anywhere
+removes the temporary file and leaves the old file untouched.
+
+Permissions: the temporary file is created with `os.open(..., 0o666)`, so the kernel applies the process umask,
+exactly as for `open(path, "w")` on a new file: 0644 under the usual umask 022 (`tempfile.mkstemp` would create
+0600, unreadable for the people an output folder is shared with). The temporary name keeps the destination's
+suffix, so writers that pick a format from the suffix (matplotlib, PIL) write the right one.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Callable
+
+NEW_FILE_MODE = 0o666  # minus the umask, as open(path, "w") creates files
+
+
+def _create_temporary(path: Path) -> tuple[Path, int]:
+    """A fresh name beside `path`, created with the umask applied (O_EXCL: never someone else's file); its fd."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp{path.suffix}")
+        try:
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                                NEW_FILE_MODE)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temporary file beside {path}")
+
+
+def _atomic(path: str | os.PathLike, fill: Callable[[Path, int], object]) -> Path:
+    """fill(tmp, fd) writes the temporary file (and closes fd); then fsync and rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp, fd = _create_temporary(path)
+    try:
+        fill(tmp, fd)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """Call write(tmp) to fill a temporary file beside `path` (it keeps the suffix), then rename it over `path`."""
+
+    def fill(tmp: Path, fd: int) -> None:
+        os.close(fd)
+        write(tmp)
+
+    return _atomic(path, fill)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    def fill(tmp: Path, fd: int) -> None:
+        with os.fdopen(fd, "w", encoding=encoding) as f:
+            f.write(text)
+
+    return _atomic(path, fill)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    def fill(tmp: Path, fd: int) -> None:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+
+    return _atomic(path, fill)
+
+
+__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_write_with"]
