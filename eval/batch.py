@@ -10,6 +10,9 @@ Each process writes the images of its own items (atomically: temporary file + re
 `<out>/.work/`; the main process gathers the entries and writes `manifest.json` last, atomically. A rerun of the
 same command skips finished items (resume); a run with different settings in the same folder is refused (its
 images would be mixed with the old ones). Videos are written as GIFs, one per prompt and seed.
+
+Timing in a manifest entry: `batch_seconds` is the wall-clock time of the whole pipeline call that made the image
+(all `batch_size` images of its item together), `seconds_per_image` = batch_seconds / batch_size, its share.
 """
 
 from __future__ import annotations
@@ -158,7 +161,8 @@ def _generate_item(job: Any, item: Any, handle: Any, out_dir: Path, process: int
     n = len(names)
     return [{"file": f"images/{file}", "prompt": item.prompts[k], "prompt_index": i, "seed": item.seed,
              "item": item.id, "compute_ratio": flops[0] / flops[1] if flops[1] else 1.0,
-             "block_flops": [flops[0] / n, flops[1] / n], "seconds": seconds / n, "process": process}
+             "block_flops": [flops[0] / n, flops[1] / n], "batch_seconds": seconds, "batch_size": n,
+             "seconds_per_image": seconds / n, "process": process}
             for k, (i, file) in enumerate(zip(item.prompt_indices, files))]
 
 

@@ -40,6 +40,30 @@ def _call_arguments(pairs: list[str]) -> dict:
         raise typer.BadParameter(str(exc)) from None
 
 
+def _device_and_dtype(device: str, dtype: str, command: str) -> tuple[str, str]:
+    """`auto` resolved (dcache.pipelines.devices) and said on stderr: the device and dtype the command runs on."""
+    from dcache.pipelines.devices import describe, resolve_device
+
+    try:
+        device, dtype = resolve_device(device, dtype)
+    except ValueError as exc:
+        _fail(exc)
+    typer.echo(f"[dcache] {command} on {describe(device, dtype)}", err=True)
+    return device, dtype
+
+
+def _stage_lines(command: str):
+    """on_record for --no-progress: one line when a method starts (its first record), none per generation."""
+    seen: set[str] = set()
+
+    def on_record(label: str, item) -> None:
+        if label not in seen:
+            seen.add(label)
+            typer.echo(f"[dcache] {command}: {label}", err=True)
+
+    return on_record
+
+
 def eval_command(
     model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
     methods: list[str] = typer.Option(["fora"], "--methods", "-m",
@@ -58,8 +82,10 @@ def eval_command(
     metrics: str = typer.Option("auto", help="comma-separated: psnr,ssim,lpips,max_abs,mean_abs,temporal,fid,"
                                              "accuracy,clip_score,image_reward, or auto"),
     flops: bool = typer.Option(True, "--flops/--no-flops", help="count FLOPs of one call per method"),
-    device: str = typer.Option("cpu", help="cpu, cuda, cuda:1, auto (accelerate's device per process)"),
-    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
+    device: str = typer.Option("auto", help="auto (default: cuda, under accelerate each process's GPU; else mps, "
+                                            "else cpu), cpu, cuda, cuda:1, mps"),
+    dtype: str = typer.Option("auto", help="auto (default: bfloat16 on CUDA, float32 elsewhere), float32, bfloat16 "
+                                           "or float16"),
     height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
     call: list[str] = typer.Option([], "--call", help="more pipeline call arguments key=value (repeatable; JSON "
                                                        "values), e.g. --call num_frames=17 for video pipelines"),
@@ -70,10 +96,13 @@ def eval_command(
     image_reward_model: str = typer.Option("ImageReward-v1.0", help="image_reward: a model name or an ImageReward.pt "
                                                                     "path"),
     out: str = typer.Option("dcache-eval", help="report folder (resumes when it holds the same eval)"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="a progress bar with ETA (stderr); "
+                                                                         "--no-progress: one line per method"),
 ) -> None:
     """Evaluate caching methods against the uncached pipeline: report.md/.html, results.json, grids, Pareto plot."""
     from .runner import EvalConfig, run_eval
 
+    device, dtype = _device_and_dtype(device, dtype, "eval")
     method_list = [m.strip() for spec in methods for m in spec.split(",") if m.strip()]
     pipeline_kwargs = _call_arguments(call)
     cfg = EvalConfig(model=model, methods=method_list, prompts=prompts, num_prompts=num_prompts, seeds=seeds,
@@ -83,7 +112,7 @@ def eval_command(
                      clip_model=clip_model, image_reward_model=image_reward_model, out=out,
                      command=_command_line("eval"))
     try:
-        result = run_eval(cfg)
+        result = run_eval(cfg, progress=progress, on_record=None if progress else _stage_lines("eval"))
     except ERRORS as exc:
         _fail(exc)
         return
@@ -104,19 +133,23 @@ def analyze_command(
     steps: Optional[int] = typer.Option(None, help="inference steps (pipeline default if unset)"),
     guidance: Optional[float] = typer.Option(None, help="guidance scale (pipeline default if unset)"),
     batch_size: Optional[int] = typer.Option(None, help="prompts per pipeline call"),
-    device: str = typer.Option("cpu", help="cpu, cuda, ..."),
-    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
+    device: str = typer.Option("auto", help="auto (default: cuda, else mps, else cpu), cpu, cuda, cuda:1, mps"),
+    dtype: str = typer.Option("auto", help="auto (default: bfloat16 on CUDA, float32 elsewhere), float32, bfloat16 "
+                                           "or float16"),
     height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
     out: str = typer.Option("dcache-analyze", help="output folder for PNGs, analysis.json, summary.md"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="a progress bar with ETA (stderr)"),
 ) -> None:
     """Redundancy analysis: per step x block heat maps, the MagCache curve, suggested settings."""
     from .analyze import AnalyzeConfig, run_analyze
+
+    device, dtype = _device_and_dtype(device, dtype, "analyze")
 
     cfg = AnalyzeConfig(model=model, prompts=prompts, num_prompts=num_prompts, seeds=seeds, steps=steps,
                         guidance=guidance, batch_size=batch_size, device=device, dtype=dtype, height=height,
                         width=width, out=out, command=_command_line("analyze"))
     try:
-        result = run_analyze(cfg)
+        result = run_analyze(cfg, progress=progress)
     except ERRORS as exc:
         _fail(exc)
         return

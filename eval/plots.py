@@ -20,10 +20,11 @@ import PIL.ImageDraw
 import PIL.ImageFont
 import torch
 
+from dcache.extras import require
+
 
 def _pyplot():
-    import matplotlib
-
+    matplotlib = require("matplotlib")  # the eval extra; names `pip install "dcache[eval]"` when missing
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
@@ -69,24 +70,27 @@ def _ok(v) -> bool:
 
 def pareto_plot(points: Sequence[ParetoPoint], path: str | Path, *, quality_name: str = "PSNR vs uncached (dB)",
                 higher_is_better: bool = True, title: str = "Speed-up vs quality", reference: str = "uncached",
-                measured: str = "measured latency") -> Path:
+                measured: str = "measured latency",
+                identical_label: str = "identical to uncached (drawn above the scale, not at a value)") -> Path:
     """Measured speed-up (filled) and ideal speed-up from the compute ratio (hollow) against quality; the Pareto
     front of the measured points is a line. Non-finite quality (output identical to the uncached one, PSNR inf)
-    is drawn on a dashed line above the finite points. The reference (`reference` label) is a black star."""
+    is drawn on a dashed line above the finite points, labelled `identical_label`: the line's height is not a
+    value, so it sits well clear of the finite points and the axis ticks stop below it. The reference
+    (`reference` label) is a black star."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     finite_q = [p.quality for p in points if _ok(p.quality) and p.label != reference]
     span = (max(finite_q) - min(finite_q)) if len(finite_q) > 1 else 1.0
     span = span or 1.0
     if finite_q:
-        top = max(finite_q) + 0.15 * span if higher_is_better else min(finite_q) - 0.15 * span
+        top = max(finite_q) + 0.3 * span if higher_is_better else min(finite_q) - 0.3 * span
     else:
         top = 1.0
     has_identical = any(p.quality is not None and not _ok(p.quality) for p in points)
     if has_identical:
         ax.axhline(top, color="0.6", lw=0.8, ls="--", zorder=0)
-        ax.text(1.0, top, " identical to uncached ", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
-                fontsize=7, color="0.4")
+        ax.text(1.0, top, f" {identical_label} ", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
+                fontsize=7, color="0.3")
     colors = plt.get_cmap("tab10")
     drawn, placed = [], []
     for i, p in enumerate(points):
@@ -126,6 +130,12 @@ def pareto_plot(points: Sequence[ParetoPoint], path: str | Path, *, quality_name
     ax.grid(alpha=0.3)
     ax.margins(x=0.12, y=0.12)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), framealpha=0.85, borderaxespad=0)
+    if has_identical and finite_q:  # no tick at or beyond the dashed line: its height is not a quality value
+        limit = max(finite_q) + 0.15 * span if higher_is_better else min(finite_q) - 0.15 * span
+        low, high = ax.get_ylim()
+        ax.set_yticks([t for t in ax.get_yticks() if low <= t <= high and (t <= limit if higher_is_better
+                                                                          else t >= limit)])
+        ax.set_ylim(low, high)
     return _save(fig, path)
 
 

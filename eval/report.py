@@ -23,6 +23,13 @@ from .plots import ParetoPoint, heatmap, image_grid, pareto_plot
 
 MAX_GRID_IMAGES = 12
 MAX_VIDEO_FRAMES = 8
+# PSNR at or above this is drawn as "identical to uncached" (per-image PSNR of identical images is capped at 100 dB)
+IDENTICAL_PSNR_DB = 99.9
+# Below this many images a Frechet distance is mostly its small-sample bias (which falls as 1/n): such FID cells
+# carry a dagger and the caveat below the table, and are never highlighted as best.
+FID_MIN_IMAGES = 50
+FID_COLUMNS = ("fid_vs_uncached", "fid_vs_data")
+SMALL_SAMPLE = "†"
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -117,9 +124,29 @@ def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
                 value = None  # the reference itself
             elif key == "psnr" and r.get("psnr_max") is not None and r.get("psnr_min") == math.inf:
                 value = math.inf  # every image identical (the mean uses the 100 dB cap)
-            cells.append(fmt(value, digits))
+            text = fmt(value, digits)
+            if key in FID_COLUMNS and value is not None and _few_images(r):
+                text += SMALL_SAMPLE
+            cells.append(text)
         body.append(cells)
     return header, body
+
+
+def _few_images(row: dict) -> bool:
+    return (row.get("num_images") or 0) < FID_MIN_IMAGES
+
+
+def caveats(results: dict) -> list[str]:
+    """Sample-size warnings shown right under the results table (markdown and html)."""
+    rows = [results["variants"][k] for k in results["order"]]
+    small = sorted({r.get("num_images") or 0 for r in rows
+                    if _few_images(r) and any(r.get(c) is not None for c in FID_COLUMNS)})
+    if not small:
+        return []
+    return [f"{SMALL_SAMPLE} FID on {' / '.join(map(str, small))} images per method: below {FID_MIN_IMAGES} images "
+            f"a Frechet distance is mostly small-sample bias (it falls as 1/n) and noise, so these values only "
+            f"rank methods run on the same images and say little about quality; use at least {FID_MIN_IMAGES} "
+            f"(and thousands for values comparable across papers) before reading them."]
 
 
 def markdown_table(header: list[str], body: list[list[str]]) -> str:
@@ -176,13 +203,15 @@ def make_figures(out: Path, results: dict, records: dict[str, list[dict]]) -> di
     points = [ParetoPoint(lbl, rows[lbl].get(speed_key), rows[lbl].get("ideal_speedup"),
                           (math.inf if hib else 0.0) if lbl == "uncached" and qkey != "compute_ratio"
                           else rows[lbl].get(qkey)) for lbl in order]
+    identical = "identical to uncached (drawn above the scale, not at a value)"
     if qkey == "psnr":  # identical-to-uncached methods read inf: draw at the top edge like the reference
-        points = [p if p.quality is None or p.quality < 99.9 else ParetoPoint(p.label, p.speedup, p.ideal_speedup,
-                                                                                math.inf) for p in points]
+        points = [p if p.quality is None or p.quality < IDENTICAL_PSNR_DB else
+                  ParetoPoint(p.label, p.speedup, p.ideal_speedup, math.inf) for p in points]
+        identical = f"PSNR ≥ {IDENTICAL_PSNR_DB:g} dB: treated as identical (drawn above the scale, not at a value)"
     model = str(results["model"])
     model = model if len(model) <= 40 else "…" + model[-39:]
     figs["pareto"] = pareto_plot(points, out / "pareto.png", quality_name=qname, higher_is_better=hib,
-                                 title=f"{model}: speed-up vs quality",
+                                 title=f"{model}: speed-up vs quality", identical_label=identical,
                                  measured="measured CPU time" if use_cpu else "measured latency")
 
     grid_items = results["config"]["grid_items"]
@@ -294,6 +323,7 @@ def render_markdown(results: dict, figs: dict[str, Path]) -> str:
         lines += ["Produced by:", "", "```", results["command"], "```", ""]
     lines += [f"- **{k}**: {v}" for k, v in _summary_lines(results)]
     lines += ["", "## Results", "", markdown_table(header, body), ""]
+    lines += [f"> {c}" for c in caveats(results)] + ([""] if caveats(results) else [])
     if "pareto" in figs:
         lines += ["## Speed-up vs quality", "", "![Pareto plot](pareto.png)", ""]
     if "grid" in figs:
@@ -328,6 +358,7 @@ dl.meta dt{color:#666} dl.meta dd{margin:0}
 img{max-width:100%;border:1px solid #eee}
 pre{background:#f6f8fa;padding:8px;font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}
 .small{font-size:12px;color:#555} .fig{margin:10px 0}
+.caveat{font-size:13px;background:#fff6e0;border-left:4px solid #e0a800;padding:6px 10px}
 """
 
 
@@ -379,6 +410,7 @@ def render_html(results: dict, figs: dict[str, Path]) -> str:
         parts.append(f"<tr{cls}>{cells}</tr>")
     parts.append("</tbody></table></div><p class='small'>Green: best cached value per column (where methods "
                  "differ); &#8734; = every image identical to uncached.</p>")
+    parts += [f"<p class='caveat'>{e(c)}</p>" for c in caveats(results)]
     if "pareto" in figs:
         parts += ["<h2>Speed-up vs quality</h2>", _img(figs["pareto"], "Pareto plot")]
     if "grid" in figs:

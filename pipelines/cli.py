@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from .devices import AUTO, DEVICE_HELP, DTYPE_HELP, describe, resolve_device
+from .progress import Progress
 from .search_cli import search_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -55,8 +57,8 @@ def generate(
     guidance: Optional[float] = typer.Option(None, help="guidance scale (pipeline default if unset)"),
     out: str = typer.Option("dcache-out", help="output folder for grid.png / videos, stats.json, plan.json"),
     repeats: int = typer.Option(3, help="timed repeats per variant (after one warm-up)"),
-    device: str = typer.Option("cpu", help="cpu, cuda, cuda:1, ..."),
-    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
+    device: str = typer.Option(AUTO, help=DEVICE_HELP),
+    dtype: str = typer.Option(AUTO, help=DTYPE_HELP),
     height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
     set_: list[str] = typer.Option([], "--set", help="method config override key=value (repeatable)"),
     call: list[str] = typer.Option([], "--call", help="more pipeline call arguments key=value (repeatable; JSON "
@@ -71,6 +73,8 @@ def generate(
     num_prompts: Optional[int] = typer.Option(None, help="batch mode: use the first N prompts"),
     batch_size: Optional[int] = typer.Option(None, help="batch mode: prompts per pipeline call (default 10 tiny, 1 "
                                                         "otherwise)"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bars with ETA (stderr); "
+                                                                         "--no-progress: one line per stage"),
 ) -> None:
     """Run uncached and cached on the same seeds; write a grid and stats; print the speed-up and PSNR.
     With --prompts FILE: generate every prompt x seed with the cache (batch mode, resumable)."""
@@ -78,7 +82,7 @@ def generate(
         _generate_batch(prompts_file, prompt, model=model, cache=cache, seeds=seeds, seed=seed,
                         num_prompts=num_prompts, steps=steps, guidance=guidance, batch_size=batch_size,
                         device=device, dtype=dtype, height=height, width=width, overrides=set_, threads=threads,
-                        pipeline_kwargs=_call_arguments(call), out=out)
+                        pipeline_kwargs=_call_arguments(call), out=out, progress=progress)
         return
     from .generate import format_summary, generate as run
 
@@ -89,7 +93,7 @@ def generate(
         result = run(model=model, prompts=prompts, cache=cache, steps=steps, seed=seed, guidance=guidance, out=out,
                      repeats=repeats, device=device, dtype=dtype, height=height, width=width,
                      overrides=_parse_overrides(set_), threads=threads, pipeline_kwargs=_call_arguments(call),
-                     scope=scope, speed=speed, quality=quality)
+                     scope=scope, speed=speed, quality=quality, progress=Progress(enabled=progress))
     except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
         _fail(exc)
         return
@@ -106,8 +110,14 @@ def _generate_batch(prompts_file: str, prompt: Optional[str], *, seed: int, over
     if prompt is not None:
         _fail(ValueError("pass either --prompt (one generation, uncached vs cached) or --prompts FILE (batch), not "
                          "both."))
+    try:
+        kw["device"], kw["dtype"] = resolve_device(kw["device"], kw["dtype"])
+    except ValueError as exc:
+        _fail(exc)
+    typer.echo(f"[dcache] batch generation on {describe(kw['device'], kw['dtype'])}", err=True)
     # the command as run, from the parsed options (sys.argv is the test runner's under CliRunner)
-    options = {"prompts": prompts_file, "seed": seed, **{k: v for k, v in kw.items() if k != "pipeline_kwargs"}}
+    options = {"prompts": prompts_file, "seed": seed,
+               **{k: v for k, v in kw.items() if k not in ("pipeline_kwargs", "progress")}}
     command = "dcache generate " + shlex.join(
         [a for k, v in options.items() if v is not None for a in (f"--{k.replace('_', '-')}", str(v))]
         + [a for pair in overrides for a in ("--set", pair)]

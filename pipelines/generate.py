@@ -13,8 +13,11 @@ import torch
 import dcache
 from dcache.plan import atomic_write_text
 
+from .devices import describe, resolve_device
 from .images import heat, save_grid, save_video
+from .progress import Progress
 from .runner import GenerationJob, interleaved_runs, load_pipeline, median, psnr
+from .timing_checks import spread, timing_warnings
 
 TINY_DEFAULT_LABELS = [str(i) for i in range(10)]
 
@@ -27,12 +30,18 @@ class GenerateResult:
 
 def generate(*, model: str | None = None, prompts: list[str] | None = None, cache: str = "magcache",
              steps: int | None = None, seed: int = 0, guidance: float | None = None, out: str = "dcache-out",
-             repeats: int = 3, device: str = "cpu", dtype: str = "float32", height: int | None = None,
+             repeats: int = 3, device: str = "auto", dtype: str = "auto", height: int | None = None,
              width: int | None = None, overrides: dict[str, Any] | None = None,
              threads: int | None = None, pipeline_kwargs: dict[str, Any] | None = None,
-             scope: str | None = None, speed: str | None = None, quality: str | None = None) -> GenerateResult:
+             scope: str | None = None, speed: str | None = None, quality: str | None = None,
+             progress: Progress | None = None) -> GenerateResult:
+    """device / dtype "auto": CUDA (bfloat16), else MPS, else the CPU (float32), see `devices.resolve_device`.
+    progress: bars or one line per stage (default: silent)."""
     if repeats < 1:
         raise ValueError(f"--repeats {repeats} must be >= 1.")
+    progress = progress or Progress(enabled=False, quiet=True)
+    device, dtype = resolve_device(device, dtype)
+    progress.stage(f"loading {model or 'the bundled tiny model'} on {device} ({dtype})")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
     if is_tiny and str(device) == "cpu" and threads is None:
         threads = 1  # the bundled model's tensors are tiny: extra intra-op threads only add contention
@@ -42,10 +51,10 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         torch.set_num_threads(threads)
     if is_tiny:
         prompts = prompts or TINY_DEFAULT_LABELS
-        bad = [p for p in prompts if not p.strip().isdigit() or not 0 <= int(p) <= 9]
+        bad = [p for p in prompts if not _names_a_digit(p)]
         if bad:
-            raise ValueError(f"the bundled digit model takes class labels 0-9 as --prompt, got {bad}; e.g. "
-                             f"--prompt 3 or --prompt 0,1,2.")
+            raise ValueError(f"the bundled digit model takes class labels 0-9 (or digit words: 'seven') as --prompt, "
+                             f"got {bad}; e.g. --prompt 3 or --prompt 0,1,2.")
     elif not prompts:
         raise ValueError("--prompt is required for this model (e.g. --prompt 'a photo of a cat').")
     job = GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=guidance, seed=seed,
@@ -58,18 +67,29 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
 
         calibration = GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=guidance,
                                     seed=seed + 1, height=height, width=width, extra=dict(pipeline_kwargs or {}))
+        progress.stage(f"finding the {cache} setting for {speed or quality} on a calibration run (seed {seed + 1})")
         method, target = resolve_for_apply(pipe, cache, speed=speed, quality=quality, calibration_run=calibration,
                                            num_steps=None, scope=scope, overrides=dict(overrides or {}))
         overrides = {}
-    timing = interleaved_runs(job, lambda: dcache.apply(pipe, method, scope=scope, **(overrides or {})), repeats)
+    progress.stage(f"timing uncached vs cached: one warm-up each, then {repeats} alternating round(s)")
+    if hasattr(pipe, "set_progress_bar_config"):  # steps of the big models; the tiny model's calls take ~0.3 s
+        pipe.set_progress_bar_config(disable=is_tiny or not progress.enabled, leave=False)
+    with progress.bar(total=2 + 2 * repeats, desc="generate", unit="run") as bar:
+        timing = interleaved_runs(job, lambda: dcache.apply(pipe, method, scope=scope, **(overrides or {})), repeats,
+                                  on_run=bar.step)
     reference, cached, t_ref, t_cached = timing.reference, timing.cached, timing.seconds_uncached, timing.seconds_cached
     stats, plan = timing.stats, timing.plan
+    batch_size = int(reference.shape[0]) // max(job.frames_per_sample, 1)  # images (videos) per pipeline call
 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     ref_s, cached_s = median(t_ref), median(t_cached)
+    cpu_ref, cpu_cached = median(timing.cpu_uncached), median(timing.cpu_cached)
     summary = {
         "model": model or "tiny (bundled)",
+        "device": device,
+        "dtype": dtype,
+        "device_description": describe(device, dtype),
         "cache": cache,
         "target": None if target is None else {
             "speed": speed, "quality": quality, "calibration_seed": seed + 1, "knob": target.knob,
@@ -86,9 +106,16 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         "blocks_per_call": stats.blocks_per_call,
         "compute_ratio": stats.compute_ratio,
         "ideal_speedup": stats.ideal_speedup,
-        "uncached_seconds": ref_s,
+        "batch_size": batch_size,
+        "uncached_seconds": ref_s,  # median wall-clock seconds of one pipeline call of the whole batch
         "cached_seconds": cached_s,
+        "uncached_seconds_spread": spread(t_ref),
+        "cached_seconds_spread": spread(t_cached),
         "measured_speedup": ref_s / cached_s if cached_s > 0 else float("nan"),
+        "uncached_cpu_seconds": cpu_ref,  # median process CPU seconds (all threads) of the same calls
+        "cached_cpu_seconds": cpu_cached,
+        "cpu_speedup": cpu_ref / cpu_cached if cpu_cached > 0 else float("nan"),
+        "timing_warnings": timing_warnings({"uncached": t_ref, "cached": t_cached}),
         "psnr_db": psnr(reference, cached),
         "max_abs_error": float((reference - cached).abs().max()),
         "repeats": repeats,
@@ -104,9 +131,20 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         save_grid([reference, cached, heat(reference - cached)], out_dir / "grid.png",
                   row_labels=["uncached", f"{cache}", "|difference|"], scale=4 if is_tiny else 1)
         summary["grid"] = "grid.png"
+    progress.stage(f"writing {out_dir}/")
     plan.save(out_dir / "plan.json")
     atomic_write_text(out_dir / "stats.json", json.dumps(_finite(summary), indent=1))
     return GenerateResult(out_dir, summary)
+
+
+def _names_a_digit(prompt: str) -> bool:
+    from .tiny_pipeline import parse_digit_prompt
+
+    try:
+        parse_digit_prompt(prompt)
+    except ValueError:
+        return False
+    return True
 
 
 def _finite(obj: Any) -> Any:
@@ -120,17 +158,27 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+def _seconds(spread_: dict[str, float]) -> str:
+    """'0.310 s [0.300-0.420]': median [min-max] of the repeats."""
+    return f"{spread_['median']:.3f} s [{spread_['min']:.3f}-{spread_['max']:.3f}]"
+
+
 def format_summary(s: dict[str, Any]) -> str:
+    images = f"{s['batch_size']} image{'s' if s['batch_size'] != 1 else ''}"
     lines = [
         f"model        {s['model']}   cache: {s['cache']} ({s['scope']} scope)   seed {s['seed']}",
+        f"device       {s['device_description']}",
         f"steps        {s['calls_fully_computed']}/{s['calls']} transformer calls fully computed "
         f"({s['steps']} steps), units computed {s['units_computed']}, reused {s['units_reused']}, "
         f"forecast {s['units_forecast']} ({s['blocks_per_call']} blocks per call)",
         f"speed-up     ideal {s['ideal_speedup']:.2f}x (compute ratio {s['compute_ratio']:.3f}), measured "
-        f"{s['measured_speedup']:.2f}x ({s['uncached_seconds']:.3f}s -> {s['cached_seconds']:.3f}s, median of "
-        f"{s['repeats']}), measured/ideal {s['measured_over_ideal']:.2f}",
+        f"{s['measured_speedup']:.2f}x wall-clock, {s['cpu_speedup']:.2f}x process CPU time; measured/ideal "
+        f"{s['measured_over_ideal']:.2f}",
+        f"timing       one call of the batch of {images}, median [min-max] of {s['repeats']} repeat(s): uncached "
+        f"{_seconds(s['uncached_seconds_spread'])}, cached {_seconds(s['cached_seconds_spread'])}",
         f"quality      PSNR cached vs uncached {s['psnr_db']:.2f} dB, max |error| {s['max_abs_error']:.4f}",
     ]
+    lines += [f"warning      {w}" for w in s.get("timing_warnings", [])]
     t = s.get("target")
     if t:
         goal = f"speed {t['speed']}" if t["speed"] is not None else f"quality {t['quality']}"

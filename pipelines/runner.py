@@ -41,7 +41,10 @@ class GenerationJob:
         if self.guidance is not None:
             kwargs["guidance_scale"] = self.guidance
         if self.is_tiny:
-            out = self.pipe(labels=[int(p) for p in self.prompts], generator=generator, output_type="pt", **kwargs)
+            from .tiny_pipeline import parse_digit_prompt
+
+            labels = [parse_digit_prompt(p) for p in self.prompts]  # "3" or "three" -> 3
+            out = self.pipe(labels=labels, generator=generator, output_type="pt", **kwargs)
             return out.images.detach().float().cpu()
         if self.height:
             kwargs["height"] = self.height
@@ -57,11 +60,13 @@ class GenerationJob:
         return torch.from_numpy(arr).permute(0, 3, 1, 2).contiguous()
 
 
-def load_pipeline(model: str | None, *, device: str = "cpu", dtype: str = "float32") -> tuple[Any, bool]:
-    """(pipeline, is_tiny). `model` None / "tiny" = the bundled model; else a hub id or a local folder."""
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
-    if torch_dtype is None:
-        raise ValueError(f"--dtype {dtype!r} is not one of float32, bfloat16, float16.")
+def load_pipeline(model: str | None, *, device: str = "auto", dtype: str = "auto") -> tuple[Any, bool]:
+    """(pipeline, is_tiny). `model` None / "tiny" = the bundled model; else a hub id or a local folder.
+    device / dtype "auto": CUDA in bfloat16, else MPS, else the CPU in float32 (`devices.resolve_device`)."""
+    from .devices import resolve_device
+
+    device, dtype = resolve_device(device, dtype)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     from .bundled import load_tiny_pipeline
     from .tiny_pipeline import DigitFlowPipeline
 
@@ -93,43 +98,56 @@ class ABTiming:
 
     reference: torch.Tensor  # the last uncached images
     cached: torch.Tensor  # the last cached images
-    seconds_uncached: list[float]
+    seconds_uncached: list[float]  # wall-clock seconds per timed run (one pipeline call of the whole batch)
     seconds_cached: list[float]
     stats: Any  # dcache Stats of the last cached run
     plan: Any  # its dcache Plan
+    cpu_uncached: list[float] = field(default_factory=list)  # process CPU seconds (all threads) of the same runs
+    cpu_cached: list[float] = field(default_factory=list)
 
 
-def interleaved_runs(job: GenerationJob, enable: Callable[[], Any], repeats: int) -> ABTiming:
+def interleaved_runs(job: GenerationJob, enable: Callable[[], Any], repeats: int,
+                     on_run: Callable[[str], None] | None = None) -> ABTiming:
     """Time the job uncached and cached in alternation: one warm-up each, then `repeats` rounds of A then B.
 
     enable() hooks the cache and returns a dcache Handle; it is applied for every cached run and removed after it.
+    on_run(name) is called after each of the 2 + 2 * repeats runs ("warm-up uncached", ..., "cached 3/3").
     Alternating matters: the first runs of a process are slower (allocator, caches, clock) and a machine's load
     drifts, so timing every uncached run before every cached one biased the bundled model's speed-up at batch 10 by
-    ~30% (measured/ideal 1.3)."""
-    def timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
+    ~30% (measured/ideal 1.3). Process CPU time is taken beside wall-clock time: on a CPU shared with other jobs it
+    stays close to the work done, where wall-clock time also counts waiting for a core."""
+    def timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float, float]:
         _sync()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         images = fn()
         _sync()
-        return images, time.perf_counter() - start
+        return images, time.perf_counter() - start, time.process_time() - start_cpu
 
-    def cached_run() -> tuple[torch.Tensor, float, Any, Any]:
+    def cached_run() -> tuple[torch.Tensor, float, float, Any, Any]:
         handle = enable()
         try:
-            images, seconds = timed(job)
-            return images, seconds, handle.stats(), handle.plan()
+            images, seconds, cpu = timed(job)
+            return images, seconds, cpu, handle.stats(), handle.plan()
         finally:
             handle.remove()
 
+    done = on_run or (lambda name: None)
     job()
+    done("warm-up uncached")
     cached_run()
-    t_ref, t_cached = [], []
-    for _ in range(max(repeats, 1)):
-        reference, seconds = timed(job)
+    done("warm-up cached")
+    t_ref, t_cached, c_ref, c_cached = [], [], [], []
+    rounds = max(repeats, 1)
+    for k in range(rounds):
+        reference, seconds, cpu = timed(job)
         t_ref.append(seconds)
-        cached, seconds, stats, plan = cached_run()
+        c_ref.append(cpu)
+        done(f"uncached {k + 1}/{rounds}")
+        cached, seconds, cpu, stats, plan = cached_run()
         t_cached.append(seconds)
-    return ABTiming(reference, cached, t_ref, t_cached, stats, plan)
+        c_cached.append(cpu)
+        done(f"cached {k + 1}/{rounds}")
+    return ABTiming(reference, cached, t_ref, t_cached, stats, plan, c_ref, c_cached)
 
 
 def median(values: list[float]) -> float:

@@ -24,6 +24,8 @@ from typing import Any, Optional
 
 import typer
 
+from .devices import AUTO, DEVICE_HELP, DTYPE_HELP, describe, resolve_device
+
 METHODS = ("ecad", "lemica", "dp", "harmonica", "l2c", "disca")
 DEFAULT_CALIB_LABELS = "0,1,2,3,4,5,6,7,8,9"
 
@@ -150,24 +152,44 @@ def search_command(
     base_plans: str = typer.Option("", help="DisCa: comma-separated base plan files whose skipped cells it learns to "
                                             "forecast (default: the DP plans at --budget)"),
     train_seeds: int = typer.Option(2, help="DisCa: calibration runs (seeds seed, seed+1, ...) it trains on"),
-    device: str = typer.Option("cpu", help="cpu, cuda, ..."),
-    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
-    progress: bool = typer.Option(True, help="show progress bars"),
+    device: str = typer.Option(AUTO, help=DEVICE_HELP),
+    dtype: str = typer.Option(AUTO, help=DTYPE_HELP),
+    progress: bool = typer.Option(True, help="progress bars with ETA (ECAD: the best quality at ratio 0.5 so "
+                                             "far); --no-progress: one line per stage (ECAD: per generation)"),
 ) -> None:
     """Search cache plans on a calibration set and write the Pareto front (plans, JSON, plot, summary)."""
+    from .progress import Progress
     from .runner import load_pipeline
 
     if method not in METHODS:
         raise typer.BadParameter(f"--method {method!r} is not one of {', '.join(METHODS)}.")
+    try:
+        device, dtype = resolve_device(device, dtype)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    stages = Progress(enabled=progress)
+    stages.stage(f"loading {model or 'the bundled tiny model'} on {describe(device, dtype)}")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
+    stages.stage(f"{method} search on the calibration prompts (seed {seed}), writing to {out}/")
     front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts, seed=seed,
                        pop_size=pop_size, generations=generations, resume=resume, max_span=max_span,
                        iterations=iterations, progress=progress, base_plans=base_plans, train_seeds=train_seeds,
-                       online_iterations=online_iterations, forecast_order=forecast_order, granularity=granularity)
+                       online_iterations=online_iterations, forecast_order=forecast_order, granularity=granularity,
+                       on_generation=None if progress else _generation_line(generations))
     typer.echo(f"wrote {out}/front.json, {out}/front.png, {out}/summary.md and {len(front.get('points', []))} plans:")
     for p in front.get("points", []):
         typer.echo(f"  {p['plan']}  compute ratio {p['compute_ratio']:.3f}  quality {p['quality']:.3f}")
     typer.echo(f"use one with: dcache generate --cache {Path(out) / 'plans' / '<plan>.plan.json'} --steps {steps}")
+
+
+def _generation_line(generations: int):
+    """ECAD's on_generation for --no-progress: one line per generation with the best quality so far."""
+    def on_generation(generation: int, info: dict) -> None:
+        best = info.get("best_quality_at_0.5")
+        typer.echo(f"[dcache] ecad generation {generation}/{generations}: best quality at compute ratio 0.5 so far "
+                   f"{'-' if best is None else format(best, '.2f')}", err=True)
+
+    return on_generation
 
 
 def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33", out: str = "dcache-search",

@@ -51,6 +51,12 @@ def test_one_image_per_prompt_and_seed_and_a_manifest(single):
         arr = _pixels(out / e["file"])
         assert arr.shape[:2] == (16, 16) and arr.dtype == np.uint8  # the tiny model's 16x16 digits
         assert 0 < e["compute_ratio"] < 1  # fora reused something
+        # timing: the whole call's seconds (one item = up to --batch-size 2 prompts) and each image's share of it
+        assert e["seconds_per_image"] == pytest.approx(e["batch_seconds"] / e["batch_size"])
+    items = {e["item"] for e in images}
+    for item in items:  # the images of one call share its time
+        assert len({(e["batch_seconds"], e["batch_size"]) for e in images if e["item"] == item}) == 1
+    assert sorted(e["batch_size"] for e in images) == [1, 1, 2, 2, 2, 2]  # 3 prompts in calls of 2 + 1
     s = manifest["summary"]
     assert s["images"] == 6 and s["cache"] == "fora" and s["processes"] == 1
     assert s["compute_ratio"] == pytest.approx(sum(e["block_flops"][0] for e in images)
