@@ -16,11 +16,14 @@ from typing import Optional
 
 import typer
 
+from dcache.extras import explain_missing
+
 ERRORS = (ValueError, FileNotFoundError, ImportError, RuntimeError, TypeError)
 
 
 def _fail(exc: Exception) -> None:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    hint = explain_missing(exc)  # an optional dependency that is not installed: the extra that brings it
+    typer.secho(f"error: {hint or exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
 
 

@@ -25,6 +25,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from dcache.extras import require
+
 # ------------------------------------------------------------------------------------------------------------------
 # Registry
 # ------------------------------------------------------------------------------------------------------------------
@@ -145,6 +147,7 @@ def mean_abs_per_image(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def ssim_per_image(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
     """torchmetrics SSIM (Gaussian sigma 1.5; kernel 11, or the largest odd size that fits small images) [N]."""
+    require("torchmetrics")  # the eval extra; names `pip install "dcache[eval]"` when missing
     from torchmetrics.functional.image import structural_similarity_index_measure
 
     _check_pair(a, b)

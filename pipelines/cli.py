@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from dcache.extras import explain_missing
 from .devices import AUTO, DEVICE_HELP, DTYPE_HELP, describe, resolve_device
 from .progress import Progress
 from .search_cli import search_command
@@ -202,7 +203,14 @@ app.command("eval")(eval_command); app.command("analyze")(analyze_command)  # no
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except Exception as error:  # an optional dependency that is not installed: name the extra that brings it
+        hint = explain_missing(error)
+        if hint is None:
+            raise
+        typer.echo(f"error: {hint}", err=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -148,3 +148,14 @@ def test_kernels_import_only_torch_triton_and_stdlib():
             top = module.split(".")[0]
             assert top in {"torch", "triton", "dcache", "__future__"} or top in sys.stdlib_module_names, \
                 f"{path.name} imports {module}"
+
+
+def test_the_package_ships_its_type_marker_and_requires_no_extra():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert (ROOT / "dcache" / "py.typed").is_file()
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["dcache"]
+    required = " ".join(project["project"]["dependencies"])
+    for module in ["matplotlib", "torchmetrics", "accelerate", "pymoo", "triton"]:
+        assert module not in required, f"{module} is required; it belongs in an extra (dcache/extras.py)"
