@@ -49,12 +49,17 @@ class BlockList:
     encoder: name of the argument carrying text tokens [B, L_txt, D], or None if the block has no text stream.
     outputs: what the block returns, in order: HIDDEN / ENCODER, or None for a returned slot that is passed through
              untouched (e.g. an extra tensor). A block that returns one tensor has outputs=(HIDDEN,).
+    adds_in_place: the transformer may write into a block's returned stream in place before the next block (Chroma's
+             single-block ControlNet samples: `h[:, L_txt:] = h[:, L_txt:] + c`). The engine cannot see such an
+             addition by tensor identity, so a stack segment of this list sums its blocks' own residuals
+             (out_i - in_i, read as each block returns) instead of taking out_last - in_first.
     """
 
     path: str
     hidden: str = HIDDEN
     encoder: str | None = ENCODER
     outputs: tuple[str | None, ...] = (HIDDEN,)
+    adds_in_place: bool = False
 
     def __post_init__(self) -> None:
         if HIDDEN not in self.outputs:

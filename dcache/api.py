@@ -12,6 +12,7 @@ from torch import nn
 from .adapters import adapter_for
 from .config import MethodConfig
 from .engine import Engine
+from .experts import check_expert_names, expert_method, extra_experts
 from .handle import Handle
 from .methods import config_for, target_resolver
 from .plan import Plan, PlanError, PlanSchedule
@@ -23,7 +24,7 @@ DEFAULT_METHOD = "magcache"
 def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLike = DEFAULT_METHOD, *,
           num_steps: int | None = None, count_flops: bool = True, memoize: bool = True, scope: str | None = None,
           speed: str | float | None = None, quality: str | None = None, calibration_run: Any = None,
-          **overrides: Any) -> Handle:
+          experts: dict[str, Any] | None = None, **overrides: Any) -> Handle:
     """Hook a caching method into a diffusers pipeline (or a bare transformer) and return its Handle.
 
     method:    a method name ("magcache", "fbcache", ...), a preset name, a plan file path (*.json), a config
@@ -41,12 +42,19 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                "psnr>=30" the fastest setting that keeps 30 dB there (schedules.calibrate.resolve_target; the sweep
                is `handle.target`). calibration_run() runs one uncached-comparable generation (e.g.
                lambda: pipe(prompt, num_inference_steps=28, generator=torch.Generator().manual_seed(1))).
+    experts:   pipelines with a second denoising transformer (Wan 2.2's `transformer_2`, dcache.experts) cache it
+               too, with its own state and the same method by default; per expert: {"transformer_2": {"warmup_steps":
+               2}} (overrides on top), {"transformer_2": "fbcache"} (another method, config, Plan or plan file) or
+               {"transformer_2": None} (uncached). handle.stats() sums the experts (per expert in .experts);
+               handle.plan(expert="transformer_2") is one expert's plan.
     overrides: config fields, e.g. apply(pipe, "magcache", threshold=0.1).
     """
     pipeline, transformer = _split_target(target)
-    if getattr(transformer, "_dcache_engine", None) is not None:
-        raise RuntimeError(f"dcache is already applied to this {type(transformer).__name__}; call handle.remove() "
-                           f"on the first handle before applying another method.")
+    expert_settings = check_expert_names(pipeline, experts)
+    for module in [transformer, *(m for _, m in extra_experts(pipeline))]:
+        if getattr(module, "_dcache_engine", None) is not None:
+            raise RuntimeError(f"dcache is already applied to this {type(module).__name__}; call handle.remove() "
+                               f"on the first handle before applying another method.")
     chosen = None
     if speed is not None or quality is not None:
         method, chosen = target_resolver()(target, method, speed=speed, quality=quality,
@@ -61,7 +69,27 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     if isinstance(schedule, PlanSchedule):
         _check_plan_fits(schedule.plan, engine)
     transformer._dcache_engine = engine
-    return Handle(engine, name, config, chosen)
+    handle = Handle(engine, name, config, chosen)
+    try:
+        for expert_name, module in extra_experts(pipeline):
+            picked = expert_method(method, overrides, expert_settings[expert_name])
+            if picked is None:
+                continue
+            if isinstance(picked[0], Schedule):
+                raise ValueError(f"a Schedule instance keeps one expert's state; give {expert_name} its own: "
+                                 f"dcache.apply(pipe, schedule, experts={{{expert_name!r}: another_schedule}}) "
+                                 f"(or a method name, which builds one per expert).")
+            sub_schedule, sub_name, sub_config = _resolve_schedule(picked[0], picked[1], module)
+            sub = Engine(module, adapter_for(module), sub_schedule, pipeline=pipeline, num_steps=num_steps,
+                         count_flops=count_flops, memoize=memoize, scope=scope, leader=engine)
+            if isinstance(sub_schedule, PlanSchedule):
+                _check_plan_fits(sub_schedule.plan, sub)
+            module._dcache_engine = sub
+            handle.experts[expert_name] = Handle(sub, sub_name, sub_config)
+    except BaseException:
+        handle.remove()  # nothing half-applied
+        raise
+    return handle
 
 
 def _split_target(target: Any) -> tuple[Any, nn.Module]:

@@ -82,6 +82,16 @@ class CallState:
     run: tuple[int, torch.Tensor, torch.Tensor | None] | None = None
     finished_run: tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None] | None = None
     probe_residual: torch.Tensor | None = None
+    # STACK, computed call: what the transformer added *between* the open run's middle blocks (ControlNet / VACE
+    # residuals: the next block's input is not the tensor the previous block returned). Kept out of the cached
+    # residual, because on a reused call the forward loop adds this call's own samples after every pass-through
+    # block again. run_last_out: (hidden, encoder) the previous middle block returned.
+    run_last_out: tuple[Any, Any] | None = None
+    run_between: list[torch.Tensor | None] = field(default_factory=lambda: [None, None])
+    # a segment of a list whose stream is edited in place (BlockList.adds_in_place): its blocks' own residuals,
+    # summed as each block returns (run_block_in: the running block's inputs)
+    run_own: list[torch.Tensor | None] | None = None
+    run_block_in: tuple[Any, Any] | None = None
     counter: FlopCounterMode | None = None  # call scope: open around the first computed call of a shape
     module_calls: dict[int, int] = field(default_factory=dict)  # shared module unit -> its calls so far this call
     signal_values: dict[str, float] = field(default_factory=dict)
@@ -92,8 +102,15 @@ class CallState:
 class Engine:
     def __init__(self, transformer: nn.Module, adapter: Adapter, schedule: Schedule, *,
                  pipeline: Any = None, num_steps: int | None = None,
-                 count_flops: bool = True, memoize: bool = True, scope: str = "blocks"):
+                 count_flops: bool = True, memoize: bool = True, scope: str = "blocks", leader: "Engine | None" = None):
+        """leader: for the second expert of a two-transformer pipeline (Wan 2.2's transformer_2): the engine of the
+        pipeline's first transformer, which hooks the scheduler and hands every generation and step on to this one
+        (one scheduler, one wrapper; each expert keeps its own generation record, caches and schedule state)."""
         self.transformer = transformer
+        self.leader = leader
+        self.followers: list[Engine] = []
+        if leader is not None:
+            leader.followers.append(self)
         self.adapter = adapter
         self.schedule = schedule
         self.pipeline = pipeline
@@ -123,10 +140,11 @@ class Engine:
         for s in self.blocks:
             s.exit_work = (self.granularity is Granularity.BLOCK or s.index == self.last_block
                            or (stack and s.role == "probe" and s.index == self.decision_block - 1)
-                           or (stack and s.role == "middle" and s.segment_last))
+                           or (stack and s.role == "middle"))  # between-block additions (_note_between)
         self.ops = VALIDATED  # kernel entry points, re-chosen at the first block of every call (cache_ops.py)
         self._bytes_seen: tuple[int, int] = (0, 0)  # (branches, units) when the cache bytes were last summed
         self.record: GenerationRecord | None = None
+        self._ended: GenerationRecord | None = None  # the last record whose end the schedule was told
         self.generations = 0
         self.branches: dict[str, BranchState] = {}
         self.call: CallState | None = None
@@ -228,7 +246,7 @@ class Engine:
         gets wrappers bound to the copy, which run the copy's own state and do not drive this engine.
         """
         scheduler = self._current_scheduler()
-        if scheduler is None or scheduler is self._hooked_scheduler:
+        if scheduler is None or scheduler is self._hooked_scheduler or self.leader is not None:
             return
         self._unhook_scheduler()
         engine = self
@@ -241,14 +259,17 @@ class Engine:
         def wrapped_set_timesteps(sched, *args, **kwargs):
             out = set_timesteps(sched, *args, **kwargs)
             if sched is engine._hooked_scheduler:
-                engine._on_set_timesteps(sched)
+                for eng in (engine, *engine.followers):
+                    eng._on_set_timesteps(sched)
             return out
 
         @functools.wraps(step)
         def wrapped_step(sched, *args, **kwargs):
             out = step(sched, *args, **kwargs)
-            if sched is engine._hooked_scheduler and engine.tracker.on_scheduler_step():
-                engine._finish_generation()
+            if sched is engine._hooked_scheduler:
+                for eng in (engine, *engine.followers):
+                    if eng.tracker.on_scheduler_step():
+                        eng._finish_generation()
             return out
 
         scheduler.set_timesteps = types.MethodType(wrapped_set_timesteps, scheduler)
@@ -278,11 +299,14 @@ class Engine:
         if getattr(t, "_old_forward", None) is self._installed_forward:
             t._old_forward = restored
         self._unhook_scheduler()
+        if self.leader is not None and self in self.leader.followers:
+            self.leader.followers.remove(self)
         self.branches.clear()
         self._removed = True
 
     # ------------------------------------------------------------------------------------------------ generations
     def _on_set_timesteps(self, scheduler: Any) -> None:
+        self.scheduler_name = type(scheduler).__name__
         self._finish_generation()
         ts = getattr(scheduler, "timesteps", None)
         timesteps = tuple(float(t) for t in ts.tolist()) if isinstance(ts, torch.Tensor) else None
@@ -307,6 +331,9 @@ class Engine:
             return
         for bstate in self.branches.values():
             self._sync_post(bstate, rec)
+        if self._ended is not rec:  # tell the schedule once per record, with the post signals flushed
+            self._ended = rec
+            self.schedule.end(rec.num_steps is not None and rec.step >= rec.num_steps)
         self.peak_cache_bytes = max(self.peak_cache_bytes, self._cache_bytes())
         if self.branches:  # handle.memory(): where the bytes were (dcache.memory)
             self.memory_at_end = branch_breakdown(self.branches, self.granularity.value)
@@ -647,8 +674,13 @@ class Engine:
             if slot.index == self.last_block:
                 call.stack_output = slot.slots.split_output(out)[0]
             return False, out
-        if slot.segment_first and slot.role == "middle" and self.granularity is Granularity.STACK:
-            self._segment_start(call, slot, hidden, encoder)
+        if slot.role == "middle" and self.granularity is Granularity.STACK:
+            if slot.segment_first:
+                self._segment_start(call, slot, hidden, encoder)
+            elif call.run_own is None and call.run_last_out is not None:
+                self._note_between(call, hidden, encoder)
+            if call.run_own is not None:
+                call.run_block_in = (hidden, encoder)
         counter = None if compiling or cost is not None else self.flops.start(slot.index, shape)
         return True, (call, hidden, encoder, shape, cost, counter)  # counter last (abort)
 
@@ -687,13 +719,19 @@ class Engine:
         if self.granularity is Granularity.STACK:
             if slot.role == "probe" and slot.index == self.decision_block - 1:
                 self._on_probe_output(call, slot.slots.split_output(out)[0])
-            elif slot.role == "middle" and slot.segment_last and call.run is not None:
-                start, seg_h, seg_e = call.run
-                call.run = None
+            elif slot.role == "middle" and call.run is not None:
                 out_h, out_e = slot.slots.split_output(out)
-                call.finished_run = (start, seg_h, seg_e, out_h, out_e)
-                if slot.list_index == self.segment_lists[-1]:
-                    self._store_run(call)
+                call.run_last_out = (out_h, out_e)
+                if call.run_own is not None:  # read now: the transformer may write into out_h once we return
+                    for i, (o, x) in enumerate(zip((out_h, out_e), call.run_block_in)):
+                        if isinstance(o, torch.Tensor) and isinstance(x, torch.Tensor) and o.shape == x.shape:
+                            call.run_own[i] = o - x if call.run_own[i] is None else call.run_own[i] + (o - x)
+                if slot.segment_last:
+                    start, seg_h, seg_e = call.run
+                    call.run = None
+                    call.finished_run = (start, seg_h, seg_e, out_h, out_e)
+                    if slot.list_index == self.segment_lists[-1]:
+                        self._store_run(call)
         elif self.granularity is Granularity.BLOCK and self.schedule.may_reuse(call.branch, slot.index):
             out_h, out_e = slot.slots.split_output(out)
             self._store(call, slot.index, [out_h, out_e], [hidden, encoder])
@@ -710,7 +748,8 @@ class Engine:
         (a learned forecaster keeps one unit per list, the units its predictor was trained on)."""
         bstate, li = call.bstate, slot.list_index
         done = call.finished_run
-        if done is not None and hidden is done[3] and encoder is done[4] and self.schedule.segment_runs:
+        if done is not None and hidden is done[3] and encoder is done[4] and self.schedule.segment_runs \
+                and call.run_own is None and not slot.spec.adds_in_place:
             call.finished_run = None
             call.run = done[:3]  # continue the run: its inputs stay those of its first list
             bstate.chained.add(li)
@@ -718,14 +757,39 @@ class Engine:
             return
         self._store_run(call)
         bstate.chained.discard(li)
+        call.run_last_out, call.run_between = None, [None, None]
+        call.run_own = [None, None] if slot.spec.adds_in_place else None
         if self.schedule.may_reuse(call.branch, 0):
             call.run = (li, hidden, encoder)
+
+    @staticmethod
+    def _note_between(call: CallState, hidden, encoder) -> None:
+        """A middle block of the open run receives something other than what the previous one returned: the
+        transformer added to the stream between them (`h = h + controlnet_block_samples[i]`). Accumulate it per
+        stream; the run's cached residual is (out - in) - sum(additions), the blocks' own contribution."""
+        for i, (now, before) in enumerate(zip((hidden, encoder), call.run_last_out)):
+            if now is before or not isinstance(now, torch.Tensor) or not isinstance(before, torch.Tensor) \
+                    or now.shape != before.shape:
+                continue
+            added = now - before
+            total = call.run_between[i]
+            call.run_between[i] = added if total is None else total + added
 
     def _store_run(self, call: CallState) -> None:
         """Cache the finished run's residual (out - in per stream) under its first list's key."""
         done, call.finished_run = call.finished_run, None
         if done is not None:
             start, seg_h, seg_e, out_h, out_e = done
+            if call.run_own is not None:  # in-place edits: the residual is the blocks' own, summed block by block
+                own_h, own_e = call.run_own
+                out_h = seg_h + own_h if own_h is not None else out_h
+                out_e = seg_e + own_e if own_e is not None and seg_e is not None else out_e
+                call.run_own = None
+            add_h, add_e = call.run_between
+            if add_h is not None:
+                out_h = out_h - add_h
+            if add_e is not None:
+                out_e = out_e - add_e
             self._store(call, ("seg", start), [out_h, out_e], [seg_h, seg_e])
 
     def abort(self, state: Any) -> None:

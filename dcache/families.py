@@ -371,8 +371,9 @@ register_adapter(Adapter(
     model_class="ChromaTransformer2DModel",
     block_lists=(
         BlockList("transformer_blocks", outputs=(ENCODER, HIDDEN)),
-        # Single blocks take hidden = [txt ; img] [B, L_txt + L_img, D] and return it alone.
-        BlockList("single_transformer_blocks", encoder=None, outputs=(HIDDEN,)),
+        # Single blocks take hidden = [txt ; img] [B, L_txt + L_img, D] and return it alone; ControlNet samples are
+        # written into its image part in place.
+        BlockList("single_transformer_blocks", encoder=None, outputs=(HIDDEN,), adds_in_place=True),
     ),
     modules=_FLUX_LIKE_MODULES,
     composed=_SINGLE_BLOCK_COMPOSED,
@@ -468,7 +469,8 @@ register_adapter(Adapter(
     model_class="BriaTransformer2DModel",
     block_lists=(
         BlockList("transformer_blocks", outputs=(ENCODER, HIDDEN)),
-        BlockList("single_transformer_blocks", outputs=(ENCODER, HIDDEN)),
+        # ControlNet single-block samples are written in place (as Chroma's)
+        BlockList("single_transformer_blocks", outputs=(ENCODER, HIDDEN), adds_in_place=True),
     ),
     modules=_FLUX_LIKE_MODULES,
     composed=_SINGLE_BLOCK_COMPOSED,

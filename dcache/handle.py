@@ -8,7 +8,7 @@ from typing import Any
 
 from .engine import Engine
 from .plan import Plan
-from .stats import Stats, stats_from_record
+from .stats import Stats, combine_stats, stats_from_record
 
 
 class Handle:
@@ -17,6 +17,7 @@ class Handle:
         self.method = method
         self.config = config
         self.target = target  # dcache.apply(speed= / quality=): the sweep that chose the config (TargetResult)
+        self.experts: dict[str, Handle] = {}  # the pipeline's other denoising transformers (dcache.experts)
         self._removed = False
 
     @property
@@ -34,8 +35,24 @@ class Handle:
                                "for stats() or plan().")
         return rec
 
-    def stats(self) -> Stats:
-        """Stats of the last generation (units, ideal speed-up, cache memory)."""
+    def stats(self, expert: str | None = None) -> Stats:
+        """Stats of the last generation (units, ideal speed-up, cache memory). With several experts (Wan 2.2's
+        transformer_2): their sum, each expert's own in `.experts`; stats(expert=name) is one expert's."""
+        if expert is not None:
+            return self._expert(expert)._own_stats()
+        if not self.experts:
+            return self._own_stats()
+        parts = {"transformer": self._own_stats(), **{n: h._own_stats() for n, h in self.experts.items()}}
+        return combine_stats(parts)
+
+    def _expert(self, name: str) -> "Handle":
+        if name == "transformer":
+            return self
+        if name not in self.experts:
+            raise ValueError(f"expert={name!r}: this handle caches {['transformer', *self.experts]}.")
+        return self.experts[name]
+
+    def _own_stats(self) -> Stats:
         eng = self._engine
         rec = eng.record if eng.record is not None and eng.record.calls else None
         return stats_from_record(rec, method=self.method, granularity=eng.granularity.value,
@@ -43,8 +60,17 @@ class Handle:
                                  blocks_per_call=len(eng.blocks),
                                  cache_bytes=max(eng.peak_cache_bytes, eng._cache_bytes()))
 
-    def plan(self, *, interpolate_steps: bool = False, quality: dict | None = None) -> Plan:
-        """The decisions of the last generation as a replayable static Plan."""
+    def plan(self, *, interpolate_steps: bool = False, quality: dict | None = None, expert: str | None = None) -> Plan:
+        """The decisions of the last generation as a replayable static Plan (one expert's, for a pipeline with
+        several: replay with dcache.apply(pipe, plan, experts={"transformer_2": plan_2}))."""
+        if expert is not None:
+            return self._expert(expert)._own_plan(interpolate_steps, quality, expert_steps=True)
+        if self.experts:
+            raise ValueError(f"this pipeline has several denoising transformers ({['transformer', *self.experts]}), "
+                             f"each with its own decisions: ask for one, handle.plan(expert='transformer').")
+        return self._own_plan(interpolate_steps, quality, expert_steps=False)
+
+    def _own_plan(self, interpolate_steps: bool, quality: dict | None, expert_steps: bool) -> Plan:
         rec = self._record()
         eng = self._engine
         steps = max(c.step for c in rec.calls) + 1
@@ -54,6 +80,13 @@ class Handle:
             rows = actions.setdefault(c.branch, [None] * num_steps)
             if c.step < num_steps:
                 rows[c.step] = c.actions
+        active = None
+        if expert_steps:  # an expert runs a range of steps: the others are never asked, recorded as COMPUTE
+            first, last = min(c.step for c in rec.calls), max(c.step for c in rec.calls)
+            active = [first, last + 1]
+            for rows in actions.values():
+                for i in [*range(first), *range(last + 1, num_steps)]:
+                    rows[i] = rows[i] or "C" * len(eng.units)
         for branch, rows in actions.items():
             if any(r is None for r in rows):
                 missing = [i for i, r in enumerate(rows) if r is None]
@@ -62,6 +95,8 @@ class Handle:
         layout = Counter(s.list_index for s in eng.blocks)
         extras = dict(getattr(eng.schedule, "plan_extras", lambda: {})())
         extras.pop("scope", None)  # a replayed plan's: this generation ran in eng.scope
+        if active is not None:
+            extras["expert_steps"] = active
         if eng.scope != "blocks":  # replays in the scope it was recorded in (dcache.apply reads it)
             extras["scope"] = eng.scope
         return Plan(
@@ -85,6 +120,9 @@ class Handle:
         if self._removed:
             raise RuntimeError("this dcache handle was already removed; call dcache.apply(...) again to re-enable "
                                "caching.")
+        for sub in self.experts.values():  # followers first: they leave the leader's scheduler hook
+            if not sub.removed:
+                sub.remove()
         self._engine.remove()
         if getattr(self._engine.transformer, "_dcache_engine", None) is self._engine:
             del self._engine.transformer._dcache_engine

@@ -70,6 +70,9 @@ class Schedule:
     def reset(self, generation: GenerationInfo) -> None:
         """A new generation starts: forget all per-generation state."""
 
+    def end(self, complete: bool) -> None:
+        """The generation ended: complete when every step ran, else it was interrupted (or abandoned)."""
+
     def decide(self, ctx: CallContext) -> str | Action | Sequence[Action]:
         """Actions for the units of this call: a string of action characters, one Action for all, or a sequence."""
         raise NotImplementedError

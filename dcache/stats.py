@@ -31,18 +31,50 @@ class Stats:
     ideal_speedup: float  # 1 / compute_ratio
     cache_bytes: int  # peak bytes held by cached tensors
     per_step: list[dict[str, str]] = field(default_factory=list)  # per step: {branch: action row}
+    experts: dict[str, "Stats"] = field(default_factory=dict)  # several denoising transformers: each one's own
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self)  # experts become nested dicts
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
 
     def __str__(self) -> str:
-        return (f"dcache[{self.method}] {self.calls_fully_computed}/{self.calls} calls fully computed, units "
+        text = (f"dcache[{self.method}] {self.calls_fully_computed}/{self.calls} calls fully computed, units "
                 f"{self.units_computed} computed / {self.units_reused} reused / {self.units_forecast} forecast; "
                 f"compute ratio {self.compute_ratio:.3f} -> ideal speed-up {self.ideal_speedup:.2f}x; "
                 f"cache {self.cache_bytes / 2**20:.2f} MiB")
+        for name, part in self.experts.items():
+            text += f"\n  {name}: " + str(part).split("] ", 1)[1]
+        return text
+
+
+def combine_stats(parts: dict[str, Stats]) -> Stats:
+    """One generation's stats over several denoising transformers (experts): counts and FLOPs add up, the compute
+    ratio is computed FLOPs / total FLOPs of all of them; per_step rows of later experts are keyed "<expert>/<branch>"."""
+    first = next(iter(parts.values()))
+    total = sum(p.block_flops_total for p in parts.values())
+    computed = sum(p.block_flops_computed for p in parts.values())
+    ratio = computed / total if total > 0 else 1.0
+    per_step: list[dict[str, str]] = []
+    for name, part in parts.items():
+        for i, row in enumerate(part.per_step):
+            while len(per_step) <= i:
+                per_step.append({})
+            per_step[i].update(row if part is first else {f"{name}/{b}": a for b, a in row.items()})
+    methods = sorted({p.method for p in parts.values()})
+    return Stats(
+        method=first.method if len(methods) == 1 else "+".join(methods), granularity=first.granularity,
+        generations=max(p.generations for p in parts.values()), num_steps=first.num_steps,
+        branches=sorted({b for p in parts.values() for b in p.branches}),
+        calls=sum(p.calls for p in parts.values()), units_per_call=first.units_per_call,
+        units_computed=sum(p.units_computed for p in parts.values()),
+        units_reused=sum(p.units_reused for p in parts.values()),
+        units_forecast=sum(p.units_forecast for p in parts.values()),
+        calls_fully_computed=sum(p.calls_fully_computed for p in parts.values()),
+        blocks_per_call=first.blocks_per_call, block_flops_total=total, block_flops_computed=computed,
+        compute_ratio=ratio, ideal_speedup=1.0 / ratio if ratio > 0 else float("inf"),
+        cache_bytes=sum(p.cache_bytes for p in parts.values()), per_step=per_step, experts=dict(parts))
 
 
 def stats_from_record(rec: GenerationRecord | None, *, method: str, granularity: str, generations: int,

@@ -105,6 +105,7 @@ class MagCacheSchedule(Schedule):
         self.ratios, self.ratios_uncond = ratios, ratios_uncond
         self.measured: dict[str, tuple[float, ...]] = {}  # branch -> gamma per step, once self-calibrated
         self._measuring: dict[str, dict[int, float]] = {}  # branch -> {step: gamma} of the running generation
+        self._ran: dict[str, list[int]] = {}
         self.calibrating = ratios is None  # this generation measures (computes every step)
         self.signals = frozenset({Signal.RESIDUAL_NORM_RATIO}) if self.calibrating else frozenset()
         self._by_steps = by_steps or {}  # calibrated step count -> (ratios, ratios_uncond), from a calibration file
@@ -117,32 +118,38 @@ class MagCacheSchedule(Schedule):
         self._num_steps: int | None = None
 
     def reset(self, generation: GenerationInfo) -> None:
-        if self.calibrating:
-            self._finish_measurement()
         self.calibrating = self._default[0] is None
         self.signals = frozenset({Signal.RESIDUAL_NORM_RATIO}) if self.calibrating else frozenset()
         self._state = {}
         self._curves = {}
         self._measuring = {}
+        self._ran: dict[str, list[int]] = {}  # branch -> [first, last] step it ran this generation
         self._num_steps = generation.num_steps
         # a table calibrated for exactly this step count, else the default (interpolated to the step count)
         self.ratios, self.ratios_uncond = self._by_steps.get(generation.num_steps, self._default)
 
+    def end(self, complete: bool) -> None:
+        if self.calibrating and complete:
+            self._finish_measurement()
+
     def _finish_measurement(self) -> None:
-        """Keep the last generation's curves if every branch saw every step but the last (whose gamma would only
-        arrive with a next call; it repeats the one before, as the curve is flat at the end of sampling)."""
+        """Keep the generation's curves: gamma of every step a branch ran (an expert of a two-transformer pipeline
+        runs a range of steps; the others are never read, 1.0). Its first step has no ratio (1.0) and the ratio of
+        its last would only arrive with a next call, so that step repeats the one before (the curve is flat there)."""
         curves = {}
         for branch, seen in self._measuring.items():
-            n = max(seen, default=0) + 2  # gamma of step i arrives at step i + 1
-            if n < 3 or (self._num_steps is not None and n != self._num_steps) \
-                    or any(i not in seen for i in range(1, n - 1)):
-                return  # interrupted or too short: measure again on the next generation
-            curve = [1.0] + [seen[i] for i in range(1, n - 1)]
-            curves[branch] = tuple(curve + [curve[-1]])
+            first, last = self._ran[branch]
+            if last - first < 2 or any(i not in seen for i in range(first + 1, last)):
+                return  # too short, or a gap: measure again on the next generation
+            curve = [1.0] * max(self._num_steps or 0, last + 1)
+            for i in range(first + 1, last):
+                curve[i] = seen[i]
+            curve[last] = curve[last - 1]
+            curves[branch] = tuple(curve)
         if curves:
             self.measured = curves
-            first = next(iter(curves.values()))
-            self._default = (curves.get("cond", first), curves.get("uncond"))
+            first_curve = next(iter(curves.values()))
+            self._default = (curves.get("cond", first_curve), curves.get("uncond"))
 
     def _curve(self, branch: str, num_steps: int) -> list[float]:
         curve = self._curves.get(branch)
@@ -155,12 +162,12 @@ class MagCacheSchedule(Schedule):
 
     def decide(self, ctx: CallContext) -> Action:
         if self.calibrating:
-            gamma = ctx.signals.get(Signal.RESIDUAL_NORM_RATIO)
+            gamma = ctx.signals.get(Signal.RESIDUAL_NORM_RATIO)  # ||R|| ratio of this branch's previous step
+            seen = self._measuring.setdefault(ctx.branch, {})
             if gamma is not None and ctx.step >= 1:
-                self._measuring.setdefault(ctx.branch, {})[ctx.step - 1] = float(gamma)
-            self._measuring.setdefault(ctx.branch, {})
-            if ctx.num_steps is not None and ctx.step == ctx.num_steps - 1:
-                self._finish_measurement()  # readable right after the generation (the last call of each branch)
+                seen[ctx.step - 1] = float(gamma)
+            ran = self._ran.setdefault(ctx.branch, [ctx.step, ctx.step])
+            ran[1] = ctx.step
             return Action.COMPUTE
         n = ctx.num_steps or len(self.ratios)
         retain = int(self.config.retention_ratio * n + 0.5)

@@ -1,0 +1,62 @@
+"""Pipelines with more than one denoising transformer ("experts"): every one is cached, each with its own state.
+
+Wan 2.2 A14B pipelines hold `transformer` (high noise) and `transformer_2` (low noise) and switch at
+`boundary_ratio`; only one of them runs at each step. diffusers names such extra denoisers `transformer_<k>` (0.42:
+WanPipeline, WanImageToVideoPipeline, WanVACEPipeline, LucyEditPipeline); ControlNets and UNets are not experts.
+
+Each expert gets its own Engine and Schedule (so its own generation record, cached tensors, MagCache calibration and
+decisions): no cache crosses the switch, and the second expert's first call computes (an engine forces COMPUTE where
+a branch has nothing cached). The first expert's engine hooks the scheduler and hands every generation and step on
+to the others (`Engine(leader=...)`), so all experts count steps on the same scheduler.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from torch import nn
+
+_EXPERT_NAME = re.compile(r"^transformer_\d+$")
+
+
+def extra_experts(pipeline: Any) -> list[tuple[str, nn.Module]]:
+    """(component name, module) of the pipeline's denoising transformers other than `pipeline.transformer`."""
+    if pipeline is None:
+        return []
+    components = getattr(pipeline, "components", None) or {}
+    found = []
+    for name in sorted(components):
+        module = components[name]
+        if _EXPERT_NAME.match(name) and isinstance(module, nn.Module) and module is not pipeline.transformer:
+            found.append((name, module))
+    return found
+
+
+def expert_method(base_method: Any, base_overrides: dict, setting: Any) -> tuple[Any, dict] | None:
+    """What one extra expert runs, from `dcache.apply(..., experts={name: setting})`:
+    missing -> the same method and overrides as `transformer`; a dict -> the same method with these overrides on top
+    (e.g. {"warmup_steps": 2}); a method name / config / Plan / plan path -> that method; None -> left uncached."""
+    if setting is _SAME:
+        return base_method, dict(base_overrides)
+    if setting is None:
+        return None
+    if isinstance(setting, dict):
+        return base_method, {**base_overrides, **setting}
+    return setting, {}
+
+
+_SAME = object()
+
+
+def check_expert_names(pipeline: Any, experts: dict | None) -> dict:
+    """Validate `experts=` against the pipeline's experts; returns {name: setting or _SAME}."""
+    names = [name for name, _ in extra_experts(pipeline)]
+    experts = dict(experts or {})
+    unknown = sorted(set(experts) - set(names))
+    if unknown:
+        have = names or "none besides `transformer`"
+        raise ValueError(f"experts={experts!r}: {unknown} is not a denoising transformer of this "
+                         f"{type(pipeline).__name__} (its extra experts: {have}); `transformer` itself takes the "
+                         f"method and overrides given to dcache.apply.")
+    return {name: experts.get(name, _SAME) for name in names}
