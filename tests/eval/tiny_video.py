@@ -22,7 +22,11 @@ CALL = {"num_frames": 5, "max_sequence_length": 8}
 PROMPTS = ["a red fox runs in the snow", "a blue cat jumps at night"]
 
 
-def tiny_tokenizer():
+def tiny_tokenizer(model_max_length: int | None = None, chat_template: str | None = None):
+    """Word-level tokenizer over WORDS (ids: <pad> 0, </s> 1, <unk> 2, words from 3; len(WORDS) + 3 in all).
+
+    model_max_length: what pipelines that pad to `tokenizer.model_max_length` (CLIP's 77 in Flux / SD3) pad to.
+    chat_template: a Jinja template for pipelines that call `apply_chat_template` (Z-Image, Flux2)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -30,10 +34,18 @@ def tiny_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])  # as T5
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    extra = {} if model_max_length is None else {"model_max_length": model_max_length}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                        **extra)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
 
 
-def tiny_wan_pipeline(seed: int = 0):
+def tiny_wan_pipeline(seed: int = 0, boundary_ratio: float | None = None):
+    """Wan 2.1 (one transformer); with boundary_ratio, Wan 2.2 A14B style: `transformer` denoises the steps with
+    t >= boundary_ratio * 1000 (high noise) and `transformer_2`, a second expert of the same shape with its own
+    weights, the rest."""
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -49,8 +61,12 @@ def tiny_wan_pipeline(seed: int = 0):
                                         num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
                                         rope_max_seq_len=32)
     scheduler = FlowMatchEulerDiscreteScheduler(shift=7.0)
+    if boundary_ratio is None:
+        return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
+                           scheduler=scheduler)
+    transformer_2 = WanTransformer3DModel.from_config(transformer.config)
     return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
-                       scheduler=scheduler)
+                       transformer_2=transformer_2, scheduler=scheduler, boundary_ratio=boundary_ratio)
 
 
 def save_tiny_wan(path: str | Path, seed: int = 0) -> Path:
