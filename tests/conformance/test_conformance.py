@@ -1,4 +1,4 @@
-"""Conformance matrix: every zoo family x the engine's guarantees (one line per family at the bottom).
+"""Conformance matrix: every zoo family (tests/zoo.py) x the engine's guarantees, one test case per family.
 
 Per family, on a tiny random-weight model over ZOO_STEPS step-to-step-similar inputs:
   * all-COMPUTE is bit-identical to the unwrapped model, and so is the model after `remove()`;
@@ -73,83 +73,23 @@ def rel_error(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
+FAMILIES = sorted(zoo.ZOO)  # one case per zoo family in every test below
 _MODELS: dict = {}
 _REFERENCES: dict = {}
 
 
-class ConformanceMixin:
-    family: str
+def model_of(family):
+    """The family's tiny model, built once per session (its weights are seeded, so every test sees the same)."""
+    if family not in _MODELS:
+        _MODELS[family] = zoo.ZOO[family].make_model()
+    return _MODELS[family]
 
-    @pytest.fixture
-    def entry(self):
-        return zoo.ZOO[self.family]
 
-    @pytest.fixture
-    def model(self, entry):
-        if self.family not in _MODELS:
-            _MODELS[self.family] = entry.make_model()
-        return _MODELS[self.family]
-
-    @pytest.fixture
-    def reference(self, model, entry):
-        if self.family not in _REFERENCES:
-            _REFERENCES[self.family] = run_steps(model, entry)
-        return _REFERENCES[self.family]
-
-    def test_all_compute_and_remove_are_bit_identical(self, model, entry, reference):
-        with dcache.apply(model, AllCompute(), num_steps=STEPS):
-            cached = run_steps(model, entry)
-        assert all(torch.equal(a, b) for a, b in zip(cached, reference))
-        assert all(torch.equal(a, b) for a, b in zip(run_steps(model, entry), reference))
-
-    @pytest.mark.parametrize("granularity", ["stack", "block", "module"])
-    def test_reuse_skips_blocks_and_stays_close(self, model, entry, reference, granularity):
-        adapter = dcache.adapter_for(model)
-        n_blocks = len(adapter.blocks(model))
-        if granularity == "module":
-            units = [f"b{i}.{m}" for i, (_li, b) in enumerate(adapter.blocks(model)) for m in adapter.module_names(b)]
-            if not units:
-                pytest.skip(f"{self.family} declares no inner modules")
-            reuse_row = "R" * len(units)
-        elif granularity == "stack":
-            units, reuse_row = ["stack"], "R"
-        else:
-            units = [f"b{i}" for i in range(n_blocks)]
-            reuse_row = "".join("R" if i % 2 else "C" for i in range(n_blocks))
-        layout = [len(list(m)) for m in (getattr_path(model, spec.path)
-                                          for spec in dcache.adapter_for(model).block_lists)]
-        rows = ["C" * len(units) if s % 2 == 0 else reuse_row for s in range(STEPS)]
-        plan = Plan(model_class=type(model).__name__, block_layout=layout, granularity=granularity, units=units,
-                    num_steps=STEPS, actions={"call0": rows})
-        counts, remove_counters = count_block_computes(model)
-        try:
-            with dcache.apply(model, plan, num_steps=STEPS) as handle:
-                cached = run_steps(model, entry)
-        finally:
-            remove_counters()
-        computed_steps = STEPS // 2 + STEPS % 2
-        if granularity == "module":
-            assert set(counts.values()) == {STEPS}  # blocks run; their attention / MLP modules are reused
-        elif granularity == "stack":
-            assert set(counts.values()) == {computed_steps}, counts
-        else:
-            expected = {i: STEPS if i % 2 == 0 else computed_steps for i in range(n_blocks)}
-            assert counts == expected
-        assert handle.stats().compute_ratio < 1.0
-        for s, (a, b) in enumerate(zip(cached, reference)):
-            assert torch.isfinite(a).all()
-            assert rel_error(a, b) < REL_ERROR_BOUND, f"step {s}: relative error {rel_error(a, b):.3f}"
-
-    def test_dynamic_plan_replays_bit_exactly(self, model, entry):
-        handle = dcache.apply(model, "fbcache", num_steps=STEPS, threshold=5.0, warmup_steps=1)
-        first = run_steps(model, entry)
-        plan = handle.plan()
-        handle.remove()
-        assert plan.compute_ratio() < 1.0, "fbcache at threshold 5 should reuse some steps"
-        with dcache.apply(model, plan, num_steps=STEPS):
-            replay = run_steps(model, entry)
-        assert all(torch.equal(a, b) for a, b in zip(first, replay))
-        assert all(math.isfinite(float(t.abs().max())) for t in first)
+def reference_of(family):
+    """The unwrapped model's outputs over STEPS steps, computed once per family."""
+    if family not in _REFERENCES:
+        _REFERENCES[family] = run_steps(model_of(family), zoo.ZOO[family])
+    return _REFERENCES[family]
 
 
 def getattr_path(obj, path):
@@ -158,8 +98,64 @@ def getattr_path(obj, path):
     return obj
 
 
-# One line per family ---------------------------------------------------------------------------------------------
-_FAMILIES = sorted(zoo.ZOO)
-for _name in _FAMILIES:
-    _cls_name = "Test_" + "".join(p.capitalize() for p in _name.replace("-", "_").split("_"))
-    globals()[_cls_name] = type(_cls_name, (ConformanceMixin,), {"family": _name})
+@pytest.mark.parametrize("family", FAMILIES)
+def test_all_compute_and_remove_are_bit_identical(family):
+    model, entry, reference = model_of(family), zoo.ZOO[family], reference_of(family)
+    with dcache.apply(model, AllCompute(), num_steps=STEPS):
+        cached = run_steps(model, entry)
+    assert all(torch.equal(a, b) for a, b in zip(cached, reference))
+    assert all(torch.equal(a, b) for a, b in zip(run_steps(model, entry), reference))
+
+
+@pytest.mark.parametrize("granularity", ["stack", "block", "module"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reuse_skips_blocks_and_stays_close(family, granularity):
+    model, entry, reference = model_of(family), zoo.ZOO[family], reference_of(family)
+    adapter = dcache.adapter_for(model)
+    n_blocks = len(adapter.blocks(model))
+    if granularity == "module":
+        units = [f"b{i}.{m}" for i, (_li, b) in enumerate(adapter.blocks(model)) for m in adapter.module_names(b)]
+        if not units:
+            pytest.skip(f"{family} declares no inner modules")
+        reuse_row = "R" * len(units)
+    elif granularity == "stack":
+        units, reuse_row = ["stack"], "R"
+    else:
+        units = [f"b{i}" for i in range(n_blocks)]
+        reuse_row = "".join("R" if i % 2 else "C" for i in range(n_blocks))
+    layout = [len(list(getattr_path(model, spec.path))) for spec in adapter.block_lists]
+    rows = ["C" * len(units) if s % 2 == 0 else reuse_row for s in range(STEPS)]
+    plan = Plan(model_class=type(model).__name__, block_layout=layout, granularity=granularity, units=units,
+                num_steps=STEPS, actions={"call0": rows})
+    counts, remove_counters = count_block_computes(model)
+    try:
+        with dcache.apply(model, plan, num_steps=STEPS) as handle:
+            cached = run_steps(model, entry)
+    finally:
+        remove_counters()
+    computed_steps = STEPS // 2 + STEPS % 2
+    if granularity == "module":
+        assert set(counts.values()) == {STEPS}  # blocks run; their attention / MLP modules are reused
+    elif granularity == "stack":
+        assert set(counts.values()) == {computed_steps}, counts
+    else:
+        expected = {i: STEPS if i % 2 == 0 else computed_steps for i in range(n_blocks)}
+        assert counts == expected
+    assert handle.stats().compute_ratio < 1.0
+    for s, (a, b) in enumerate(zip(cached, reference)):
+        assert torch.isfinite(a).all()
+        assert rel_error(a, b) < REL_ERROR_BOUND, f"step {s}: relative error {rel_error(a, b):.3f}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dynamic_plan_replays_bit_exactly(family):
+    model, entry = model_of(family), zoo.ZOO[family]
+    handle = dcache.apply(model, "fbcache", num_steps=STEPS, threshold=5.0, warmup_steps=1)
+    first = run_steps(model, entry)
+    plan = handle.plan()
+    handle.remove()
+    assert plan.compute_ratio() < 1.0, "fbcache at threshold 5 should reuse some steps"
+    with dcache.apply(model, plan, num_steps=STEPS):
+        replay = run_steps(model, entry)
+    assert all(torch.equal(a, b) for a, b in zip(first, replay))
+    assert all(math.isfinite(float(t.abs().max())) for t in first)
