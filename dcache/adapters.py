@@ -183,6 +183,11 @@ def discover_adapter(transformer: nn.Module) -> Adapter:
     Works for DiTs whose blocks take `hidden_states` (and optionally `encoder_hidden_states`) and return either one
     tensor or a tuple whose order follows the argument order. Anything else needs an explicit adapter.
     """
+    from .support_matrix import discovery_refusal  # the static analysis behind SUPPORT.md (imports this module)
+
+    refusal = discovery_refusal(type(transformer))
+    if refusal is not None:
+        raise UnsupportedModelError(transformer, refusal)
     if _is_unet(transformer):
         raise UnsupportedModelError(transformer, _UNET_REASON)
     lists = []
@@ -217,8 +222,9 @@ class UnsupportedModelError(TypeError):
         name = type(transformer).__name__
         lists = [n for n, c in transformer.named_children() if isinstance(c, nn.ModuleList)]
         super().__init__(
-            f"dcache does not know where the transformer blocks of {name} are{': ' + reason if reason else ''}. "
-            f"Its ModuleLists are {lists or 'none'}. Register an adapter before calling dcache.apply:\n"
+            f"dcache cannot cache {name}: {reason or 'it does not know where its transformer blocks are'}. "
+            f"Its ModuleLists are {lists or 'none'}. If it is a diffusion transformer whose blocks dcache may cache, "
+            f"register an adapter before calling dcache.apply:\n"
             f"    from dcache.adapters import Adapter, BlockList, register_adapter\n"
             f"    register_adapter(Adapter('{name}', block_lists=(BlockList('<list attribute>', "
             f"outputs=('encoder_hidden_states', 'hidden_states')),)))\n"

@@ -792,8 +792,11 @@ class Engine:
                 out_e = out_e - add_e
             self._store(call, ("seg", start), [out_h, out_e], [seg_h, seg_e])
 
-    def abort(self, state: Any) -> None:
-        """A forward raised: close an open FLOP counter and drop the call (its record entry is never written)."""
+    def abort(self, state: Any, whole_call: bool = False) -> None:
+        """A forward raised: close an open FLOP counter and drop the call (its record entry is never written).
+        whole_call: the transformer call itself raised, so its generation is over (StepTracker.abort)."""
+        if whole_call:
+            self.tracker.abort()
         if isinstance(state, tuple) and state and isinstance(state[-1], FlopCounterMode):
             self.flops.stop(state[-1], None, None)
         if self.call is not None and self.call.counter is not None:  # call scope: counting the whole call
@@ -952,7 +955,7 @@ class _TransformerHook(ModelHook):
             if engine.call_scope:
                 out = exit_(out)
         except BaseException:
-            abort(None)
+            abort(None, True)
             raise
         end()
         return out

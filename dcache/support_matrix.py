@@ -133,6 +133,20 @@ class _StaticList:
     blocks: tuple[type, ...]  # block classes the list is built from (several if chosen by config)
 
 
+def discovery_refusal(cls: type) -> str | None:
+    """Why generic discovery must not run on this class (its "not yet" reason), or None. Read by
+    `adapters.discover_adapter`, so that `dcache.apply` refuses such a model instead of crashing in its first call."""
+    if cls.__name__ in _KNOWN_NOT_YET:
+        return _KNOWN_NOT_YET[cls.__name__]
+    try:
+        lists = _static_lists(cls)
+        row = _static_row(cls.__name__, cls) if lists else None
+    except (OSError, TypeError, SyntaxError):  # no source to read (built at run time): the engine checks at run time
+        return None
+    # no list found in the source is inconclusive (blocks built elsewhere): the engine checks the first call
+    return row.detail if row is not None and row.status == NOT_YET else None
+
+
 def _static_row(name: str, cls: type) -> Row:
     lists = _static_lists(cls)
     described = _describe_lists(lists)
