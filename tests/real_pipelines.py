@@ -416,7 +416,7 @@ def _pixart_sigma():
 WAN_CALL = {"prompt": PROMPT, "height": 16, "width": 16, "num_frames": 5, "max_sequence_length": 8,
             "guidance_scale": 1.0, "output_type": "latent"}
 WAN_NOTE = "WanPipeline calls scheduler.set_timesteps itself: no custom sigmas / timesteps"
-WAN22_BOUNDARY = 0.9  # with shift 7 and 4 steps the timesteps are ~1000, 977, 933, 840: 3 high-noise, 1 low-noise
+WAN22_BOUNDARY = 0.9  # shift 7, 4 steps: timesteps ~1000, 934, 781, 47: 2 high-noise steps, 2 low-noise
 
 
 @_register("wan21", WAN_CALL, folder_call={"num_frames": 5, "max_sequence_length": 8}, video=True, notes=WAN_NOTE)
