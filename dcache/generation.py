@@ -4,7 +4,8 @@ Step tracking, in order of preference:
   1. pipeline use: the engine wraps the scheduler *instance*'s `set_timesteps` (a new record starts, the number of
      steps and the timesteps are known) and `step` (the step index advances);
   2. transformer-only use: a call whose timestep differs from the previous call's starts a new step; a timestep
-     that goes back up (noisier), or a step count that reaches `num_steps`, starts a new record.
+     that goes back up (noisier), a step count that reaches `num_steps`, or a call after one that raised (an
+     interrupted generation), starts a new record.
 Branch: the diffusers `cache_context` name when the pipeline sets one, else the call's order within its step.
 """
 
@@ -117,6 +118,14 @@ class StepTracker:
             self.scheduler_driven = False
             rec.last_timestep = timestep_value(timestep)
         return rec, new
+
+    def abort(self) -> None:
+        """A transformer call raised (Ctrl-C, an error): its generation is over. In transformer-only use the next
+        call then starts a new record: its timestep may equal the interrupted call's (an interrupt during step 0),
+        which would otherwise continue the interrupted step as a third branch. A pipeline starts its next
+        generation with set_timesteps anyway (and a call that raised may be retried by its caller)."""
+        if self.record is not None and not self.scheduler_driven:
+            self.record.finished = True
 
     def branch_name(self, rec: GenerationRecord) -> str:
         name = self.context_name if self.context_name is not None else f"call{rec.calls_in_step}"
