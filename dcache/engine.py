@@ -29,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from dcache.kernels import residual_capture
 
 from .actions import POST_SIGNALS, PRE_SIGNALS, Action, Granularity, Signal
-from .adapters import Adapter, BlockList, composed_indices, submodule
+from .adapters import HIDDEN, Adapter, BlockList, UnsupportedModelError, composed_indices, submodule
 from .call_scope import CALL_UNIT, check_scope, latent_input, output_layout
 from .cache_ops import VALIDATED, ops_for
 from .flops import FlopBook
@@ -145,6 +145,7 @@ class Engine:
         self._bytes_seen: tuple[int, int] = (0, 0)  # (branches, units) when the cache bytes were last summed
         self.record: GenerationRecord | None = None
         self._ended: GenerationRecord | None = None  # the last record whose end the schedule was told
+        self._verified_lists: set[int] = set()  # block lists whose output format was checked (first computed call)
         self.generations = 0
         self.branches: dict[str, BranchState] = {}
         self.call: CallState | None = None
@@ -178,8 +179,12 @@ class Engine:
         fn, bn = int(self.schedule.probe_blocks), int(self.schedule.tail_blocks)
         if self.granularity is Granularity.STACK:
             if fn < 0 or bn < 0 or fn + bn >= n:
+                fix = (f"use probe_blocks + tail_blocks <= {n - 1} (e.g. probe_blocks=1, tail_blocks=0)" if n > 1 else
+                       "a model with one block has no room for a probe block and a cached middle: use a method that "
+                       "needs no probe block (e.g. 'fixed_interval', 'magcache', or taylorseer with "
+                       "granularity='block')")
                 raise ValueError(f"probe_blocks={fn} and tail_blocks={bn} leave no block to cache in a model with "
-                                 f"{n} blocks; use probe_blocks + tail_blocks <= {n - 1}.")
+                                 f"{n} block{'s' if n != 1 else ''}; {fix}.")
             for s in slots:
                 s.role = "probe" if s.index < fn else "tail" if s.index >= n - bn else "middle"
             middle = [s for s in slots if s.role == "middle"]
@@ -714,6 +719,8 @@ class Engine:
             cost = self.flops.cost(slot.index, shape) or 0.0
         call.flops_total += cost
         call.flops_computed += cost  # MODULE granularity: skipped modules subtract their share
+        if slot.list_index not in self._verified_lists:
+            self._verify_block_output(slot, hidden, out)
         if not slot.exit_work:
             return out
         if self.granularity is Granularity.STACK:
@@ -738,6 +745,29 @@ class Engine:
         if slot.index == self.last_block:
             call.stack_output = slot.slots.split_output(out)[0]
         return out
+
+    def _verify_block_output(self, slot: BlockSlot, hidden: Any, out: Any) -> None:
+        """First computed call of each block list: the block returned what its adapter says (a hidden-states tensor,
+        or a tuple in the adapter's order). Checked before anything is cached, so a wrong adapter (generic discovery
+        guesses the order) is refused with what the block returned instead of corrupting a reused call."""
+        outputs = slot.slots.outputs
+        if outputs == (HIDDEN,):
+            ok = isinstance(out, torch.Tensor)
+        else:
+            ok = isinstance(out, (tuple, list)) and len(out) == len(outputs)
+            if ok:
+                got = out[outputs.index(HIDDEN)]
+                ok = isinstance(got, torch.Tensor) and (not isinstance(hidden, torch.Tensor) or got.ndim == hidden.ndim)
+        if ok:
+            self._verified_lists.add(slot.list_index)
+            return
+        returned = (f"a tuple of {len(out)} ({', '.join(type(o).__name__ for o in out)})"
+                    if isinstance(out, (tuple, list)) else type(out).__name__)
+        raise UnsupportedModelError(
+            self.transformer,
+            f"block list `{slot.spec.path}`: {type(slot.block).__name__} returned {returned}, but the adapter "
+            f"({self.adapter.notes or 'registered'}) expects {outputs}; call handle.remove() and register an "
+            f"adapter whose BlockList outputs match what the block returns")
 
     def _segment_start(self, call: CallState, slot: BlockSlot, hidden, encoder) -> None:
         """A computed call enters a list's middle segment. When the previous list's segment output flows into this
