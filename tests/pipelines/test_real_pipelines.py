@@ -86,3 +86,69 @@ def test_wan22_second_expert_is_cached_with_its_own_state():
     assert [set(row.values()) for row in stats.per_step] == [{"C"}, {"R"}, {"C"}, {"C"}]
     assert torch.equal(_run(pipe, spec), reference)
     assert torch.isfinite(cached).all() and 0.0 < _rel(cached, reference) < REL_BOUND
+
+
+# ---- every method and preset on the real FluxPipeline --------------------------------------------------------------
+
+# method -> overrides under which it computes every unit of every call (its all-compute setting). The profiled
+# methods (ertacache, invardiff, profilingdit, bac) replay calibrated plans and have none.
+ALL_COMPUTE = {
+    "fbcache": {"threshold": 0.0}, "magcache": {"max_skip_steps": 0}, "teacache": {"threshold": 0.0},
+    "easycache": {"threshold": 0.0}, "seacache": {"threshold": 0.0, "gate": True}, "cg_taylor": {"threshold": 0.0},
+    "taylorseer": {"interval": 1}, "fora": {"interval": 1}, "fixed_interval": {"interval": 1},
+    "delta_dit": {"interval": 1}, "flowcache": {"threshold": 0.0},
+    "pab": {"spatial_range": 1, "temporal_range": 1, "cross_range": 1, "mlp_range": 1},
+}
+
+
+def _calibrate(pipe, spec, tmp_path) -> dict[str, dict]:
+    """Calibrate through the public API on seeds 1 and 2 (the checked generation uses seed 0): MagCache ratios and
+    TeaCache coefficients are registered for the model (the coefficients also under the variants presets name);
+    the profiled methods' plans are saved and passed by path. Returns per method the overrides its name needs."""
+    from dcache.schedules.bac import calibrate_bac
+    from dcache.schedules.calibrate import calibrate_magcache, calibrate_teacache
+    from dcache.schedules.ertacache import calibrate_ertacache
+    from dcache.schedules.invardiff import calibrate_invardiff
+    from dcache.schedules.profilingdit import calibrate_profilingdit
+
+    from dcache.methods import presets
+    from dcache.schedules.tables import model_identity, register_table
+
+    runs = [lambda seed=seed: pipe(**spec.call(seed=seed)) for seed in (1, 2)]
+    calibrate_magcache(pipe, runs[0])
+    table = calibrate_teacache(pipe, runs)  # 3 (x, y) points per run of 4 steps: 6
+    # presets that pick a published coefficient set of another checkpoint (variant="kontext", "480p", ...): the
+    # fitted set registered under that variant too, as a user of such a checkpoint would have it
+    for variant in {p.overrides["variant"] for p in presets().values() if "variant" in p.overrides}:
+        register_table("teacache", model_identity(pipe.transformer), table, variant=variant)
+    extra = {}
+    for name, calibrate in (("ertacache", calibrate_ertacache), ("invardiff", calibrate_invardiff),
+                            ("profilingdit", calibrate_profilingdit), ("bac", calibrate_bac)):
+        path = tmp_path / f"{name}.plan.json"
+        calibrate(pipe, runs).save(path)
+        extra[name] = {"plan": str(path)}
+    return extra
+
+
+def test_every_method_and_preset_runs_on_the_real_flux_pipeline(tmp_path):
+    from dcache.methods import methods, presets
+
+    spec = REAL_PIPELINES["flux"]
+    pipe = spec.build()
+    reference = _run(pipe, spec)
+    extra = _calibrate(pipe, spec, tmp_path)
+    names = {**{m: m for m in methods()}, **{p.name: p.method for p in presets().values()}}
+    assert set(ALL_COMPUTE) | set(extra) == set(methods())  # a new method must be added to one of them
+    for name, method in sorted(names.items()):
+        overrides = extra.get(method, {})
+        with dcache.apply(pipe, name, **overrides) as handle:
+            out = _run(pipe, spec)
+            stats = handle.stats()
+        assert stats.calls == STEPS and torch.isfinite(out).all(), name
+        assert _rel(out, reference) < REL_BOUND, (name, str(stats))
+        if method in ALL_COMPUTE:
+            with dcache.apply(pipe, name, **{**overrides, **ALL_COMPUTE[method]}) as handle:
+                out = _run(pipe, spec)
+                stats = handle.stats()
+            assert stats.calls_fully_computed == stats.calls and torch.equal(out, reference), (name, str(stats))
+    assert torch.equal(_run(pipe, spec), reference)
