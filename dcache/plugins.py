@@ -28,7 +28,7 @@ def load_method_packages() -> None:
         return
     _loaded = True  # set first: a package that looks up the registry while it is imported must not recurse
     try:
-        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        for entry in _declared():
             try:
                 entry.load()
             except Exception as error:
@@ -38,6 +38,18 @@ def load_method_packages() -> None:
     except BaseException:
         _loaded = False  # the next lookup retries and reports the same error
         raise
+
+
+def _declared() -> list[importlib.metadata.EntryPoint]:
+    """Every entry point of the group, from every distribution's metadata on sys.path. Not deduplicated by
+    distribution name as importlib.metadata.entry_points() is: that keeps the first metadata found, which can be a
+    stale `dcache.egg-info` left in a checkout's root (first on sys.path when Python runs from there)."""
+    found: dict[str, importlib.metadata.EntryPoint] = {}
+    for dist in importlib.metadata.distributions():
+        for entry in dist.entry_points:
+            if entry.group == ENTRY_POINT_GROUP:
+                found.setdefault(entry.value, entry)
+    return list(found.values())
 
 
 def no_methods_hint() -> str:

@@ -159,3 +159,17 @@ def test_the_package_ships_its_type_marker_and_requires_no_extra():
     required = " ".join(project["project"]["dependencies"])
     for module in ["matplotlib", "torchmetrics", "accelerate", "pymoo", "triton"]:
         assert module not in required, f"{module} is required; it belongs in an extra (dcache/extras.py)"
+
+
+def test_methods_load_even_when_stale_metadata_comes_first_on_sys_path(tmp_path):
+    # A `dcache.egg-info` from an older build left in a checkout's root is the first dcache metadata Python finds
+    # when it runs from there; the method packages must still be found through the installed metadata.
+    stale = tmp_path / "dcache.egg-info"
+    stale.mkdir()
+    (stale / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: dcache\nVersion: 0.0.1\n")
+    (stale / "entry_points.txt").write_text("[console_scripts]\ndcache = dcache.pipelines.cli:main\n")
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+            "import dcache\nprint(len(dcache.methods()))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.strip().splitlines()[-1]) >= 10
