@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 from .engine import Engine
+from .memory import MemoryReport, combine_reports, engine_report
 from .plan import Plan
 from .stats import Stats, combine_stats, stats_from_record
 
@@ -59,6 +60,17 @@ class Handle:
                                  generations=eng.generations, units_per_call=len(eng.units),
                                  blocks_per_call=len(eng.blocks),
                                  cache_bytes=max(eng.peak_cache_bytes, eng._cache_bytes()))
+
+    def memory(self, expert: str | None = None) -> MemoryReport:
+        """Cache memory: peak and live bytes, and where they were (by unit kind and branch) in the last generation
+        (dcache.memory.MemoryReport; `dcache estimate` predicts the same figures before a run). With several experts:
+        their sum (each keeps its cache for the whole generation), each expert's report in `.experts`."""
+        if expert is not None:
+            return engine_report(self._expert(expert)._engine)
+        if not self.experts:
+            return engine_report(self._engine)
+        return combine_reports({"transformer": engine_report(self._engine),
+                                **{n: engine_report(h._engine) for n, h in self.experts.items()}})
 
     def plan(self, *, interpolate_steps: bool = False, quality: dict | None = None, expert: str | None = None) -> Plan:
         """The decisions of the last generation as a replayable static Plan (one expert's, for a pipeline with

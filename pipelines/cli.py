@@ -178,6 +178,61 @@ def calibrate(
 
 
 @app.command()
+def estimate(
+    model: Optional[str] = typer.Option(None, help="shipped config name (--list), folder with transformer/config.json "
+                                                  "or config.json, a config.json, or a hub id (config only); default: "
+                                                  "the bundled tiny model"),
+    cache: str = typer.Option("magcache", help="method name, preset, or 'all'"),
+    set_: list[str] = typer.Option([], "--set", help="method config override key=value (repeatable)"),
+    height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
+    frames: Optional[int] = typer.Option(None, help="video frames (pixel space)"),
+    steps: Optional[int] = typer.Option(None), batch: int = typer.Option(1, help="prompts per call"),
+    guidance: Optional[float] = typer.Option(None, help="CFG scale (<= 1: one branch)"),
+    text_tokens: Optional[int] = typer.Option(None, help="prompt tokens the pipeline passes"),
+    dtype: str = typer.Option("bfloat16", help="float32, bfloat16 or float16"),
+    scope: Optional[str] = typer.Option(None, help="'blocks' (default) or 'call'"),
+    as_json: bool = typer.Option(False, "--json", help="print the estimates as JSON"),
+    list_: bool = typer.Option(False, "--list", help="list the shipped configs and their usual settings"),
+    table: bool = typer.Option(False, "--table", help="print the README table: peak cache per method for every "
+                                                      "shipped config at its usual settings"),
+) -> None:
+    """Cache memory (peak, per unit kind, branch and expert), FLOPs per call and the compute ratio range of a method,
+    from the model's config on the meta device: no weights, no GPU, before any run."""
+    import warnings
+
+    from . import estimate as est
+
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"dcache\.")  # e.g. MagCache's self-calibration note
+    try:
+        if list_:
+            for name, info in est.shipped_models().items():
+                typer.echo(f"{name:18s} {info['hub_id']:42s} {info['width']}x{info['height']} {info['frames']}f "
+                           f"{info['steps']} steps, guidance {info['guidance']} ({info['cfg']})")
+            return
+        if table:
+            typer.echo(est.markdown_table(dtype=dtype))
+            return
+        spec = est.resolve_model(model)
+        setting = est.with_overrides(spec.setting, height=height, width=width, frames=frames, steps=steps,
+                                     guidance=guidance, text_tokens=text_tokens)
+        import dcache
+
+        names = sorted(dcache.methods()) if cache == "all" else [cache]
+        rows = est.estimate_spec(spec, names, overrides=_parse_overrides(set_), batch=batch, dtype=dtype,
+                                 setting=setting, scope=scope)
+    except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
+        _fail(exc)
+        return
+    if as_json:
+        typer.echo(json.dumps([{"method": r.method, "expert": r.expert, **r.estimate.to_dict()} for r in rows],
+                              indent=1))
+        return
+    typer.echo(est.format_rows(spec, setting, rows, batch, dtype))
+    typer.echo("compute ratio: lowest = the schedule replayed with every change signal reading 'no change' over "
+               "its main knob's range (structural limits only), highest = every call computed")
+
+
+@app.command()
 def methods() -> None:
     """List the caching methods and presets."""
     import dcache

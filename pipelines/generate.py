@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 import dcache
+from dcache.memory import format_bytes
 from dcache.plan import atomic_write_text
 
 from .devices import describe, resolve_device
@@ -75,8 +76,13 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
     if hasattr(pipe, "set_progress_bar_config"):  # steps of the big models; the tiny model's calls take ~0.3 s
         pipe.set_progress_bar_config(disable=is_tiny or not progress.enabled, leave=False)
     with progress.bar(total=2 + 2 * repeats, desc="generate", unit="run") as bar:
-        timing = interleaved_runs(job, lambda: dcache.apply(pipe, method, scope=scope, **(overrides or {})), repeats,
-                                  on_run=bar.step)
+        handles: list = []  # the last cached run's handle reports its cache memory after removal
+
+        def enable():
+            handles.append(dcache.apply(pipe, method, scope=scope, **(overrides or {})))
+            return handles[-1]
+
+        timing = interleaved_runs(job, enable, repeats, on_run=bar.step)
     reference, cached, t_ref, t_cached = timing.reference, timing.cached, timing.seconds_uncached, timing.seconds_cached
     stats, plan = timing.stats, timing.plan
     batch_size = int(reference.shape[0]) // max(job.frames_per_sample, 1)  # images (videos) per pipeline call
@@ -120,6 +126,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         "max_abs_error": float((reference - cached).abs().max()),
         "repeats": repeats,
         "cache_bytes": stats.cache_bytes,
+        "memory": handles[-1].memory().to_dict(),  # dcache.memory.MemoryReport: peak, by kind and branch
         "stats": stats.to_dict(),
     }
     summary["measured_over_ideal"] = summary["measured_speedup"] / summary["ideal_speedup"]
@@ -178,6 +185,11 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{_seconds(s['uncached_seconds_spread'])}, cached {_seconds(s['cached_seconds_spread'])}",
         f"quality      PSNR cached vs uncached {s['psnr_db']:.2f} dB, max |error| {s['max_abs_error']:.4f}",
     ]
+    if s.get("memory"):
+        m = s["memory"]
+        kinds = ", ".join(f"{k} {format_bytes(v)}" for k, v in m["by_kind"].items()) or "nothing cached"
+        branches = ", ".join(f"{b} {format_bytes(sum(k.values()))}" for b, k in m["by_branch"].items())
+        lines.append(f"cache memory peak {format_bytes(m['peak_bytes'])} ({kinds}; per branch {branches})")
     lines += [f"warning      {w}" for w in s.get("timing_warnings", [])]
     t = s.get("target")
     if t:

@@ -1,0 +1,68 @@
+"""`dcache estimate`: offline on the bundled model and the shipped configs; teaching errors for bad models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dcache.estimate import meta_model
+from dcache.pipelines.cli import app
+from dcache.pipelines.estimate import resolve_model, shipped_models
+
+runner = CliRunner()
+
+
+def test_estimate_prints_memory_flops_and_ratio_range_for_the_bundled_model():
+    result = runner.invoke(app, ["estimate", "--cache", "fixed_interval", "--steps", "5", "--dtype", "float32"])
+    assert result.exit_code == 0, result.output
+    # 2 branches x (64 image + 4 label tokens) x 128 channels x 4 bytes = 68 KiB
+    assert "fixed_interval: peak cache 68.00 KiB (stack 68.00 KiB)" in result.output
+    assert "compute ratio 0.400 - 1.000" in result.output  # intervals 2..6 over 5 steps: steps 0 and 4 at best
+
+
+def test_estimate_json_sums_by_branch_to_the_peak():
+    result = runner.invoke(app, ["estimate", "--cache", "taylorseer", "--steps", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)
+    m = row["memory"]
+    assert sum(sum(k.values()) for k in m["by_branch"].values()) == m["peak_bytes"] > 0
+
+
+# Published transformer configs (diffusers config.json): the fields that set the cache shapes.
+PUBLISHED = {
+    "flux.1-dev": ("FluxTransformer2DModel", dict(num_layers=19, num_single_layers=38, num_attention_heads=24,
+                                                  attention_head_dim=128, in_channels=64)),
+    "qwen-image": ("QwenImageTransformer2DModel", dict(num_layers=60, num_attention_heads=24, attention_head_dim=128)),
+    "wan2.1-t2v-14b": ("WanTransformer3DModel", dict(num_layers=40, num_attention_heads=40, ffn_dim=13824)),
+    "wan2.2-t2v-a14b": ("WanTransformer3DModel", dict(num_layers=40, num_attention_heads=40, ffn_dim=13824)),
+    "hunyuanvideo": ("HunyuanVideoTransformer3DModel", dict(num_layers=20, num_single_layers=40,
+                                                            num_attention_heads=24, attention_head_dim=128)),
+    "sd3.5-large": ("SD3Transformer2DModel", dict(num_layers=38, num_attention_heads=38, attention_head_dim=64)),
+    "ltx-video": ("LTXVideoTransformer3DModel", dict(num_layers=28, num_attention_heads=32, attention_head_dim=64)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_shipped_configs_build_on_the_meta_device(name):
+    import diffusers
+
+    spec = resolve_model(name)
+    cls_name, fields = PUBLISHED[name]
+    assert name in shipped_models()
+    assert len(spec.experts) == (2 if name == "wan2.2-t2v-a14b" else 1)
+    for _, config in spec.experts:
+        assert config["_class_name"] == cls_name
+        model = meta_model(getattr(diffusers, cls_name), config, torch.bfloat16)
+        assert all(p.device.type == "meta" for p in model.parameters())
+        assert {k: model.config[k] for k in fields} == fields
+
+
+def test_bad_models_get_teaching_errors(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    result = runner.invoke(app, ["estimate", "--model", str(tmp_path / "config.json")])
+    assert result.exit_code == 2 and "_class_name" in result.output
+    result = runner.invoke(app, ["estimate", "--model", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2 and "shipped config" in result.output
