@@ -35,7 +35,8 @@ def _call_arguments(pairs: list[str]) -> dict:
 
 
 def _fail(exc: Exception) -> None:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    # an error that also has a command-line wording (e.g. the `dcache calibrate` command instead of Python) uses it
+    typer.secho(f"error: {getattr(exc, 'cli_message', None) or exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
 
 
@@ -142,23 +143,37 @@ def _generate_batch(prompts_file: str, prompt: Optional[str], *, seed: int, over
 @app.command()
 def calibrate(
     model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
-    method: str = typer.Option("magcache", help="magcache (magnitude ratios) or teacache (polynomial fit)"),
+    method: str = typer.Option("magcache", help="magcache (magnitude ratios), teacache (polynomial fit), or a "
+                                                "profiled method: ertacache, profilingdit, invardiff, bac (a plan)"),
     prompt: Optional[str] = typer.Option(None, help="calibration prompt(s); tiny model: labels like '0,1,2'"),
     steps: Optional[int] = typer.Option(None, help="number of inference steps to calibrate for"),
     seeds: int = typer.Option(1, help="number of calibration runs (seeds 0..N-1)"),
     guidance: Optional[float] = typer.Option(None),
-    out: str = typer.Option("dcache-calibration.json", help="calibration file (entries are merged, written atomically)"),
+    out: Optional[str] = typer.Option(None, help="magcache / teacache: calibration file, entries merged (default "
+                                                 "dcache-calibration.json); profiled methods: plan file (default "
+                                                 "dcache-METHOD.plan.json), or an existing calibration file to add "
+                                                 "the plan to. Written atomically."),
     device: str = typer.Option("cpu"), dtype: str = typer.Option("float32"),
+    set_: list[str] = typer.Option([], "--set", help="profiled methods: config field key=value used by the "
+                                                     "calibration (repeatable), e.g. --set compute_ratio=0.4"),
 ) -> None:
-    """Calibrate a method for a model; use the file with --cache magcache --set calibration=FILE."""
+    """Calibrate a method for a model and print how to generate with the file it writes."""
+    import shlex
+
     from dcache.schedules.calibrate import calibrate_magcache, calibrate_teacache
+    from dcache.schedules.calibrated_plans import PLAN_METHODS
 
     from .runner import GenerationJob, load_pipeline
 
     calibrators = {"magcache": calibrate_magcache, "teacache": calibrate_teacache}
     try:
-        if method not in calibrators:
-            raise ValueError(f"--method {method!r} has no calibration; choose one of {sorted(calibrators)}.")
+        if method not in calibrators and method not in PLAN_METHODS:
+            raise ValueError(f"--method {method!r} has no calibration; choose one of "
+                             f"{sorted(calibrators) + sorted(PLAN_METHODS)}.")
+        overrides = _parse_overrides(set_)
+        if overrides and method in calibrators:
+            raise ValueError(f"--set configures a profiled method's calibration ({', '.join(sorted(PLAN_METHODS))}); "
+                             f"{method} takes no config fields here.")
         if seeds < 1:
             raise ValueError(f"--seeds {seeds} must be >= 1.")
         pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
@@ -168,13 +183,38 @@ def calibrate(
             [str(i) for i in range(10)]
         jobs = [GenerationJob(pipe, is_tiny, prompts=prompts, steps=steps, guidance=guidance, seed=s)
                 for s in range(seeds)]
+        generate = "dcache generate" + ("" if model in (None, "", "tiny") else f" --model {shlex.quote(model)}")
+        if method in PLAN_METHODS:
+            _calibrate_plan(method, pipe, jobs, out or f"dcache-{method}.plan.json", overrides, generate)
+            return
+        out = out or "dcache-calibration.json"
         table = calibrators[method](pipe, jobs, path=out)
-    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+    except (ValueError, RuntimeError, FileNotFoundError, TypeError) as exc:
         _fail(exc)
         return
     summary = {k: (v if not isinstance(v, list) or len(v) < 8 else f"[{len(v)} values]") for k, v in table.items()}
     typer.echo(f"calibrated {method}: {summary}")
-    typer.echo(f"wrote {out}; use it with: dcache generate --cache {method} --set calibration={out}")
+    typer.echo(f"wrote {out}; use it with: {generate} --cache {method} --set calibration={shlex.quote(out)}")
+
+
+def _calibrate_plan(method: str, pipe, jobs: list, out: str, overrides: dict, generate: str) -> None:
+    """`dcache calibrate --method ertacache|profilingdit|invardiff|bac`: the plan, written to `out`."""
+    import shlex
+
+    from dcache.schedules.calibrated_plans import calibrate_plan, save_plan_calibration
+
+    plan = calibrate_plan(method, pipe, jobs, **overrides)
+    kind = save_plan_calibration(out, method, plan, pipe.transformer)
+    typer.echo(f"calibrated {method}: a {plan.granularity} plan of {plan.num_steps} steps x {len(plan.units)} units, "
+               f"branches {sorted(plan.actions)}, {plan.compute_ratio():.3f} of its cells computed; replays at any "
+               f"step count (nearest calibrated step)")
+    quoted = shlex.quote(out)
+    typer.echo(f"wrote {out} ({'a plan file' if kind == 'plan' else 'its entry in the calibration file'}); use it "
+               f"with:")
+    if kind == "plan":
+        typer.echo(f"  {generate} --cache {quoted}")
+    typer.echo(f"  {generate} --cache {method} --set calibration={quoted}")
+    typer.echo(f"  python: dcache.apply(pipe, {method!r}, calibration={out!r})")
 
 
 @app.command()

@@ -1,8 +1,10 @@
 """Calibration shipped with dcache for the models it bundles (registered when dcache.pipelines is imported).
 
-`assets/calibration.json` holds the bundled tiny model's MagCache ratios and TeaCache fit, written by
-`dcache calibrate --method magcache --out pipelines/assets/calibration.json` (and `--method teacache`), so
-`dcache.apply(load_tiny_pipeline(), "magcache")` works out of the box.
+`assets/calibration.json` holds the bundled tiny model's MagCache ratios and TeaCache fit, and the calibrated plans of
+ERTACache, ProfilingDiT, InvarDiff and BAC (28 steps; they replay at any step count), written by
+`dcache calibrate --method magcache --out pipelines/assets/calibration.json` and the same with `--method teacache`,
+`ertacache`, `profilingdit`, `invardiff`, `bac`, so `dcache.apply(load_tiny_pipeline(), NAME)` works out of the box for
+every method.
 """
 
 from __future__ import annotations

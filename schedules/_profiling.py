@@ -260,12 +260,17 @@ def make_plan(header: dict[str, Any], *, granularity: Granularity, units: list[s
               provenance: dict | None = None, adapter: Any = None) -> Plan:
     """A Plan of the profiled model. MODULE rows are written as the engine executes them: with the `adapter`'s
     composed units (e.g. Flux single blocks' proj_out), a reused composed unit's inputs are reused too, so a replay
-    records exactly the plan's rows."""
+    records exactly the plan's rows.
+
+    The plan interpolates to other step counts (interpolate_steps): a generation of M steps replays at step i the
+    planned row round(i (N - 1) / (M - 1)) of the N calibrated ones, as MagCache maps its ratio table. Calibrating at
+    the step count one generates with stays the most accurate."""
     if granularity is Granularity.MODULE and adapter is not None:
         composed = composed_indices(adapter, units)
         actions = {b: [reuse_composed_inputs(r, composed) for r in rows] for b, rows in actions.items()}
     return Plan(granularity=granularity.value, units=list(units), num_steps=num_steps, actions=actions,
-                forecast_order=forecast_order, extras=extras or {}, provenance=provenance or {}, **header)
+                forecast_order=forecast_order, interpolate_steps=True, extras=extras or {},
+                provenance=provenance or {}, **header)
 
 
 # ----------------------------------------------------------------------------------------------------------------

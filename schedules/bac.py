@@ -30,8 +30,6 @@ from torch import nn
 from dcache import Action, Granularity, MethodConfig, Plan, Schedule, knob, register_method
 from dcache.plan import PlanSchedule
 
-from .tables import known_identities, lookup_table, model_identity
-
 
 @register_method
 @dataclass(frozen=True)
@@ -47,6 +45,8 @@ class BACConfig(MethodConfig):
                                                            "union (-1 = all)")
     granularity: str = knob("block", choices=("block", "module"), doc="units: blocks, or attention / FFN modules")
     plan: str | None = knob(None, types=(str,), doc="path of a calibrated BAC plan file")
+    calibration: str | None = knob(None, types=(str,), doc="the file `dcache calibrate --method bac` wrote:"
+                                   " a plan, or a calibration file holding this method's plan for the model")
 
     def check(self) -> None:
         from ._profiling import check_finite
@@ -57,15 +57,9 @@ class BACConfig(MethodConfig):
                                "how many downstream units receive the union")
 
     def build(self, model: nn.Module) -> Schedule:
-        if self.plan is not None:
-            return BACSchedule(Plan.load(self.plan))
-        table = lookup_table("bac", model)
-        if table is None:
-            raise ValueError(
-                f"BAC replays a calibrated plan and none is registered for {model_identity(model)} (known: "
-                f"{known_identities('bac') or 'none'}). Calibrate once: plan = dcache.schedules.bac.calibrate_bac("
-                f"pipe, run_fn); then dcache.apply(pipe, plan).")
-        return BACSchedule(table if isinstance(table, Plan) else Plan.from_dict(table))
+        from .calibrated_plans import calibrated_plan
+
+        return BACSchedule(calibrated_plan("bac", model, plan=self.plan, calibration=self.calibration))
 
 
 class BACSchedule(PlanSchedule):

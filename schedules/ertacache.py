@@ -52,8 +52,6 @@ from torch import nn
 from dcache import Action, Granularity, MethodConfig, Plan, Schedule, knob, register_method
 from dcache.plan import PlanSchedule
 
-from .tables import known_identities, lookup_table, model_identity
-
 ENGINE_GAP = (
     "ERTACache needs two runtime hooks the engine does not have: (1) a per-(branch, step, unit) forecast "
     "coefficient, e.g. plan.extras['forecast_scale'][branch][step] read by the engine so that FORECAST evaluates "
@@ -80,6 +78,8 @@ class ERTACacheConfig(MethodConfig):
                                    "profiled error")
     timestep_adjustment: bool = knob(True, doc="fit phi_i with a second calibration pass (pipelines only)")
     plan: str | None = knob(None, types=(str,), doc="path of a calibrated ERTACache plan file")
+    calibration: str | None = knob(None, types=(str,), doc="the file `dcache calibrate --method ertacache` wrote:"
+                                   " a plan, or a calibration file holding this method's plan for the model")
 
     def check(self) -> None:
         from ._profiling import check_finite
@@ -87,16 +87,9 @@ class ERTACacheConfig(MethodConfig):
         check_finite(self)
 
     def build(self, model: nn.Module) -> Schedule:
-        if self.plan is not None:
-            return ERTACacheSchedule(Plan.load(self.plan))
-        table = lookup_table("ertacache", model)
-        if table is None:
-            raise ValueError(
-                f"ERTACache replays a calibrated plan and none is registered for {model_identity(model)} (known: "
-                f"{known_identities('ertacache') or 'none'}). Calibrate once: "
-                f"plan = dcache.schedules.ertacache.calibrate_ertacache(pipe, run_fn); plan.save('erta.json'); then "
-                f"dcache.apply(pipe, plan) or dcache.apply(pipe, 'ertacache', plan='erta.json').")
-        return ERTACacheSchedule(table if isinstance(table, Plan) else Plan.from_dict(table))
+        from .calibrated_plans import calibrated_plan
+
+        return ERTACacheSchedule(calibrated_plan("ertacache", model, plan=self.plan, calibration=self.calibration))
 
 
 class ERTACacheSchedule(PlanSchedule):

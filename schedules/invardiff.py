@@ -33,8 +33,6 @@ from dcache import Action, Granularity, MethodConfig, Plan, Schedule, knob, regi
 from dcache.adapters import composed_indices, reuse_composed_inputs
 from dcache.plan import PlanSchedule
 
-from .tables import known_identities, lookup_table, model_identity
-
 
 @register_method
 @dataclass(frozen=True)
@@ -55,6 +53,8 @@ class InvarDiffConfig(MethodConfig):
     correction_tol: float = knob(0.5, low=0.0, high=100.0, doc="largest relL1 drift of a reused module output "
                                                                  "(correction pass)")
     plan: str | None = knob(None, types=(str,), doc="path of a calibrated InvarDiff plan file")
+    calibration: str | None = knob(None, types=(str,), doc="the file `dcache calibrate --method invardiff` wrote:"
+                                   " a plan, or a calibration file holding this method's plan for the model")
 
     def check(self) -> None:
         from ._profiling import check_finite
@@ -70,15 +70,9 @@ class InvarDiffConfig(MethodConfig):
         return float(self.module_quantiles.get(module, self.module_quantile))
 
     def build(self, model: nn.Module) -> Schedule:
-        if self.plan is not None:
-            return InvarDiffSchedule(Plan.load(self.plan))
-        table = lookup_table("invardiff", model)
-        if table is None:
-            raise ValueError(
-                f"InvarDiff replays a calibrated plan and none is registered for {model_identity(model)} (known: "
-                f"{known_identities('invardiff') or 'none'}). Calibrate once: plan = dcache.schedules.invardiff."
-                f"calibrate_invardiff(pipe, run_fn); plan.save('invardiff.json'); then dcache.apply(pipe, plan).")
-        return InvarDiffSchedule(table if isinstance(table, Plan) else Plan.from_dict(table))
+        from .calibrated_plans import calibrated_plan
+
+        return InvarDiffSchedule(calibrated_plan("invardiff", model, plan=self.plan, calibration=self.calibration))
 
 
 class InvarDiffSchedule(PlanSchedule):

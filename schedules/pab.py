@@ -119,9 +119,5 @@ class PABSchedule(Schedule):
         return self.config.to_dict()
 
 
-register_preset("pab-latte", "pab", "VideoSys Latte: spatial 2, temporal 3, cross 6, window (100, 800)",
-                spatial_range=2, temporal_range=3, cross_range=6)
-register_preset("pab-open-sora", "pab", "VideoSys Open-Sora: spatial 2, temporal 4, cross 6, window (450, 930)",
-                spatial_range=2, temporal_range=4, cross_range=6, window_low=450.0, window_high=930.0)
 register_preset("pab-fast", "pab", "broadcast every attention 3 / 5 / 8 steps and MLPs every 2, window (100, 900)",
                 spatial_range=3, temporal_range=5, cross_range=8, mlp_range=2, window_high=900.0)

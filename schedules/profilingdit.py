@@ -32,8 +32,6 @@ from torch import nn
 from dcache import Action, Granularity, MethodConfig, Plan, Schedule, knob, register_method
 from dcache.plan import PlanSchedule
 
-from .tables import known_identities, lookup_table, model_identity
-
 
 @register_method
 @dataclass(frozen=True)
@@ -51,6 +49,8 @@ class ProfilingDiTConfig(MethodConfig):
     step_start: float = knob(0.15, low=0.0, high=1.0, doc="caching starts at this fraction of the steps")
     step_end: float = knob(1.0, low=0.0, high=1.0, doc="caching stops at this fraction of the steps")
     plan: str | None = knob(None, types=(str,), doc="path of a calibrated ProfilingDiT plan file")
+    calibration: str | None = knob(None, types=(str,), doc="the file `dcache calibrate --method profilingdit` wrote:"
+                                   " a plan, or a calibration file holding this method's plan for the model")
 
     def check(self) -> None:
         from ._profiling import check_finite
@@ -65,15 +65,10 @@ class ProfilingDiTConfig(MethodConfig):
                                "explicit background block indices")
 
     def build(self, model: nn.Module) -> Schedule:
-        if self.plan is not None:
-            return ProfilingDiTSchedule(Plan.load(self.plan))
-        table = lookup_table("profilingdit", model)
-        if table is None:
-            raise ValueError(
-                f"ProfilingDiT replays a calibrated plan and none is registered for {model_identity(model)} (known: "
-                f"{known_identities('profilingdit') or 'none'}). Calibrate once: plan = dcache.schedules."
-                f"profilingdit.calibrate_profilingdit(pipe, run_fn); then dcache.apply(pipe, plan).")
-        return ProfilingDiTSchedule(table if isinstance(table, Plan) else Plan.from_dict(table))
+        from .calibrated_plans import calibrated_plan
+
+        return ProfilingDiTSchedule(calibrated_plan("profilingdit", model, plan=self.plan,
+                                                    calibration=self.calibration))
 
 
 class ProfilingDiTSchedule(PlanSchedule):

@@ -251,9 +251,6 @@ _HIDREAM_I1 = _identity("HiDreamImageTransformer2DModel", num_layers=16, num_sin
 FLUX_COEFFS = (4.98651651e+02, -2.83781631e+02, 5.58554382e+01, -3.82021401e+00, 2.64230861e-01)
 FLUX_KONTEXT_COEFFS = (-1.04655119e03, 3.12563399e02, -1.69500694e01, 4.10995971e-01, 3.74537863e-02)
 HUNYUAN_VIDEO_COEFFS = (7.33226126e+02, -4.01131952e+02, 6.75869174e+01, -3.14987800e+00, 9.61237896e-02)
-OPEN_SORA_COEFFS = (2.17546007e+02, -1.18329252e+02, 2.68662585e+01, -4.59364272e-02, 4.84426240e-02)
-OPEN_SORA_PLAN_COEFFS = (2.05943668e+05, -1.48759286e+04, 3.06085986e+02, 1.31418080e+00, 2.39658469e-03)
-LATTE_COEFFS = (-2.46434137e+03, 3.08044764e+02, 8.07447667e+01, -4.11385132e+00, 1.11001402e-01)
 COGVIDEOX_2B_COEFFS = (-3.10658903e+01, 2.54732368e+01, -5.92380459e+00, 1.75769064e+00, -3.61568434e-03)
 COGVIDEOX_5B_COEFFS = (-1.53880483e+03, 8.43202495e+02, -1.34363087e+02, 7.97131516e+00, -5.23162339e-02)
 COGVIDEOX15_5B_COEFFS = (2.50210439e+02, -1.65061612e+02, 3.57804877e+01, -7.81551492e-01, 3.58559703e-02)
@@ -340,11 +337,5 @@ register_preset("teacache-lumina-next", "teacache", "Lumina-Next coefficients (T
                 coefficients=LUMINA_V1_COEFFS, threshold=0.3)
 register_preset("teacache-cosmos", "teacache", "Cosmos T2V / V2W coefficients (TeaCache4Cosmos); t2v 0.3, i2v 0.4",
                 coefficients=COSMOS_COEFFS, threshold=0.3)
-register_preset("teacache-latte", "teacache", "Latte coefficients (TeaCache eval, slow 0.1 / fast 0.2)",
-                coefficients=LATTE_COEFFS, threshold=0.1)
-register_preset("teacache-open-sora", "teacache", "Open-Sora 1.2 coefficients (TeaCache eval, slow 0.1 / fast 0.2)",
-                coefficients=OPEN_SORA_COEFFS, threshold=0.1)
-register_preset("teacache-open-sora-plan", "teacache", "Open-Sora-Plan coefficients (TeaCache eval, slow 0.1 / "
-                                                       "fast 0.2)", coefficients=OPEN_SORA_PLAN_COEFFS, threshold=0.1)
 register_preset("teacache-wan-i2v-480p", "teacache", "Wan2.1 I2V-14B-480P (e0 set)", variant="480p")
 register_preset("teacache-wan-i2v-720p", "teacache", "Wan2.1 I2V-14B-720P (e0 set)", variant="720p")

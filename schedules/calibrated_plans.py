@@ -1,0 +1,192 @@
+"""Calibrated plans of the profiled methods (ERTACache, ProfilingDiT, InvarDiff, BAC): make, save, find.
+
+    plan = calibrate_plan("bac", pipe, run_fn, compute_ratio=0.4)     # calibrate_bac(...) with config overrides
+    save_plan_calibration("bac.plan.json", "bac", plan, pipe.transformer)
+    dcache.apply(pipe, "bac", calibration="bac.plan.json")             # or dcache.apply(pipe, plan)
+
+The command line does the same: `dcache calibrate --method bac` (see pipelines/cli.py).
+
+Where a method finds its plan (`calibrated_plan`, called by each method's config.build), first match wins:
+  1. `plan=FILE`: a plan file;
+  2. `calibration=FILE`: a plan file, or a calibration file (format "dcache.calibration", e.g. the bundled
+     pipelines/assets/calibration.json) holding an entry of that method for the model's identity (tables.py);
+  3. the plan registered for the model's identity (the bundled model's are registered from that file).
+Plans replay at any step count: a generation of M steps takes at step i the planned row round(i (N-1) / (M-1)) of
+the N calibrated ones (Plan.interpolate_steps, nearest step), as MagCache maps its ratio table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from torch import nn
+
+import dcache
+from dcache.plan import PLAN_FORMAT, Plan
+
+from .calibrate import CALIBRATION_FORMAT, CalibrationEntry, CalibrationFile, save_calibration
+from .tables import known_identities, lookup_table, model_identity
+
+# method name -> the name messages use; each method file defines calibrate_<method>(target, run_fn, ...)
+PLAN_METHODS: dict[str, str] = {"bac": "BAC", "ertacache": "ERTACache", "invardiff": "InvarDiff",
+                                "profilingdit": "ProfilingDiT"}
+
+
+class CalibrationMissing(ValueError):
+    """A model has no calibration for a method. str() gives the `dcache calibrate` command and the Python calls;
+    `cli_message` the command only (what the command line prints)."""
+
+    def __init__(self, problem: str, command: str, python: str):
+        self.command = command
+        self.cli_message = f"{problem} Calibrate it once: {command}  (it prints how to generate with the result)"
+        super().__init__(f"{problem} Calibrate it once from the command line: {command}; or in Python: {python}")
+
+
+def _title(method: str) -> str:
+    if method not in PLAN_METHODS:
+        raise ValueError(f"{method!r} is not a profiled method with a calibrated plan; choose one of "
+                         f"{sorted(PLAN_METHODS)}.")
+    return PLAN_METHODS[method]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Making and saving
+# ------------------------------------------------------------------------------------------------------------------
+
+def calibrate_plan(method: str, target: Any, run_fn: Callable[[], Any] | Sequence[Callable[[], Any]], *,
+                   num_steps: int | None = None, **overrides: Any) -> Plan:
+    """The calibrated plan of a profiled method: its calibrate_<method>(target, run_fn, **overrides), where the
+    overrides are fields of its config (e.g. compute_ratio=0.4 for BAC, threshold=0.2 for ERTACache)."""
+    _title(method)
+    calibrate = getattr(importlib.import_module(f"{__package__}.{method}"), f"calibrate_{method}")
+    return calibrate(target, run_fn, num_steps=num_steps, **overrides)
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{what} {str(path)!r} is not valid JSON ({exc}); it is corrupted or truncated.") from None
+
+
+def save_plan_calibration(path: str | Path, method: str, plan: Plan, model: nn.Module) -> str:
+    """Write `plan` atomically: as a plan file ("plan"), or, when `path` already is a calibration file, as the
+    file's `method` entry for `model` ("calibration"; merged with its other entries, an entry with the same method,
+    model, scheduler, steps and resolution is replaced). Another kind of existing file is refused, not overwritten."""
+    title, path = _title(method), Path(path)
+    data = _read_json(path, "the output file") if path.is_file() else {"format": PLAN_FORMAT}
+    existing = data.get("format") if isinstance(data, dict) else None
+    if existing == CALIBRATION_FORMAT:
+        calibration = plan.provenance.get("calibration", {})
+        entry = CalibrationEntry(method=method, model_identity=model_identity(model), model_class=plan.model_class,
+                                 table=plan.to_dict(), num_steps=plan.num_steps, scheduler=plan.scheduler,
+                                 # [tokens, width] entering the first block, as the MagCache / TeaCache entries
+                                 resolution=plan.resolution[1:] if plan.resolution else None,
+                                 runs=int(calibration.get("runs", 1)),
+                                 provenance={"created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                             "dcache": dcache.__version__, "kind": "plan"})
+        save_calibration(path, entry)
+        return "calibration"
+    if existing != PLAN_FORMAT:
+        raise ValueError(f"{str(path)!r} exists and is neither a dcache plan nor a dcache calibration file; write the "
+                         f"{title} plan to another file (--out) so that it is not overwritten.")
+    plan.save(path)
+    return "plan"
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Finding the plan of a model
+# ------------------------------------------------------------------------------------------------------------------
+
+def calibrated_plan(method: str, model: nn.Module, *, plan: str | None = None,
+                    calibration: str | None = None) -> Plan:
+    """The plan `method` replays on `model` (see the module docstring for the order); interpolates steps."""
+    title = _title(method)
+    if plan is not None and calibration is not None:
+        raise ValueError(f"{title}: pass plan= or calibration=, not both (each names the file of a calibrated "
+                         f"plan).")
+    if plan is not None:
+        found = Plan.load(plan)
+    elif calibration is not None:
+        found = _plan_from_file(method, Path(calibration), model)
+    else:
+        table = lookup_table(method, model)
+        if table is None:
+            identity = model_identity(model)
+            raise CalibrationMissing(
+                f"{title} replays a plan calibrated for the model, and none is registered for {identity} (known: "
+                f"{', '.join(known_identities(method)) or 'none'}).", calibrate_command(method, model),
+                f"plan = dcache.schedules.{method}.calibrate_{method}(pipe, run_fn) (run_fn runs the pipeline once); "
+                f"plan.save('{method}.plan.json'); dcache.apply(pipe, '{method}', "
+                f"calibration='{method}.plan.json') or dcache.apply(pipe, plan).")
+        found = table if isinstance(table, Plan) else Plan.from_dict(
+            table, source=f"the {title} plan registered for {model_identity(model)}")
+    return found if found.interpolate_steps else dataclasses.replace(found, interpolate_steps=True)
+
+
+def _plan_from_file(method: str, path: Path, model: nn.Module) -> Plan:
+    title = _title(method)
+    what = f"{title} calibration={str(path)!r}"
+    if not path.is_file():
+        raise ValueError(f"{what} does not exist; write it with `{calibrate_command(method, model, str(path))}`.")
+    data = _read_json(path, what)
+    kind = data.get("format") if isinstance(data, dict) else None
+    if kind == PLAN_FORMAT:
+        return Plan.from_dict(data, source=f"plan file {str(path)!r}")
+    if kind != CALIBRATION_FORMAT:
+        raise ValueError(f"{what} is neither a dcache plan nor a dcache calibration file; pass the file "
+                         f"`dcache calibrate --method {method}` wrote.")
+    entry = CalibrationFile.from_dict(data, source=f"calibration file {str(path)!r}").find(method, model=model)
+    if entry is None:
+        raise ValueError(f"{what} has no {title} entry for {model_identity(model)}; add one with "
+                         f"`{calibrate_command(method, model, str(path))}`.")
+    return Plan.from_dict(entry.table, source=f"the {title} entry of {str(path)!r}")
+
+
+def model_source(model: nn.Module) -> tuple[str | None, bool]:
+    """(hub id or pipeline folder the transformer was loaded from, whether that pipeline takes class labels).
+
+    diffusers records where a model was loaded from in config._name_or_path: a pipeline's component gets
+    '<pipeline folder>/transformer', from the hub '<cache>/models--org--name/snapshots/<rev>/transformer'."""
+    where = dict(getattr(model, "config", None) or {}).get("_name_or_path")
+    if not isinstance(where, str) or not where:
+        return None, False
+    path = Path(where)
+    for i, part in enumerate(path.parts[:-1]):
+        if part.startswith("models--") and path.parts[i + 1] == "snapshots":
+            return part[len("models--"):].replace("--", "/"), False
+    for folder in (path.parent, path):
+        index = folder / "model_index.json"
+        if index.is_file():
+            try:
+                pipeline_class = json.loads(index.read_text()).get("_class_name")
+            except (ValueError, AttributeError):
+                pipeline_class = None
+            # the digit pipeline (dcache.pipelines.tiny_pipeline) takes labels: its calibration needs no --prompt
+            return str(folder), pipeline_class == "DigitFlowPipeline"
+    if not path.exists() and where.count("/") == 1:  # a hub id: the transformer was loaded on its own
+        return where, False
+    return None, False
+
+
+def calibrate_command(method: str, model: nn.Module, out: str | None = None) -> str:
+    """The `dcache calibrate` command line that calibrates `method` for `model` (with its hub id or folder when
+    diffusers recorded it, else a placeholder)."""
+    source, labels = model_source(model)
+    args = ["dcache calibrate", "--model", shlex.quote(source) if source else "<hub id or folder>",
+            "--method", method]
+    if not labels:
+        args += ["--prompt", "'<a typical prompt>'"]
+    if out is not None:
+        args += ["--out", shlex.quote(out)]
+    return " ".join(args)
+
+
+__all__ = ["PLAN_METHODS", "CalibrationMissing", "calibrate_plan", "save_plan_calibration", "calibrated_plan",
+           "calibrate_command", "model_source"]
