@@ -5,7 +5,7 @@ embedders, RoPE, the output norm and projection. On a small model at batch 1 tha
 so no block cache reaches its ideal speed-up there (BENCHMARKS.md, "cache-path overhead"). With scope="call" the
 engine decides before the transformer runs and, on REUSE / FORECAST, returns without running it:
 
-    v_t = x_t + Delta,   Delta = v_c - x_c at the branch's last computed call c      (ALGORITHMS.md §4)
+    v_t = x_t + Delta,   Delta = v_c - x_c at the branch's last computed call c      (EasyCache, arXiv 2507.02860)
     (FORECAST: Delta is the Taylor forecast of the Delta history over the steps since c)
 
 x is the call's latent input (`hidden_states`), v the output sample; both must have one shape (an output with

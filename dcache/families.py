@@ -14,7 +14,7 @@ One `register_adapter(Adapter(...))` per transformer class, checked against diff
   (one FFN shared by the text and image streams: CogView4, EasyAnimate) is also listed in `shared`, and gets one
   cache per call within the block.
 - `modulated_input`: TeaCache's signal, the timestep-modulated input of the first block, computed from that block's
-  bound forward arguments without side effects (see ALGORITHMS.md §2). None where the family has no AdaLN-style
+  bound forward arguments without side effects (TeaCache, arXiv 2411.19108). None where the family has no AdaLN-style
   modulation of the hidden stream.
 
 Tiny configs of every family here live in tests/zoo.py; tests/test_zoo.py checks this data against real forwards.

@@ -6,7 +6,7 @@
         [1] sum |prev|
         [2] sum r^2                 norm ratio ‖r‖ / ‖prev‖ = sqrt([2] / [3])
         [3] sum prev^2
-        [4] mean over tokens of ‖r_tok‖₂ / max(‖prev_tok‖₂, eps)      (MagCache's γ, ALGORITHMS §1e)
+        [4] mean over tokens of ‖r_tok‖₂ / max(‖prev_tok‖₂, eps)      (MagCache's γ, arXiv 2506.09045)
     Tokens are all rows of the [*, D] view (norms over the last dim). Without `prev`, every entry that
     depends on it is 0 (only [2] is filled).
 

@@ -1,4 +1,4 @@
-"""Derivative tables for Taylor forecasting of cached features (TaylorSeer, CG-Taylor; ALGORITHMS §9).
+"""Derivative tables for Taylor forecasting of cached features (TaylorSeer arXiv 2503.06923, CG-Taylor 2508.02240).
 
 A table is one tensor [K+1, *shape]: table[0] = d_0, the last computed value; table[k] = d_k, the
 k-th finite-difference derivative (in units of steps). Only the first `filled` entries are valid.

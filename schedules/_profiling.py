@@ -469,7 +469,7 @@ class AdjacentCollector:
 
 
 class ChunkSignalTap:
-    """Per-chunk signals for FlowCache (ALGORITHMS.md §10) on Wan-style video transformers (tokens frame-major).
+    """Per-chunk signals for FlowCache (arXiv 2602.10825) on Wan-style video transformers (tokens frame-major).
 
     Before the decision of every call (pre-hook of the first block): per chunk c (frames_per_chunk latent frames,
     after temporal patching), input_delta = mean|x_c - x_c,prev call| and active = its timestep changed since the

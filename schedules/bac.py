@@ -1,4 +1,4 @@
-"""BAC, Block-wise Adaptive Caching (ALGORITHMS.md §10; ICLR 2026): per-unit update steps chosen by DP to
+"""BAC, Block-wise Adaptive Caching (arXiv 2506.13456; ICLR 2026): per-unit update steps chosen by DP to
 maximise the similarity of the reused features, then the Bubbling Union (BLOCK granularity by default).
 
     plan = calibrate_bac(pipe, lambda: pipe(labels=[0, 1, 2], generator=torch.Generator().manual_seed(0)))

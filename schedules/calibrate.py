@@ -9,7 +9,7 @@
 Each calibration runs the pipeline uncached with an all-compute recording schedule and reads the per-call signals
 the engine records (`handle.engine.record.calls[i].signals`):
   * MagCache: gamma_i = RESIDUAL_NORM_RATIO = mean over tokens ||R_i|| / ||R_{i-1}|| of the stack residual, per
-    branch, prefixed with 1.0, rounded to 5 decimals, averaged over runs (ALGORITHMS.md §1e).
+    branch, prefixed with 1.0, rounded to 5 decimals, averaged over runs (MagCache, arXiv 2506.09045).
   * TeaCache: x_i = MODULATED_REL_L1 (first block's modulated input vs the previous call of the branch) and
     y_i = relL1 of the stack output vs the previous call = OUTPUT_DELTA_i / OUTPUT_MEAN_{i-1}; the coefficients are
     numpy.polyfit(x, y, 4) over every (x, y) of every run and branch (§2e).

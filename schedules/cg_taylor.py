@@ -1,4 +1,4 @@
-"""CG-Taylor (confidence-gated Taylor, ALGORITHMS.md §9.2): forecast the stack when the probe block's forecast is good.
+"""CG-Taylor (confidence-gated Taylor, arXiv 2508.02240): forecast the stack when the probe block's forecast is good.
 
 The first block (the probe) always runs. The engine keeps a Taylor table of the probe residual r1 = block0(h0) - h0
 (refreshed at computed calls) and measures, before each decision,

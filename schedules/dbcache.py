@@ -1,4 +1,4 @@
-"""DBCache presets (cache-dit "Dual Block Cache", ALGORITHMS.md §3.2) on top of the FBCache schedule.
+"""DBCache presets (cache-dit "Dual Block Cache", github.com/vipshop/cache-dit) on top of the FBCache schedule.
 
 DBCache is FBCache with Fn > 1 probe blocks (a steadier diff signal than one block), Bn tail blocks that always run
 on the approximated state (an "auto-scaler" that restores texture), warm-up steps and a cap on consecutive reuse.

@@ -1,4 +1,4 @@
-"""Δ-DiT (ALGORITHMS.md §11): reuse the offset of a contiguous block range, rear blocks early, front blocks late.
+"""Δ-DiT (arXiv 2406.01125): reuse the offset of a contiguous block range, rear blocks early, front blocks late.
 
 Δ-Cache stores the offset Δ = h_out - h_in of a range of blocks instead of raw features. Early in sampling (the
 outline stage, step < boundary) the REAR range is cached; late (the detail stage) the FRONT range. Cadence as the

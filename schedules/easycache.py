@@ -1,4 +1,4 @@
-"""EasyCache (ALGORITHMS.md §4): runtime-adaptive step reuse from the transformation rate k, no calibration.
+"""EasyCache (arXiv 2507.02860): runtime-adaptive step reuse from the transformation rate k, no calibration.
 
 EasyCache treats the DiT as a map x -> v and observes that after warm-up the transformation rate
 k = mean|v_t - v_last| / mean|x_t - x_last| between consecutive full computations is nearly constant, so the output

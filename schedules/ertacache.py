@@ -1,4 +1,4 @@
-"""ERTACache (ALGORITHMS.md §5, dcache's formulation): a calibrated static step schedule with closed-form
+"""ERTACache (arXiv 2508.21091, dcache's formulation): a calibrated static step schedule with closed-form
 residual rectification and timestep adjustment, exported as a Plan.
 
     plan = calibrate_ertacache(pipe, lambda: pipe(labels=[0, 1, 2], generator=torch.Generator().manual_seed(0)),

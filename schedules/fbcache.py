@@ -1,4 +1,4 @@
-"""FBCache / DBCache (ALGORITHMS.md §3): probe blocks decide, the middle of the stack is reused.
+"""FBCache / DBCache (ParaAttention's First Block Cache): probe blocks decide, the middle of the stack is reused.
 
 The first `probe_blocks` (Fn) blocks always run; their residual r_F is compared with the one stored at the last
 computed call of the branch: relL1 = mean|r_F - r_ref| / mean|r_ref|. Below `threshold` the middle blocks are

@@ -1,4 +1,4 @@
-"""FlowCache (ALGORITHMS.md §10; arXiv 2602.10825): an independent cache policy per chunk for chunked /
+"""FlowCache (arXiv 2602.10825): an independent cache policy per chunk for chunked /
 diffusion-forcing video generation (SkyReels-V2 DF, MAGI-1), where the chunks of one call sit at different
 denoising stages.
 

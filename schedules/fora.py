@@ -1,4 +1,4 @@
-"""FORA (fast-forward caching, ALGORITHMS.md §11): static module-level reuse every N steps.
+"""FORA (fast-forward caching, arXiv 2407.01425): static module-level reuse every N steps.
 
 Step s computes everything iff s < W or (s - W + 1) % N == 0 (with the default W = 1: steps 0, N, 2N, ...); on the
 N - 1 steps in between each block's attention and feed-forward outputs are reused from the last full step. The

@@ -1,4 +1,4 @@
-"""InvarDiff (ALGORITHMS.md §10; arXiv 2512.05134): a calibrated per-step x per-block x per-module reuse plan
+"""InvarDiff (arXiv 2512.05134): a calibrated per-step x per-block x per-module reuse plan
 (MODULE granularity) from quantile-based invariance statistics, with a step gate and a re-sampling correction.
 
     plan = calibrate_invardiff(pipe, lambda: pipe(labels=[0, 1, 2], generator=torch.Generator().manual_seed(0)))

@@ -1,4 +1,4 @@
-"""MagCache (ALGORITHMS.md §1): skip steps while the accumulated magnitude-ratio error stays under a budget.
+"""MagCache (arXiv 2506.09045): skip steps while the accumulated magnitude-ratio error stays under a budget.
 
 Per branch s (cond / uncond keep separate accumulators and residuals):
     for step i >= retain (= int(retention_ratio * N + 0.5)):

@@ -1,4 +1,4 @@
-"""Published MagCache magnitude-ratio tables (ALGORITHMS.md Appendix A, from Zehong-Ma/MagCache), by model identity.
+"""Published MagCache magnitude-ratio tables (from github.com/Zehong-Ma/MagCache), by model identity.
 
 Each array is gamma per call with the published padding ([1.0] for one-stream models, [1.0, 1.0] for split CFG,
 whose arrays interleave cond / uncond and are split here into per-branch curves). MagCache nearest-interpolates

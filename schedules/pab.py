@@ -1,4 +1,4 @@
-"""Pyramid Attention Broadcast (ALGORITHMS.md §11): reuse attention outputs with per-kind ranges in a timestep window.
+"""Pyramid Attention Broadcast (arXiv 2408.12588): reuse attention outputs with per-kind ranges in a timestep window.
 
 Inside the timestep window (lo, hi) an attention module of kind k computes only at steps s with s % range_k == 0 and
 broadcasts (reuses) its last output in between; outside the window everything computes. Ranges follow the

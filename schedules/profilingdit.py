@@ -1,4 +1,4 @@
-"""ProfilingDiT ("Model Reveals What to Cache", ALGORITHMS.md §10): classify blocks as foreground- or
+"""ProfilingDiT ("Model Reveals What to Cache", arXiv 2504.03140): classify blocks as foreground- or
 background-focused from profiled statistics, then cache background blocks more aggressively (BLOCK granularity).
 
     plan = calibrate_profilingdit(pipe, lambda: pipe(labels=[0, 1, 2], generator=torch.Generator().manual_seed(0)))

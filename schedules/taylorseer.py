@@ -1,4 +1,4 @@
-"""TaylorSeer (ALGORITHMS.md §9.1): forecast cached features with a Taylor series instead of reusing them.
+"""TaylorSeer (arXiv 2503.06923): forecast cached features with a Taylor series instead of reusing them.
 
 Fixed cadence: the first `warmup_steps` steps compute; after that one full step is followed by `interval - 1`
 forecast steps, i.e. step s computes iff s < W or (s - W + 1) % N == 0 (the reference's cache_counter == N - 1).

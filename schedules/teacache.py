@@ -1,4 +1,4 @@
-"""TeaCache (ALGORITHMS.md §2): reuse the step residual while the rescaled modulated-input change stays small.
+"""TeaCache (arXiv 2411.19108): reuse the step residual while the rescaled modulated-input change stays small.
 
 Per branch s (cond / uncond keep separate accumulators; the engine keeps their residuals apart):
     x_i   = relL1(mod_i, mod_{i-1})          the first block's timestep-modulated input vs the previous call of s

@@ -3,7 +3,7 @@ into MODULE plans.
 
 Router: logits theta [N, U] (step x module unit: each block's attention / MLP / context MLP), score
 w = sigmoid(theta). Training runs the calibration generation with torch forward hooks on the inner modules that
-blend  out = cached + w * (fresh - cached)  (soft, differentiable in theta; ALGORITHMS.md 7); the transformer's
+blend  out = cached + w * (fresh - cached)  (soft, differentiable in theta; L2C arXiv 2406.01733); the transformer's
 parameters are frozen (requires_grad False), only theta trains (AdamW, clamped to [-5, 5]; step 0 is fixed at +5 =
 always compute). At every transformer call the student (routers on) and the teacher (no reuse, same input) run; the
 loss of the call is backpropagated right away (one call's graph in memory at a time), theta steps once per generation.

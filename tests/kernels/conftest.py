@@ -5,7 +5,7 @@ run on CPU and the Triton cases use triton's interpreter, so TRITON_INTERPRET=1 
 any kernel is built (dcache.kernels builds its kernels lazily, and triton reads the variable when a
 kernel is built). With a GPU they run on CUDA, natively; DCACHE_TEST_DEVICE=cpu|cuda overrides that.
 
-The accuracy bound (DESIGN.md, "Kernels"), elementwise:
+The accuracy bound, elementwise:
     |kernel - ref32| <= 2 * |torch_same_dtype - ref32| + atol + eps(dtype) * scale
 ref32 is the op on the fp32 upcast of the same inputs; torch_same_dtype is the torch reference on
 the inputs as given. The last term allows one rounding of the result (scale = |ref32| unless a test

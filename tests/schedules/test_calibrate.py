@@ -1,7 +1,7 @@
 """Calibration: MagCache ratios and TeaCache coefficients from uncached runs, the calibration file, target search.
 
 The recorded signals are checked against the same quantities computed by hand from forward hooks on the first
-and last blocks of the tiny FLUX transformer (stack input / output), so the tables mean what ALGORITHMS.md says.
+and last blocks of the tiny FLUX transformer (stack input / output), so the tables mean what the papers define.
 """
 
 from __future__ import annotations
