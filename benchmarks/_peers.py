@@ -338,7 +338,8 @@ def cache_dit_unavailable() -> str | None:
     try:
         import cache_dit  # noqa: F401
     except Exception as exc:  # not installed, or an incompatible dependency
-        return f"import cache_dit failed: {type(exc).__name__}: {exc}"
+        return (f"cache-dit is not usable (import cache_dit failed: {type(exc).__name__}: {exc}); install the "
+                f"benchmark extra with `pip install -e '.[bench]'`, or pass --no-cache-dit to leave its rows out")
     return None
 
 

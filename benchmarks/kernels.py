@@ -30,7 +30,26 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
+DTYPE_NAMES = ("fp32", "bf16", "fp16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available, else cpu)")
+    parser.add_argument("--dtype", default="bf16", choices=list(DTYPE_NAMES))
+    parser.add_argument("--peak-gbps", type=float, default=None, help="peak memory bandwidth of the GPU, GB/s")
+    parser.add_argument("--reps", type=int, default=100, help="do_bench time budget in ms (CUDA) / 10x repeats (CPU)")
+    parser.add_argument("--scale", type=int, default=None,
+                        help="divide the token counts by this (default: 1 on CUDA, 16 on CPU)")
+    parser.add_argument("--out", default=None, help="also write the table, with the command, to this Markdown file "
+                                                    "(default: print only)")
+    return parser
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and bad arguments answer here, before torch loads
+
+import torch  # noqa: E402
 
 import dcache.kernels as K
 
@@ -215,17 +234,10 @@ def run(device: torch.device, dtype_name: str, peak: float | None, reps: int, sc
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
-    parser.add_argument("--peak-gbps", type=float, default=None, help="peak memory bandwidth of the GPU, GB/s")
-    parser.add_argument("--reps", type=int, default=100, help="do_bench time budget in ms (CUDA) / 10x repeats (CPU)")
-    parser.add_argument("--scale", type=int, default=None,
-                        help="divide the token counts by this (default: 1 on CUDA, 16 on CPU)")
-    parser.add_argument("--out", default=None, help="also write the table, with the command, to this Markdown file")
+    parser = build_parser()
     args = parser.parse_args(argv)
 
-    device = torch.device(args.device)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch sees no CUDA device; run on a GPU machine or use --device cpu")
     if device.type == "cpu":

@@ -1,6 +1,7 @@
 """Every dcache method against diffusers' built-in caches and cache-dit, on the bundled tiny model, in one process.
 
-    python benchmarks/methods.py                      # full sweep (~45 min on 2 shared CPU cores), writes benchmarks/results/
+    python benchmarks/methods.py                      # full sweep (~45 min on 2 shared CPU cores) into benchmarks/out/
+    python benchmarks/methods.py --out benchmarks/results   # the same, refreshing the tracked tables
     python benchmarks/methods.py --quick              # a tiny subset in < 1 min (the smoke test runs this)
     python benchmarks/methods.py --only 'magcache|MagCache' --heldout-seeds 5 --out /tmp/m
     python benchmarks/methods.py --rerun 'dcache:(fora|pab)$'   # re-measure these; keep every other row of methods.json
@@ -48,6 +49,35 @@ from pathlib import Path
 from typing import Any, Callable
 
 os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "warning")  # cache-dit logs every context at info level
+SCRATCH = Path(__file__).resolve().parent / "out"  # git-ignored default for --out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny subset: one setting of a few methods, 10 steps (< 1 min)")
+    ap.add_argument("--out", type=Path, default=SCRATCH,
+                    help="folder for methods.md / .json / _pareto.png (default benchmarks/out/, git-ignored; --out "
+                         "benchmarks/results refreshes the tables BENCHMARKS.md is assembled from, and --resume / "
+                         "--rerun / --report-only read <out>/methods.json)")
+    ap.add_argument("--steps", type=int, default=None, help="denoising steps (default 28; --quick 6)")
+    ap.add_argument("--heldout-seeds", type=int, default=None, help="held-out seeds x 10 labels (default 10; --quick: "
+                                                                    "1 seed x 4 labels)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed batch-1 runs per row (default 7; quick 3)")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (fixed for the whole run)")
+    ap.add_argument("--only", default=None, help="regex on 'library:method' of the contenders to run")
+    ap.add_argument("--no-cache-dit", action="store_true",
+                    help="leave cache-dit out (otherwise a missing cache-dit is an error naming the [bench] extra)")
+    ap.add_argument("--no-fd-floor", action="store_true", help="skip the seed-to-seed FD reference")
+    ap.add_argument("--resume", action="store_true", help="reuse contenders already in <out>/<stem>.json")
+    ap.add_argument("--rerun", default=None, help="regex on 'library:method': measure these contenders again and "
+                                                  "keep every other contender's results from <out>/<stem>.json "
+                                                  "(which must have the same steps, seeds, repeats and threads)")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the table and plot from <out>/<stem>.json")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args(sys.argv[1:])  # --help and bad arguments answer here, before torch and diffusers load
 
 import numpy as np
 import torch
@@ -782,7 +812,7 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
             f"{fmt(r['b1_meas_over_ideal'])} | {fmt(r['b10_speedup_cpu'])} | {fmt(r['psnr_tune'])} | "
             f"{fmt(r['psnr_b1'])} | {fmt(r['psnr_heldout'])} | {fmt(r['ssim_heldout'], 3)} | {fmt(r['acc_heldout'])} | "
             f"{fmt(r['fd_heldout'], 3)} |")
-    notes = out / f"{stem}_notes.md"
+    notes = RESULTS / f"{stem}_notes.md"
     if notes.is_file():  # the hand-written reading of these numbers (kept across --report-only rewrites)
         lines += ["", notes.read_text().rstrip()]
     lines += ["", "## Best per compute-ratio band", "",
@@ -934,33 +964,17 @@ def pareto_png(results: list[dict], meta: dict, path: Path) -> None:
 # Main
 # ------------------------------------------------------------------------------------------------------------------
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny subset: one setting of a few methods, 10 steps (< 1 min)")
-    ap.add_argument("--out", type=Path, default=None, help="output folder (default benchmarks/results)")
-    ap.add_argument("--steps", type=int, default=None, help="denoising steps (default 28; --quick 6)")
-    ap.add_argument("--heldout-seeds", type=int, default=None, help="held-out seeds x 10 labels (default 10; --quick: "
-                                                                    "1 seed x 4 labels)")
-    ap.add_argument("--repeats", type=int, default=None, help="timed batch-1 runs per row (default 7; quick 3)")
-    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (fixed for the whole run)")
-    ap.add_argument("--only", default=None, help="regex on 'library:method' of the contenders to run")
-    ap.add_argument("--no-cache-dit", action="store_true", help="leave cache-dit out")
-    ap.add_argument("--no-fd-floor", action="store_true", help="skip the seed-to-seed FD reference")
-    ap.add_argument("--resume", action="store_true", help="reuse contenders already in <out>/<stem>.json")
-    ap.add_argument("--rerun", default=None, help="regex on 'library:method': measure these contenders again and "
-                                                  "keep every other contender's results from <out>/<stem>.json "
-                                                  "(which must have the same steps, seeds, repeats and threads)")
-    ap.add_argument("--report-only", action="store_true", help="rewrite the table and plot from <out>/<stem>.json")
-    return ap.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     quick = args.quick
+    if not (args.no_cache_dit or quick or args.report_only):  # an error up front, not silently missing rows
+        reason = peers.cache_dit_unavailable()
+        if reason is not None:
+            raise SystemExit(f"error: {reason}")
     steps = args.steps or (6 if quick else 28)
     heldout = args.heldout_seeds or (1 if quick else 10)
     repeats = args.repeats or (3 if quick else 7)
-    out = args.out or RESULTS
+    out = args.out
     stem = "methods_quick" if quick else "methods"
     if args.report_only:
         data = json.loads((out / f"{stem}.json").read_text())
@@ -987,14 +1001,10 @@ def main(argv: list[str] | None = None) -> Path:
     contenders += peers.diffusers_contenders(steps, lambda pipe: bench.tune(pipe, "split"))
     cache_dit_version = "not installed"
     if not args.no_cache_dit and not quick:
-        reason = peers.cache_dit_unavailable()
-        if reason is None:
-            import cache_dit
+        import cache_dit  # importable: checked at the start of main
 
-            cache_dit_version = cache_dit.__version__
-            contenders += peers.cache_dit_contenders(steps)
-        else:
-            unavailable["cache-dit"] = reason
+        cache_dit_version = cache_dit.__version__
+        contenders += peers.cache_dit_contenders(steps)
     if quick:
         contenders = [c for c in contenders if c.quick is not None]
     all_contenders = list(contenders)

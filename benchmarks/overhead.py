@@ -32,9 +32,38 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
+BENCH = Path(__file__).resolve().parent
+SCRATCH = BENCH / "out"  # git-ignored default for --out
+RESULTS = BENCH / "results"  # the tracked tables BENCHMARKS.md is assembled from (and the hand-written notes)
+STEPS = 28
+LABEL = 3
+THRESHOLDS = (0.0, 0.1, 0.2, 0.4)
+MAGCACHE_THRESHOLDS = (0.06, 0.5)  # with K=4, retention 0.1: compute ratios ~0.5 and ~0.3 on this model
+MAGCACHE_K, MAGCACHE_RETENTION = 4, 0.1
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
+    ap.add_argument("--thresholds", default=",".join(f"{t:g}" for t in THRESHOLDS),
+                    help="comma-separated probe thresholds, the same for every library")
+    ap.add_argument("--magcache-thresholds", default=",".join(f"{t:g}" for t in MAGCACHE_THRESHOLDS),
+                    help=f"comma-separated MagCache thresholds (K={MAGCACHE_K}, retention {MAGCACHE_RETENTION:g}, "
+                         f"one shared ratio table) for the block-scope / call-scope / diffusers rows; '' for none")
+    ap.add_argument("--out", type=Path, default=SCRATCH,
+                    help="folder for overhead.md (default benchmarks/out/, git-ignored; --out benchmarks/results "
+                         "refreshes the table BENCHMARKS.md is assembled from)")
+    ap.add_argument("--no-cache-dit", action="store_true",
+                    help="leave cache-dit's rows out (otherwise a missing cache-dit is an error naming the extra)")
+    return ap
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and bad arguments answer here, before torch and diffusers load
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(BENCH))
 
 import dcache  # noqa: E402
 from dcache.adapters import adapter_for  # noqa: E402
@@ -43,12 +72,6 @@ from dcache.pipelines.bundled import load_tiny_pipeline  # noqa: E402
 from dcache.streams import StreamSlots  # noqa: E402
 
 from _peers import BlockMeter, cache_dit_unavailable, enable_cache_dit, transformer_blocks  # noqa: E402
-
-STEPS = 28
-LABEL = 3
-THRESHOLDS = (0.0, 0.1, 0.2, 0.4)
-MAGCACHE_THRESHOLDS = (0.06, 0.5)  # with K=4, retention 0.1: compute ratios ~0.5 and ~0.3 on this model
-MAGCACHE_K, MAGCACHE_RETENTION = 4, 0.1
 
 
 @dataclass
@@ -152,7 +175,8 @@ def magcache_contenders(ratios: list[float], thresholds: tuple[float, ...]) -> l
     return rows
 
 
-def contenders(thresholds: tuple[float, ...] = THRESHOLDS) -> list[Row]:
+def contenders(thresholds: tuple[float, ...] = THRESHOLDS, cache_dit: bool = True) -> list[Row]:
+    """The probe-threshold rows; cache_dit=False leaves cache-dit's out (main() checks that it imports)."""
     from diffusers import FirstBlockCacheConfig
 
     rows = []
@@ -165,7 +189,7 @@ def contenders(thresholds: tuple[float, ...] = THRESHOLDS) -> list[Row]:
             return p.transformer.disable_cache
 
         rows.append(Row("diffusers", "FirstBlockCache", f"threshold={thr:g}", diffusers_fbc))
-        if cache_dit_unavailable() is None:
+        if cache_dit:
             def cache_dit_db(p, t=thr):
                 applied = enable_cache_dit(p, {"F": 1, "B": 0, "W": 0, "threshold": t}, STEPS)
                 return applied.remove
@@ -186,7 +210,7 @@ def measure_ratio(pipe, meter: BlockMeter, bare_flops: float, row: Row) -> None:
 
 
 def run(rounds: int, log: Callable[[str], None], thresholds: tuple[float, ...] = THRESHOLDS,
-        magcache_thresholds: tuple[float, ...] = MAGCACHE_THRESHOLDS) -> tuple[dict, list[Row]]:
+        magcache_thresholds: tuple[float, ...] = MAGCACHE_THRESHOLDS, cache_dit: bool = True) -> tuple[dict, list[Row]]:
     from _peers import calibrate_diffusers_magcache
 
     torch.set_num_threads(1)
@@ -196,7 +220,7 @@ def run(rounds: int, log: Callable[[str], None], thresholds: tuple[float, ...] =
         generate(pipe)
     bare_flops = meter.flops
     meter.remove()
-    rows = contenders(thresholds)
+    rows = contenders(thresholds, cache_dit)
     if magcache_thresholds:
         ratios, _ = calibrate_diffusers_magcache(pipe, lambda: generate(pipe), STEPS)
         rows += magcache_contenders(ratios, magcache_thresholds)
@@ -280,25 +304,21 @@ def report(meta: dict, rows: list[Row]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
-    ap.add_argument("--thresholds", default=",".join(f"{t:g}" for t in THRESHOLDS),
-                    help="comma-separated probe thresholds, the same for every library")
-    ap.add_argument("--magcache-thresholds", default=",".join(f"{t:g}" for t in MAGCACHE_THRESHOLDS),
-                    help=f"comma-separated MagCache thresholds (K={MAGCACHE_K}, retention {MAGCACHE_RETENTION:g}, "
-                         f"one shared ratio table) for the block-scope / call-scope / diffusers rows; '' for none")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
+    missing = None if args.no_cache_dit else cache_dit_unavailable()
+    if missing:
+        ap.error(missing)
     t0 = time.time()
     thresholds = tuple(float(t) for t in args.thresholds.split(","))
     mag = tuple(float(t) for t in args.magcache_thresholds.split(",") if t.strip())
-    meta, rows = run(args.rounds, lambda m: print(m, flush=True), thresholds, mag)
+    meta, rows = run(args.rounds, lambda m: print(m, flush=True), thresholds, mag, cache_dit=not args.no_cache_dit)
     lines = report(meta, rows)
     lines += ["", f"Command: `python benchmarks/overhead.py --rounds {args.rounds} --thresholds {args.thresholds} "
                   f"--magcache-thresholds {args.magcache_thresholds}` ({(time.time() - t0) / 60:.1f} min)."]
-    notes = args.out / "overhead_notes.md"
+    notes = RESULTS / "overhead_notes.md"
     if notes.is_file():  # the hand-written reading of these numbers (kept across reruns)
         lines += ["", notes.read_text().rstrip()]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,9 @@
 learned forecaster vs Taylor forecasting at equal compute.
 
     python benchmarks/search.py --out /tmp/search-bench        # full run (1-2 h on 2 busy CPU cores); searches are
-                                                               # cached in --out, a rerun only re-scores
+                                                               # cached in --out, a rerun only re-scores; tables go
+                                                               # to benchmarks/out/ (--results benchmarks/results:
+                                                               # the tracked ones)
     python benchmarks/search.py --quick --no-write             # minutes: 12 steps, tiny searches, 2 held-out seeds
 
 Protocol (the held-out set is the one of benchmarks/methods.py, so its dynamic rows are reused when they match):
@@ -35,7 +37,56 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+SCRATCH = Path(__file__).resolve().parent / "out"  # git-ignored default for --results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=28)
+    ap.add_argument("--pop-size", type=int, default=16)
+    ap.add_argument("--generations", type=int, default=8)
+    ap.add_argument("--max-span", type=int, default=6)
+    ap.add_argument("--budgets", default="8,9,10,13,14,15",
+                    help="LeMiCa / DP: computed steps of the plans (default: both target bands, 28 steps)")
+    ap.add_argument("--methods", default="ecad,lemica,lemica-f1,dp,harmonica,l2c,ecad-f1",
+                    help="lemica-f1: LeMiCa with the skipped steps forecast (Taylor 1) when measuring and replaying; "
+                         "ecad-f1: ECAD over step genomes whose skipped steps are forecast (Taylor 1) when evaluated "
+                         "and replayed, seeded with the forecasting dynamic schedules' recorded plans and the step "
+                         "plans of the methods listed before it, then hill-climbed at --polish-steps")
+    ap.add_argument("--forecast-pop-size", type=int, default=24, help="ecad-f<k>: NSGA-II population")
+    ap.add_argument("--forecast-generations", type=int, default=4, help="ecad-f<k>: NSGA-II generations")
+    ap.add_argument("--polish-steps", default="14,13,10",
+                    help="ecad-f<k>: computed-step counts whose best plan is then hill-climbed (one computed step "
+                         "moved at a time); default: ratios 0.5, 0.464 and 0.357 at 28 steps")
+    ap.add_argument("--polish-evaluations", type=int, default=60, help="ecad-f<k>: neighbours per polish ratio")
+    ap.add_argument("--disca-bases", default="lemica,lemica-f1,dp",
+                    help="searched methods whose step-level plans get a DisCa twin (the predictor is trained for "
+                         "all of them together)")
+    ap.add_argument("--router-iterations", type=int, default=60)
+    ap.add_argument("--heldout-seeds", type=int, default=10)
+    ap.add_argument("--train-seeds", type=int, default=4, help="DisCa calibration runs (seeds 0..n-1, labels 0..9)")
+    ap.add_argument("--disca-iterations", type=int, default=300, help="DisCa offline (residual) iterations")
+    ap.add_argument("--disca-online", type=int, default=0, help="DisCa closed-loop iterations over all its plans")
+    ap.add_argument("--disca-per-plan", type=int, default=12,
+                    help="then closed-loop iterations per base plan (each DisCa plan gets its own fine-tuned copy)")
+    ap.add_argument("--no-call-scope", dest="call_scope", action="store_false",
+                    help="do not score the call-scope twins (<method>+call) of the step-level plans")
+    ap.add_argument("--quick", action="store_true", help="12 steps, pop 8 x 3, span 4, routers 4 its, 2 held-out "
+                                                         "seeds, DisCa 60 + 6 iterations on 2 seeds")
+    ap.add_argument("--out", default=None, help="search output folder; searches found there are reused "
+                                                "(default: a temporary folder)")
+    ap.add_argument("--no-write", action="store_true", help="do not write <results>/search.{md,json} "
+                                                            "(search.md = these tables + search_notes.md)")
+    ap.add_argument("--results", type=Path, default=SCRATCH,
+                    help="folder for search.md / search.json (default benchmarks/out/, git-ignored; --results "
+                         "benchmarks/results refreshes the tables BENCHMARKS.md is assembled from)")
+    return ap
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and bad arguments answer here, before torch and diffusers load
+
+import torch  # noqa: E402
 
 import dcache
 from dcache.actions import Granularity
@@ -154,47 +205,18 @@ def dominates(p: dict, d: dict) -> bool:
     return ratio <= d["compute_ratio"] + 1e-9 and p["psnr"] >= d["psnr"] and acc_ok
 
 
+def plan_name(plan: str) -> str:
+    """'plans/ecad-07-r0.500.plan.json' -> 'ecad-07-r0.500': the reports name a plan, whose file lives in the search
+    folder (--out), not in the repository."""
+    return Path(plan).name.removesuffix(".plan.json")
+
+
 def fmt(x, spec=".3f"):
     return "-" if x is None else format(x, spec)
 
 
 def main(argv=None) -> str:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=28)
-    ap.add_argument("--pop-size", type=int, default=16)
-    ap.add_argument("--generations", type=int, default=8)
-    ap.add_argument("--max-span", type=int, default=6)
-    ap.add_argument("--budgets", default="8,9,10,13,14,15",
-                    help="LeMiCa / DP: computed steps of the plans (default: both target bands, 28 steps)")
-    ap.add_argument("--methods", default="ecad,lemica,lemica-f1,dp,harmonica,l2c,ecad-f1",
-                    help="lemica-f1: LeMiCa with the skipped steps forecast (Taylor 1) when measuring and replaying; "
-                         "ecad-f1: ECAD over step genomes whose skipped steps are forecast (Taylor 1) when evaluated "
-                         "and replayed, seeded with the forecasting dynamic schedules' recorded plans and the step "
-                         "plans of the methods listed before it, then hill-climbed at --polish-steps")
-    ap.add_argument("--forecast-pop-size", type=int, default=24, help="ecad-f<k>: NSGA-II population")
-    ap.add_argument("--forecast-generations", type=int, default=4, help="ecad-f<k>: NSGA-II generations")
-    ap.add_argument("--polish-steps", default="14,13,10",
-                    help="ecad-f<k>: computed-step counts whose best plan is then hill-climbed (one computed step "
-                         "moved at a time); default: ratios 0.5, 0.464 and 0.357 at 28 steps")
-    ap.add_argument("--polish-evaluations", type=int, default=60, help="ecad-f<k>: neighbours per polish ratio")
-    ap.add_argument("--disca-bases", default="lemica,lemica-f1,dp",
-                    help="searched methods whose step-level plans get a DisCa twin (the predictor is trained for "
-                         "all of them together)")
-    ap.add_argument("--router-iterations", type=int, default=60)
-    ap.add_argument("--heldout-seeds", type=int, default=10)
-    ap.add_argument("--train-seeds", type=int, default=4, help="DisCa calibration runs (seeds 0..n-1, labels 0..9)")
-    ap.add_argument("--disca-iterations", type=int, default=300, help="DisCa offline (residual) iterations")
-    ap.add_argument("--disca-online", type=int, default=0, help="DisCa closed-loop iterations over all its plans")
-    ap.add_argument("--disca-per-plan", type=int, default=12,
-                    help="then closed-loop iterations per base plan (each DisCa plan gets its own fine-tuned copy)")
-    ap.add_argument("--no-call-scope", dest="call_scope", action="store_false",
-                    help="do not score the call-scope twins (<method>+call) of the step-level plans")
-    ap.add_argument("--quick", action="store_true", help="12 steps, pop 8 x 3, span 4, routers 4 its, 2 held-out "
-                                                         "seeds, DisCa 60 + 6 iterations on 2 seeds")
-    ap.add_argument("--out", default=None, help="search output folder; searches found there are reused "
-                                                "(default: a temporary folder)")
-    ap.add_argument("--no-write", action="store_true", help="do not write benchmarks/results/search.{md,json} "
-                                                            "(search.md = these tables + search_notes.md)")
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.pop_size, args.generations, args.max_span = 12, 8, 3, 4
@@ -379,7 +401,8 @@ def main(argv=None) -> str:
                 ok = [p for p in rows if p["compute_ratio"] + p.get("predictor_ratio", 0.0)
                       <= worst["compute_ratio"] + 1e-9]
                 best = max(ok, key=lambda p: p["psnr"]) if ok else None
-                against = (f"`{best['plan']}` {best['compute_ratio'] + best.get('predictor_ratio', 0.0):.3f} / "
+                against = (f"`{plan_name(best['plan'])}` "
+                           f"{best['compute_ratio'] + best.get('predictor_ratio', 0.0):.3f} / "
                            f"{best['psnr']:.2f} dB" if best else "no plan at or under its ratio")
             lines.append(
                 f"| {target} | {method} | {len(band)} | {len(band) - len(undominated)} | {'yes' if met else 'no'} | "
@@ -425,7 +448,7 @@ def main(argv=None) -> str:
     for method, rows in scored.items():
         for p in sorted(rows, key=lambda p: p["compute_ratio"]):
             extra = f" (+{p['predictor_ratio']:.4f} predictor)" if "predictor_ratio" in p else ""
-            lines.append(f"| {method} | `{p['plan']}` | {p['compute_ratio']:.3f}{extra} | {p['psnr']:.2f} | "
+            lines.append(f"| {method} | `{plan_name(p['plan'])}` | {p['compute_ratio']:.3f}{extra} | {p['psnr']:.2f} | "
                          f"{fmt(p['accuracy'], '.2f')} |")
     lines += ["", "## Dynamic rows at the target ratios", "", "| library | method | config | compute ratio | PSNR | "
               "accuracy |", "|---|---|---|---|---|---|"]
@@ -445,8 +468,9 @@ def main(argv=None) -> str:
         notes = RESULTS / "search_notes.md"  # hand-written reading of the numbers, kept across reruns
         head, _, rest = text.partition("\n\n")
         body = f"{head}\n\n{notes.read_text().strip()}\n\n{rest}" if notes.is_file() else text
-        atomic_write_text(RESULTS / "search.md", body)
-        atomic_write_text(RESULTS / "search.json", json.dumps(payload, indent=1, default=str))
+        args.results.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.results / "search.md", body)
+        atomic_write_text(args.results / "search.json", json.dumps(payload, indent=1, default=str))
     return text
 
 
