@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -10,10 +11,12 @@ from typing import Any
 from torch import nn
 
 from .adapters import adapter_for
+from .budget import Budget
 from .config import MethodConfig
 from .engine import Engine
 from .experts import check_expert_names, expert_method, extra_experts
 from .handle import Handle
+from .memory import parse_bytes
 from .methods import config_for, target_resolver
 from .plan import Plan, PlanError, PlanSchedule
 from .schedule import Schedule
@@ -24,7 +27,8 @@ DEFAULT_METHOD = "magcache"
 def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLike = DEFAULT_METHOD, *,
           num_steps: int | None = None, count_flops: bool = True, memoize: bool = True, scope: str | None = None,
           speed: str | float | None = None, quality: str | None = None, calibration_run: Any = None,
-          experts: dict[str, Any] | None = None, **overrides: Any) -> Handle:
+          experts: dict[str, Any] | None = None, max_cache_memory: str | int | None = None,
+          **overrides: Any) -> Handle:
     """Hook a caching method into a diffusers pipeline (or a bare transformer) and return its Handle.
 
     method:    a method name ("magcache", "fbcache", ...), a preset name, a plan file path (*.json), a config
@@ -47,9 +51,13 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                2}} (overrides on top), {"transformer_2": "fbcache"} (another method, config, Plan or plan file) or
                {"transformer_2": None} (uncached). handle.stats() sums the experts (per expert in .experts);
                handle.plan(expert="transformer_2") is one expert's plan.
+    max_cache_memory: a budget for the cached tensors, e.g. "4GiB" (also `--set max_cache_memory=4GiB`): checked at
+               a generation's first call against its real shapes, before anything is cached; over budget the call
+               raises dcache.budget.MemoryBudgetError with the numbers and the config changes that fit.
     overrides: config fields, e.g. apply(pipe, "magcache", threshold=0.1).
     """
     pipeline, transformer = _split_target(target)
+    limit = parse_bytes(max_cache_memory) if max_cache_memory is not None else None
     expert_settings = check_expert_names(pipeline, experts)
     for module in [transformer, *(m for _, m in extra_experts(pipeline))]:
         if getattr(module, "_dcache_engine", None) is not None:
@@ -89,6 +97,9 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     except BaseException:
         handle.remove()  # nothing half-applied
         raise
+    if limit is not None:
+        handle._budget = Budget(handle, pipeline, transformer, limit, method if isinstance(method, (str, os.PathLike))
+                                else copy.deepcopy(method), dict(overrides), scope)
     return handle
 
 

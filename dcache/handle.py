@@ -136,6 +136,8 @@ class Handle:
             if not sub.removed:
                 sub.remove()
         self._engine.remove()
+        if getattr(self, "_budget", None) is not None:  # dcache.budget's forward pre-hook
+            self._budget.remove()
         if getattr(self._engine.transformer, "_dcache_engine", None) is self._engine:
             del self._engine.transformer._dcache_engine
         self._removed = True
