@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .config import MethodConfig
+from .method_docs import with_args_section
 from .plugins import load_method_packages, no_methods_hint
 
 _METHODS: dict[str, type[MethodConfig]] = {}
@@ -32,7 +33,7 @@ def register_method(config_cls: type[MethodConfig]) -> type[MethodConfig]:
     if not config_cls.method:
         raise ValueError(f"{config_cls.__name__} must set the class attribute `method`.")
     _METHODS[config_cls.method] = config_cls
-    return config_cls
+    return with_args_section(config_cls)  # the docstring gains the knobs' defaults and ranges
 
 
 def register_preset(name: str, method: str, doc: str = "", **overrides: Any) -> Preset:

@@ -273,15 +273,30 @@ def estimate(
 
 
 @app.command()
-def methods() -> None:
-    """List the caching methods and presets."""
+def methods(name: Optional[str] = typer.Argument(None, help="a method or preset: print its full documentation")
+            ) -> None:
+    """List the caching methods and presets (one line each), or document one: `dcache methods magcache`."""
     import dcache
+    from dcache.method_docs import describe, summary
 
-    for name, cls in sorted(dcache.methods().items()):
-        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        typer.echo(f"{name:16s} {doc}")
-    for name, preset in sorted(dcache.presets().items()):
-        typer.echo(f"{name:16s} preset of {preset.method} {preset.overrides} {preset.doc}")
+    known, presets = dcache.methods(), dcache.presets()
+    if name is None:
+        for method, cls in sorted(known.items()):
+            typer.echo(f"{method:22s} {summary(cls)}")
+        for preset_name, preset in sorted(presets.items()):
+            typer.echo(f"{preset_name:22s} preset of {preset.method}: {preset.doc or preset.overrides}")
+        return
+    if name in presets:
+        preset = presets[name]
+        typer.echo(f"{name}: preset of {preset.method}, {preset.doc}\nOverrides: {preset.overrides}\n")
+        name = preset.method
+    if name not in known:
+        try:
+            dcache.config_for(name)  # raises the registry's error: the name, close matches, the known names
+        except ValueError as exc:
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2)
+    typer.echo(describe(known[name], presets))
 
 
 @app.command()

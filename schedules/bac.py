@@ -34,6 +34,21 @@ from dcache.plan import PlanSchedule
 @register_method
 @dataclass(frozen=True)
 class BACConfig(MethodConfig):
+    """BAC: per-unit update steps chosen by dynamic programming on profiled feature similarity.
+
+    Paper: Block-wise Adaptive Caching, https://arxiv.org/abs/2506.13456 (ICLR 2026).
+
+    Use it for a block-level static plan at a chosen compute ratio (`calibrate_bac`; the bundled model ships a
+    plan).
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "bac") as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "bac"
     compute_ratio: float = knob(0.5, low=0.01, high=1.0, doc="update steps per unit / steps, before the bubbling "
                                                               "union")

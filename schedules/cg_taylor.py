@@ -34,6 +34,21 @@ from dcache import register_method, register_preset
 @register_method
 @dataclass(frozen=True)
 class CGTaylorConfig(MethodConfig):
+    """CG-Taylor: forecast the stack with Taylor when the probe block's own forecast error is small.
+
+    Paper: Confidence-gated Taylor forecasting, https://arxiv.org/abs/2508.02240.
+
+    Use it as an adaptive TaylorSeer: the gate reads a signal inside the call (the probe block), so it runs in block
+    scope only.
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "cg_taylor", threshold=0.2) as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "cg_taylor"
     threshold: float = knob(0.03, low=0.0, high=100.0, doc="gate: forecast the stack while the probe block's Taylor "
                                                            "forecast error (relL1) is below this (FLUX 0.03; Wan 0.36)")

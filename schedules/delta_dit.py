@@ -30,6 +30,21 @@ from .taylorseer import full_step
 @register_method
 @dataclass(frozen=True)
 class DeltaDiTConfig(MethodConfig):
+    """Δ-DiT: reuse the offset of a contiguous block range, rear blocks early and front blocks late.
+
+    Paper: Chen et al., "Δ-DiT: A Training-Free Acceleration Method Tailored for Diffusion Transformers",
+    https://arxiv.org/abs/2406.01125.
+
+    Use it as a static block-range baseline; it saves at most `cached_ratio` of the blocks on cached steps.
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "delta_dit") as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "delta_dit"
     interval: int = knob(3, low=1, high=1000, doc="N: one full step, then N-1 steps skipping the cached range "
                                                   "(FLUX.1-dev: N=2 -> 1.50x, N=3 -> 2.21x FLOPs)")

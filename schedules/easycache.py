@@ -35,6 +35,21 @@ _EPS = 1e-12
 @register_method
 @dataclass(frozen=True)
 class EasyCacheConfig(MethodConfig):
+    """EasyCache: runtime-adaptive step reuse predicted from the transformation rate, no calibration.
+
+    Paper: Zhou et al., "Less is Enough: Training-Free Video Diffusion Acceleration via Runtime-Adaptive Caching",
+    https://arxiv.org/abs/2507.02860.
+
+    Use it on any DiT without calibration data; it decides before the call, so `scope="call"` works.
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "easycache", threshold=0.1) as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "easycache"
     threshold: float = knob(0.05, low=0.0, high=100.0, doc="tau: accumulated predicted relative output change below "
                                                            "which the call reuses (Wan2.1 0.05, HunyuanVideo 0.025)")

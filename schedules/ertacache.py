@@ -63,6 +63,22 @@ ENGINE_GAP = (
 @register_method
 @dataclass(frozen=True)
 class ERTACacheConfig(MethodConfig):
+    """ERTACache: a calibrated static step schedule with residual rectification and timestep adjustment.
+
+    Paper: Qiu et al., "ERTACache: Error Rectification and Timesteps Adjustment for Efficient Diffusion",
+    https://arxiv.org/abs/2508.21091 (dcache's formulation).
+
+    Use it when a calibration run on representative prompts is possible: the schedule is fixed offline and replays
+    with no run-time signal (`calibrate_ertacache`; the bundled model ships a plan).
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "ertacache") as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "ertacache"
     threshold: float = knob(0.1, low=0.0, high=100.0, doc="delta: largest profiled relL1 error e(j, i) allowed at a "
                                                            "reused step")

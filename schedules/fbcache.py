@@ -33,6 +33,22 @@ def fit_probe_tail(probe_blocks: int, tail_blocks: int, num_blocks: int) -> tupl
 @register_method
 @dataclass(frozen=True)
 class FBCacheConfig(MethodConfig):
+    """FBCache / DBCache: the first (probe) blocks always run and decide whether the middle of the stack is reused.
+
+    Paper: ParaAttention's First Block Cache (https://github.com/chengzeyi/ParaAttention) and cache-dit's DBCache
+    (https://github.com/vipshop/cache-dit); no paper.
+
+    Use it when no calibration is available: the signal is measured at run time. The `dbcache*` presets add tail
+    blocks and warm-up; the signal is read inside the call, so it cannot run with `scope="call"`.
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "fbcache", threshold=0.12) as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "fbcache"
     threshold: float = knob(0.08, low=0.0, high=10.0, doc="relative L1 change of the probe residual below which "
                                                            "the middle blocks are reused")

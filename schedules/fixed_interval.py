@@ -19,6 +19,20 @@ from .taylorseer import full_step
 @register_method
 @dataclass(frozen=True)
 class FixedIntervalConfig(MethodConfig):
+    """Fixed interval: compute the whole stack every N steps and reuse (or forecast) its residual in between.
+
+    Paper: No paper: the baseline every dynamic schedule must beat at equal compute.
+
+    Use it to check what a dynamic schedule gains over a plain cadence at the same compute ratio.
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "fixed_interval", interval=2) as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "fixed_interval"
     interval: int = knob(2, low=1, high=1000, doc="N: compute every N-th step (1 = never reuse)")
     warmup_steps: int = knob(1, low=1, high=100_000, doc="first steps always computed")

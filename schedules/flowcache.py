@@ -52,6 +52,21 @@ ENGINE_GAP = (
 @register_method
 @dataclass(frozen=True)
 class FlowCacheConfig(MethodConfig):
+    """FlowCache: an independent cache policy per chunk for chunked (diffusion-forcing) video generation.
+
+    Paper: "FlowCache", https://arxiv.org/abs/2602.10825.
+
+    Use it on chunked video pipelines (SkyReels-V2 DF, MAGI-1) whose chunks sit at different noise levels; on other
+    models it behaves as one chunk.
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "flowcache") as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "flowcache"
     threshold: float = knob(0.1, low=0.0, high=100.0, doc="per-chunk accumulated estimated relative output change "
                                                            "below which the chunk votes to reuse")

@@ -20,6 +20,21 @@ from .taylorseer import full_step
 @register_method
 @dataclass(frozen=True)
 class FORAConfig(MethodConfig):
+    """FORA: static module-level reuse of attention and feed-forward outputs every N steps.
+
+    Paper: Selvaraju et al., "FORA: Fast-Forward Caching in Diffusion Transformer Acceleration",
+    https://arxiv.org/abs/2407.01425.
+
+    Use it as the simplest module-level baseline; no signal and no calibration.
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "fora", interval=3) as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "fora"
     interval: int = knob(3, low=1, high=1000, doc="N: one full step, then N-1 steps reusing the module outputs "
                                                   "(FLUX.1-dev: N=3 -> 2.82x FLOPs, N=7 -> 5.55x)")

@@ -37,6 +37,21 @@ from dcache.plan import PlanSchedule
 @register_method
 @dataclass(frozen=True)
 class InvarDiffConfig(MethodConfig):
+    """InvarDiff: a calibrated per-step x per-block x per-module reuse plan from invariance statistics.
+
+    Paper: "InvarDiff", https://arxiv.org/abs/2512.05134 (dcache's formulation: thresholds are quantile levels).
+
+    Use it for a fine-grained static plan from one calibration pass (`calibrate_invardiff`; the bundled model
+    ships a plan).
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "invardiff") as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "invardiff"
     nonskip_ratio: float = knob(0.1, low=0.0, high=1.0, doc="fraction of the first steps never reused")
     step_quantile: float = knob(0.6, low=0.0, high=1.0, doc="step gate: quantile level of the step change below "

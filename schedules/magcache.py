@@ -32,6 +32,22 @@ from .tables import known_identities, lookup_table, model_identity
 @register_method
 @dataclass(frozen=True)
 class MagCacheConfig(MethodConfig):
+    """MagCache: skip whole steps while the accumulated magnitude-ratio error stays within a budget.
+
+    Paper: Ma et al., "MagCache: Fast Video Generation with Magnitude-Aware Cache", https://arxiv.org/abs/2506.09045.
+
+    Use it for step-level reuse on a model with a calibrated magnitude-ratio curve (`dcache calibrate --method
+    magcache`; the bundled model ships one). `order=1` forecasts the skipped steps: on the bundled model 55.5 dB
+    instead of 43.2 dB with plain reuse, at compute ratio ~0.5.
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "magcache", threshold=0.1) as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "magcache"
     threshold: float = knob(0.06, low=0.0, high=100.0, doc="error budget E: accumulated |1 - prod(gamma)| allowed "
                                                              "while reusing")

@@ -63,6 +63,21 @@ def unit_kinds(model: nn.Module) -> dict[str, str]:
 @register_method
 @dataclass(frozen=True)
 class PABConfig(MethodConfig):
+    """Pyramid Attention Broadcast: reuse attention outputs with per-kind ranges inside a timestep window.
+
+    Paper: Zhao et al., "Real-Time Video Generation with Pyramid Attention Broadcast", https://arxiv.org/abs/2408.12588.
+
+    Use it on video models with spatial, temporal and cross attention; it reuses attention only (feed-forward when
+    `mlp_range` > 0), so its compute saving is bounded by the attention share of the FLOPs.
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "pab") as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "pab"
     spatial_range: int = knob(2, low=1, high=1000, doc="self-attention computes every this many steps in the window "
                                                        "(1 = always)")

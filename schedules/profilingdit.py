@@ -36,6 +36,22 @@ from dcache.plan import PlanSchedule
 @register_method
 @dataclass(frozen=True)
 class ProfilingDiTConfig(MethodConfig):
+    """ProfilingDiT: cache background-focused blocks more aggressively than foreground-focused ones.
+
+    Paper: "Model Reveals What to Cache: Profiling-Based Feature Reuse for Video Diffusion Models",
+    https://arxiv.org/abs/2504.03140 (dcache's formulation from feature statistics).
+
+    Use it for a block-level static plan from one profiling pass (`calibrate_profilingdit`; the bundled model
+    ships a plan).
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "profilingdit") as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "profilingdit"
     foreground_ratio: float = knob(0.3, low=0.01, high=0.99, doc="fraction of the image tokens that are foreground")
     background_ratio: float = knob(0.5, low=0.0, high=1.0, doc="fraction of the blocks classified background (the "

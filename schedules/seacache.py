@@ -37,6 +37,22 @@ from dcache import register_method, register_preset
 @register_method
 @dataclass(frozen=True)
 class SeaCacheConfig(MethodConfig):
+    """SeaCache: gate the stack by the change of a spectrally denoised view of the input; forecast while skipping.
+
+    Paper: "SeaCache", spectral-evolution-aware caching, https://arxiv.org/abs/2602.18993.
+
+    Use it where the latents have a known spatial layout (dcache.spectral). Its gate-less cadence with a quadratic
+    forecast in call scope (`seacache-cadence`, order=2, scope="call") has the best held-out PSNR of the dynamic
+    schedules at compute ratios ~0.5 and ~0.25 on the bundled model (BENCHMARKS.md).
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "seacache") as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "seacache"
     threshold: float = knob(0.25, low=0.0, high=1000.0, doc="accumulated relL1 change of the SEA indicator at which "
                                                             "the stack is computed again (larger = more reuse)")

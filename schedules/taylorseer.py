@@ -29,6 +29,22 @@ def full_step(step: int, warmup_steps: int, interval: int) -> bool:
 @register_method
 @dataclass(frozen=True)
 class TaylorSeerConfig(MethodConfig):
+    """TaylorSeer: forecast cached features with a Taylor series on a fixed cadence instead of reusing them.
+
+    Paper: Liu et al., "From Reusing to Forecasting: Accelerating Diffusion Models with TaylorSeers",
+    https://arxiv.org/abs/2503.06923.
+
+    Use it for a static cadence with better quality than plain reuse; memory is (order + 1) tensors per cached unit
+    and branch, so `granularity="stack"` (the `taylorseer-lite` preset) is the cheapest.
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "taylorseer", interval=4) as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "taylorseer"
     interval: int = knob(5, low=1, high=1000, doc="N: one full step, then N-1 forecast steps (FLUX reference 6 at 50 "
                                                   "steps; diffusers 5)")

@@ -44,6 +44,21 @@ FALLBACK_THRESHOLD = 0.25  # used when neither the knob nor the model's table gi
 @register_method
 @dataclass(frozen=True)
 class TeaCacheConfig(MethodConfig):
+    """TeaCache: reuse the step residual while the rescaled change of the modulated input stays small.
+
+    Paper: Liu et al., "Timestep Embedding Tells: It's Time to Cache for Video Diffusion Model", https://arxiv.org/abs/2411.19108.
+
+    Use it on a model with published or calibrated polynomial coefficients (`dcache calibrate --method teacache`);
+    the signal needs the first block's modulated input, which the model family's adapter provides.
+
+    Example (the bundled tiny model):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "teacache") as handle:
+        ...     image = pipe("3").images[0]
+    """
+
     method = "teacache"
     threshold: float | None = knob(None, low=0.0, high=1e6, types=(float, int),
                                    doc="accumulated rescaled change below which the step residual is reused; None = "
