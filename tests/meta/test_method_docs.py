@@ -70,3 +70,17 @@ def test_dcache_methods_lists_one_line_per_method_and_preset_and_documents_one()
         preset.output
     unknown = CliRunner().invoke(app, ["methods", "magcach"])
     assert unknown.exit_code == 2 and "Did you mean 'magcache'" in unknown.output
+
+
+def test_docs_methods_md_is_generated_from_the_current_code():
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("dcache_methods_page", root / "benchmarks" / "methods_page.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    expected = module.page(json.loads(module.RESULTS.read_text()))
+    assert (root / "docs" / "methods.md").read_text() == expected, \
+        "docs/methods.md is out of date: run `python benchmarks/methods_page.py`"

@@ -1,0 +1,68 @@
+"""Write docs/methods.md from the code and the committed benchmark results:
+
+    python benchmarks/methods_page.py
+
+Per method: its config's documentation (summary, paper, when to use it, example, knobs with defaults and ranges:
+dcache.method_docs.describe), its formulation (the docstring of its module in schedules/), and its measured rows on
+the bundled tiny model (benchmarks/results/methods.json: held-out PSNR, compute ratio, batch-1 speed-up). The page
+is generated so that it always says what the code does; tests/meta/test_method_docs.py checks it is up to date.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from pathlib import Path
+
+import dcache
+from dcache.method_docs import describe, summary
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "methods.json"
+PAGE = ROOT / "docs" / "methods.md"
+
+
+def measured_rows(name: str, methods: dict) -> list[str]:
+    """Table rows of the dcache variants of `name` (e.g. magcache, magcache forecast, magcache call)."""
+    rows = [r for result in methods["results"] for r in result["rows"]
+            if r["library"] == "dcache" and r["method"].split()[0] == name and r.get("psnr_heldout")]
+    return [f"| {r['method']} | {r['setting']} | {r['ratio']:.3f} | {r['psnr_heldout']:.2f} | "
+            f"{r['b1_speedup_wall']:.2f}x |" for r in sorted(rows, key=lambda r: (r["method"], -r["ratio"]))]
+
+
+def page(methods_results: dict | None) -> str:
+    known, presets = dcache.methods(), dcache.presets()
+    out = ["# Methods", "",
+           "Every caching method of dcache, generated from the code by `python benchmarks/methods_page.py` "
+           "(`dcache methods NAME` prints the same documentation). Each section gives the method's documentation "
+           "and knobs (defaults and the ranges validation enforces), its formulation as implemented "
+           "(`schedules/<method>.py`), and its measured rows on the bundled tiny model from "
+           "[benchmarks/results/methods.json](../benchmarks/results/methods.json) (held-out PSNR vs the uncached "
+           "samples, compute ratio = block FLOPs computed / uncached, measured batch-1 wall-clock speed-up on a "
+           "2-core CPU; see [BENCHMARKS.md](../BENCHMARKS.md)).", "",
+           "| method | summary |", "|---|---|"]
+    out += [f"| [{name}](#{name.replace('_', '-')}) | {summary(cls)} |" for name, cls in sorted(known.items())]
+    for name, cls in sorted(known.items()):
+        module = inspect.getmodule(cls)
+        out += ["", f"## {name.replace('_', '-')}", "", "```text", describe(cls, presets), "```", "",
+                "**Formulation** (`" + Path(module.__file__).relative_to(ROOT).as_posix() + "`):", "", "```text",
+                inspect.cleandoc(module.__doc__ or ""), "```"]
+        rows = measured_rows(name, methods_results) if methods_results else []
+        out += ["", "**Measured** (bundled tiny model, 28 steps, CFG 1.5, 100 held-out samples):", ""]
+        if rows:
+            out += ["| variant | setting | compute ratio | PSNR held-out (dB) | batch-1 speed-up |",
+                    "|---|---|---|---|---|", *rows]
+        else:
+            out.append("not in the methods benchmark.")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else None
+    PAGE.write_text(page(results))
+    print(f"wrote {PAGE.relative_to(ROOT)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
