@@ -105,8 +105,55 @@ def render_markdown() -> str:
     ]
     for row in rows:
         lines.append(f"| `{row.model_class}` | {row.status} | {row.block_lists} | {_cell(row.detail)} |")
+    lines += _controlnet_section() + _experts_section()
     lines += ["", "Regenerate: `python -m dcache.support_matrix > SUPPORT.md`", ""]
     return "\n".join(lines)
+
+
+# Transformers that add ControlNet / VACE samples to the stream between their blocks (tests/core/
+# test_between_block_additions.py runs every unit kind on the ones marked tested).
+_BETWEEN_BLOCKS = {
+    "FluxTransformer2DModel": "tested", "ChromaTransformer2DModel": "tested (in-place single-block samples)",
+    "BriaTransformer2DModel": "tested (double blocks; diffusers' single-block samples are mis-sliced)",
+    "SD3Transformer2DModel": "tested", "QwenImageTransformer2DModel": "tested", "SanaTransformer2DModel": "tested (the tiny model adds after its last block only)",
+    "ZImageTransformer2DModel": "same mechanism, not tested", "WanVACETransformer3DModel": "same mechanism, not tested",
+    "HunyuanDiT2DModel": "none: samples join the skip connections passed to the blocks (inside every unit)",
+    "CosmosTransformer3DModel": "none: the residual is added inside the blocks (inside every unit)",
+}
+
+
+def _controlnet_section() -> list[str]:
+    import diffusers
+
+    controlnets = sorted(n for n in dir(diffusers) if n.endswith("ControlNetModel") and "UNet" not in n
+                         and n != "ControlNetModel")
+    lines = ["", "## ControlNets", "",
+             "A ControlNet model runs every step and hands its samples to the transformer, which adds them to the "
+             "stream between its blocks. dcache keeps those additions out of a cached stack residual (each reused "
+             "call adds its own samples, exactly as an uncached call does); block and module units never contain "
+             "them. The ControlNet model itself is not cached.", "",
+             "| transformer | between-block additions |", "|---|---|"]
+    lines += [f"| `{name}` | {status} |" for name, status in _BETWEEN_BLOCKS.items()]
+    lines += ["", "ControlNet models of this diffusers: " + ", ".join(f"`{n}`" for n in controlnets) + "."]
+    return lines
+
+
+def _experts_section() -> list[str]:
+    import diffusers
+
+    found = []
+    for name in sorted(n for n in dir(diffusers) if n.endswith("Pipeline")):
+        try:
+            params = inspect.signature(getattr(diffusers, name).__init__).parameters
+        except (TypeError, ValueError, ImportError, AttributeError):
+            continue
+        extra = [p for p in params if p.startswith("transformer_")]
+        if extra:
+            found.append(f"| `{name}` | `transformer`, " + ", ".join(f"`{p}`" for p in extra) + " |")
+    return ["", "## Pipelines with several denoising transformers", "",
+            "Every expert is cached with its own state (`dcache.experts`): stats per expert and in total, a plan per "
+            "expert, per-expert settings with `dcache.apply(pipe, method, experts={...})`.", "",
+            "| pipeline | experts |", "|---|---|", *found]
 
 
 # ---- supported rows -----------------------------------------------------------------------------------------------
