@@ -23,6 +23,7 @@ from typing import Any
 
 from .actions import ACTION_CHARS, Action, Granularity
 from .io import atomic_write_text  # re-exported: older code imports it from here
+from .state import MAX_FORECAST_ORDER
 from .schedule import CallContext, GenerationInfo, Schedule
 
 PLAN_FORMAT = "dcache.plan"
@@ -73,6 +74,7 @@ class Plan:
                             f"{[g.value for g in Granularity]}; {REEXPORT}.") from None
         if self.num_steps < 1:
             raise PlanError(f"plan num_steps={self.num_steps} must be >= 1; {REEXPORT}.")
+        self._check_bounds()
         if not self.actions:
             raise PlanError(f"plan has no action rows; {REEXPORT}.")
         for branch, rows in self.actions.items():
@@ -123,6 +125,23 @@ class Plan:
                 raise PlanError(f"plan field {name}={getattr(self, name)!r:.60} is invalid: it must be {what}. The "
                                 f"file is corrupted or edited by hand; {REEXPORT}.")
 
+    def _check_bounds(self) -> None:
+        """Numbers that size what a replay allocates, bounded by the plan's own layout before anything is built:
+        the Taylor tables hold forecast_order + 1 tensors per cached unit (state.MAX_FORECAST_ORDER), probe and
+        tail blocks must leave a cached middle, and only STACK plans have them."""
+        blocks = sum(self.block_layout)
+        if self.forecast_order > MAX_FORECAST_ORDER:
+            raise PlanError(f"plan field forecast_order={self.forecast_order} is out of range: it must be in "
+                            f"0..{MAX_FORECAST_ORDER} (the Taylor order of forecast cells; each order keeps one more "
+                            f"cached tensor per unit). Fix the field or {REEXPORT}.")
+        if self.granularity != Granularity.STACK.value and (self.probe_blocks or self.tail_blocks):
+            raise PlanError(f"plan fields probe_blocks={self.probe_blocks} / tail_blocks={self.tail_blocks} apply to "
+                            f"stack plans only, this plan is {self.granularity}: set them to 0 or {REEXPORT}.")
+        if self.probe_blocks + self.tail_blocks >= max(blocks, 1):
+            raise PlanError(f"plan fields probe_blocks={self.probe_blocks} and tail_blocks={self.tail_blocks} leave no "
+                            f"block to cache of the {blocks} in block_layout={self.block_layout}; their sum must be "
+                            f"<= {max(blocks - 1, 0)}. Fix the fields or {REEXPORT}.")
+
     def check_model(self, model_class: str, block_layout: list[int], units: tuple[str, ...]) -> None:
         if model_class != self.model_class:
             raise PlanError(f"this plan was made for {self.model_class} but the model is {model_class}; "
@@ -131,8 +150,14 @@ class Plan:
             raise PlanError(f"this plan expects block lists of sizes {self.block_layout} but the model has "
                             f"{list(block_layout)} (another variant of {model_class}); make a plan for this model.")
         if tuple(units) != tuple(self.units):
-            raise PlanError(f"this plan addresses {len(self.units)} units but the model exposes {len(units)} at "
-                            f"{self.granularity} granularity; make a plan for this model.")
+            if len(units) != len(self.units):
+                raise PlanError(f"this plan addresses {len(self.units)} units but the model exposes {len(units)} at "
+                                f"{self.granularity} granularity; make a plan for this model.")
+            differ = [(i, mine, theirs) for i, (mine, theirs) in enumerate(zip(self.units, units)) if mine != theirs]
+            shown = ", ".join(f"#{i}: plan {mine!r:.40} vs model {theirs!r:.40}" for i, mine, theirs in differ[:4])
+            more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+            raise PlanError(f"this plan's units differ from the model's at {len(differ)} of {len(units)} places "
+                            f"({shown}{more}); make a plan for this model (or fix the unit names in the file).")
 
     # ------------------------------------------------------------------------------------------------ rows
     def row(self, step: int, branch: str, num_steps: int | None) -> str:

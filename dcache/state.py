@@ -17,10 +17,18 @@ from dcache.cache_ops import ops_for  # the Taylor pair, backend chosen as for t
 
 
 
+# Taylor orders above this are refused before any table is allocated: order k keeps k + 1 tensors per cached unit
+# (the methods' order knobs allow up to 8 too).
+MAX_FORECAST_ORDER = 8
+
+
 class UnitHistory:
     """Cached tensors of one unit in one branch (e.g. the [hidden, encoder] residuals of a block)."""
 
     def __init__(self, order: int):
+        if type(order) is not int or not 0 <= order <= MAX_FORECAST_ORDER:  # noqa: E721 - bool is not an order
+            raise ValueError(f"forecast_order={order!r} must be an int in 0..{MAX_FORECAST_ORDER} (the Taylor "
+                             f"order of forecasts; order k keeps k + 1 cached tensors per unit).")
         self.order = order
         self.key: Any = None  # the unit's key in BranchState.units (read by a schedule's forecaster)
         self.tables: list[torch.Tensor] | None = None

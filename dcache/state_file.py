@@ -86,8 +86,9 @@ def refuse_legacy(path: Path, kind: str, fix: str) -> None:
                              f"from output folders, since loading one can run any code; {fix}.")
 
 
-def _metadata(raw: bytes) -> dict | None:
-    """The safetensors header's __metadata__, parsed without touching the tensor bytes; None when absent."""
+def safetensors_header(raw: bytes) -> dict | None:
+    """The JSON header of safetensors bytes ({name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}),
+    parsed without touching the tensor bytes; None when `raw` does not start with one."""
     if len(raw) < 8:
         return None
     (n,) = struct.unpack("<Q", raw[:8])
@@ -95,9 +96,14 @@ def _metadata(raw: bytes) -> dict | None:
         return None
     try:
         header = json.loads(raw[8:8 + n])
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return header if isinstance(header, dict) else None
+
+
+def _metadata(raw: bytes) -> dict | None:
+    header = safetensors_header(raw)
+    meta = header.get("__metadata__") if header is not None else None
     return meta if isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values()) else None
 
 
@@ -150,4 +156,4 @@ def _hashable(key: Any) -> Any:
     return key
 
 
-__all__ = ["StateFileError", "save_state", "load_state", "refuse_legacy", "is_pickle"]
+__all__ = ["StateFileError", "save_state", "load_state", "refuse_legacy", "is_pickle", "safetensors_header"]

@@ -198,6 +198,7 @@ class DisCaPredictor(nn.Module):
                                 f"{spec['order']} or {fix}.")
         layout = {k: spec[k] for k in ("model_class", "block_layout", "granularity", "units", "probe_blocks",
                                        "tail_blocks") if k in spec}
+        _check_sizes(spec, blob, fix)
         try:
             model = cls({k: int(v) for k, v in spec["streams"].items()}, order=int(spec["order"]),
                         hidden=int(spec["hidden"]), time_dim=int(spec["time_dim"]), layout=layout)
@@ -206,6 +207,38 @@ class DisCaPredictor(nn.Module):
             raise PlanError(f"the DisCa predictor weights do not fit its own description ({str(exc)[:200]}); {fix}.") \
                 from None
         return model.eval().requires_grad_(False)
+
+
+def _check_sizes(spec: dict, blob: bytes, fix: str) -> None:
+    """Every size in the spec, bounded before any allocation: order in 1..MAX_FORECAST_ORDER, positive ints, and
+    the network they describe (built on the meta device: shapes only, no memory) has exactly the tensors of the
+    weights blob, so what `from_extras` then allocates is the size of the weights the plan file carries."""
+    from dcache.state import MAX_FORECAST_ORDER
+    from dcache.state_file import safetensors_header
+
+    def size(v: Any) -> bool:  # every size is a matrix side, so at most the blob's float32 count
+        return type(v) is int and 1 <= v <= len(blob) // 4  # noqa: E721 - bool is not a size
+
+    streams = spec["streams"]
+    bad = [k for k in ("hidden", "time_dim") if not size(spec[k])]
+    if not (size(spec["order"]) and spec["order"] <= MAX_FORECAST_ORDER):
+        bad.insert(0, "order")
+    if not isinstance(streams, dict) or not streams or not all(isinstance(k, str) and size(v)
+                                                                for k, v in streams.items()):
+        bad.append("streams")
+    if bad:
+        raise PlanError(f"the DisCa predictor's {bad} are invalid (order: an int in 1..{MAX_FORECAST_ORDER}; hidden, "
+                        f"time_dim and the streams' channels: ints from 1 to the number of weights it carries, "
+                        f"{len(blob) // 4}); the plan file is damaged, {fix}.")
+    header = safetensors_header(blob) or {}
+    stored = {k: v.get("shape") for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+    with torch.device("meta"):
+        shapes = {k: list(v.shape) for k, v in DisCaPredictor(streams, order=spec["order"], hidden=spec["hidden"],
+                                                              time_dim=spec["time_dim"]).state_dict().items()}
+    if stored != shapes:
+        raise PlanError(f"the DisCa predictor weights do not fit its own description (order={spec['order']}, "
+                        f"hidden={spec['hidden']}, time_dim={spec['time_dim']}, {len(streams)} streams: other tensor "
+                        f"shapes than the weights it carries); the plan file is damaged or was edited, {fix}.")
 
 
 class DisCaForecaster(Forecaster):

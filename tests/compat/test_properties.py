@@ -211,9 +211,13 @@ def plans(draw) -> Plan:
     json_value = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                                  st.dictionaries(st.text(max_size=4), inner,
                                                                                  max_size=3)), max_leaves=6)
+    # probe / tail blocks: stack plans only, leaving at least one middle block (Plan refuses anything else)
+    stack = granularity == "stack"
+    probe = draw(st.integers(0, min(2, sum(layout) - 1))) if stack else 0
+    tail = draw(st.integers(0, min(2, sum(layout) - 1 - probe))) if stack else 0
     return Plan(model_class=draw(st.sampled_from(["FluxTransformer2DModel", "WanTransformer3DModel"])),
                 block_layout=layout, granularity=granularity, units=units, num_steps=steps, actions=actions,
-                probe_blocks=draw(st.integers(0, 2)), tail_blocks=draw(st.integers(0, 2)),
+                probe_blocks=probe, tail_blocks=tail,
                 forecast_order=draw(st.integers(0, 3)), scheduler=draw(st.one_of(st.none(), st.text(max_size=8))),
                 resolution=draw(st.one_of(st.none(), st.lists(st.integers(1, 64), min_size=3, max_size=3))),
                 interpolate_steps=draw(st.booleans()),
