@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dcache.plan import atomic_write_text
+from dcache.io import atomic_write_text, atomic_write_with
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "dcache.generate"
@@ -167,13 +167,7 @@ def _generate_item(job: Any, item: Any, handle: Any, out_dir: Path, process: int
 
 
 def _atomic(path: Path, write: Any) -> str:
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path.name
+    return atomic_write_with(path, write).name
 
 
 def _read_marker(marker: Path, fingerprint: str, out_dir: Path) -> list[dict] | None:

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -21,6 +20,7 @@ import PIL.ImageFont
 import torch
 
 from dcache.extras import require
+from dcache.io import atomic_write_with
 
 
 def _pyplot():
@@ -32,13 +32,10 @@ def _pyplot():
 
 
 def _save(fig, path: str | Path, dpi: int = 110) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=dpi, bbox_inches="tight", facecolor="white")
-    _pyplot().close(fig)
-    os.replace(tmp, path)
-    return path
+    try:
+        return atomic_write_with(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", facecolor="white"))
+    finally:
+        _pyplot().close(fig)
 
 
 @dataclass
@@ -222,12 +219,7 @@ def image_grid(rows: Sequence[tuple[str, torch.Tensor, Sequence[str] | None]], p
             if captions is not None and i < len(captions) and captions[i]:
                 draw.text((label_width + pad + i * (tw + pad) + 2, y + th + 2), captions[i], fill=(40, 40, 40),
                           font=small)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    canvas.save(tmp)
-    os.replace(tmp, path)
-    return path
+    return atomic_write_with(path, canvas.save)
 
 
 def _wrap_text(draw, text: str, xy: tuple[int, int], width: int, font) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from dcache.plan import atomic_write_text
+from dcache.io import atomic_write_text
 
 from .plots import ParetoPoint, heatmap, image_grid, pareto_plot
 
@@ -431,13 +431,7 @@ def render_html(results: dict, figs: dict[str, Path]) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    """Atomic write, then the usual permissions (mkstemp creates 0600; reports are for sharing)."""
-    import os
-
-    atomic_write_text(path, text)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+    atomic_write_text(path, text)  # dcache.io: the usual permissions (umask), reports are for sharing
 
 
 def write_report(out: str | Path, results: dict, records: dict[str, list[dict]]) -> list[str]:

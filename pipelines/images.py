@@ -9,6 +9,8 @@ import PIL.Image
 import PIL.ImageDraw
 import torch
 
+from dcache.io import atomic_write_with
+
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
     """[N, C, H, W] in [0, 1] -> [N, H, W, 3] uint8."""
@@ -39,24 +41,17 @@ def save_grid(rows: list[torch.Tensor], path: str | Path, *, row_labels: list[st
         for i in range(arr.shape[0]):
             tile = PIL.Image.fromarray(arr[i]).resize((w, h), PIL.Image.NEAREST)
             canvas.paste(tile, (lw + pad + i * (w + pad), y))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    canvas.save(tmp)
-    tmp.replace(path)
-    return path
+    return atomic_write_with(path, canvas.save)
 
 
 def save_video(frames: torch.Tensor, path: str | Path, fps: int = 8) -> Path:
     """Frames [F, C, H, W] in [0, 1] -> an animated GIF (or MP4 through diffusers' exporter when the suffix asks)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     arr = to_uint8(frames)
     if path.suffix == ".mp4":
         from diffusers.utils import export_to_video
 
-        export_to_video([a for a in arr], str(path), fps=fps)
-        return path
+        return atomic_write_with(path, lambda tmp: export_to_video([a for a in arr], str(tmp), fps=fps))
     images = [PIL.Image.fromarray(a) for a in arr]
-    images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
-    return path
+    return atomic_write_with(path, lambda tmp: images[0].save(tmp, save_all=True, append_images=images[1:],
+                                                              duration=int(1000 / fps), loop=0))

@@ -29,7 +29,8 @@ import torch
 import dcache
 from dcache.actions import Action, Granularity
 from dcache.adapters import reuse_composed_inputs
-from dcache.plan import Plan, atomic_write_text
+from dcache.io import atomic_write_text, atomic_write_with
+from dcache.plan import Plan
 from dcache.schedule import CallContext, Schedule
 
 QualityFn = Callable[[torch.Tensor, torch.Tensor], float]
@@ -364,5 +365,7 @@ def _plot(path: Path, method: str, rows: list[dict], others: list[dict], title: 
     ax.set_title(title or f"{method} Pareto front")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        atomic_write_with(path, fig.savefig)  # front.png: never half-written either
+    finally:
+        plt.close(fig)
