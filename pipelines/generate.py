@@ -84,7 +84,8 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
 
         timing = interleaved_runs(job, enable, repeats, on_run=bar.step)
     reference, cached, t_ref, t_cached = timing.reference, timing.cached, timing.seconds_uncached, timing.seconds_cached
-    stats, plan = timing.stats, timing.plan
+    stats, plans = timing.stats, timing.plan
+    plan = plans["transformer"]
     batch_size = int(reference.shape[0]) // max(job.frames_per_sample, 1)  # images (videos) per pipeline call
 
     out_dir = Path(out)
@@ -139,7 +140,8 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
                   row_labels=["uncached", f"{cache}", "|difference|"], scale=4 if is_tiny else 1)
         summary["grid"] = "grid.png"
     progress.stage(f"writing {out_dir}/")
-    plan.save(out_dir / "plan.json")
+    for name, expert_plan in plans.items():  # plan.json; plan.transformer_2.json for a second expert
+        expert_plan.save(out_dir / ("plan.json" if name == "transformer" else f"plan.{name}.json"))
     atomic_write_text(out_dir / "stats.json", json.dumps(_finite(summary), indent=1))
     return GenerateResult(out_dir, summary)
 
@@ -185,6 +187,10 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{_seconds(s['uncached_seconds_spread'])}, cached {_seconds(s['cached_seconds_spread'])}",
         f"quality      PSNR cached vs uncached {s['psnr_db']:.2f} dB, max |error| {s['max_abs_error']:.4f}",
     ]
+    for name, e in (s.get("stats") or {}).get("experts", {}).items():  # Wan 2.2: transformer + transformer_2
+        lines.append(f"  {name}: {e['calls_fully_computed']}/{e['calls']} calls fully computed, units computed "
+                     f"{e['units_computed']}, reused {e['units_reused']}, forecast {e['units_forecast']}, compute "
+                     f"ratio {e['compute_ratio']:.3f}")
     if s.get("memory"):
         m = s["memory"]
         kinds = ", ".join(f"{k} {format_bytes(v)}" for k, v in m["by_kind"].items()) or "nothing cached"

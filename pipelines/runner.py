@@ -101,9 +101,15 @@ class ABTiming:
     seconds_uncached: list[float]  # wall-clock seconds per timed run (one pipeline call of the whole batch)
     seconds_cached: list[float]
     stats: Any  # dcache Stats of the last cached run
-    plan: Any  # its dcache Plan
+    plan: Any  # its dcache Plans by expert: {"transformer": plan} (several for Wan 2.2's transformer_2)
     cpu_uncached: list[float] = field(default_factory=list)  # process CPU seconds (all threads) of the same runs
     cpu_cached: list[float] = field(default_factory=list)
+
+
+def expert_plans(handle: Any) -> dict[str, Any]:
+    """The last generation's plan of every denoising transformer the handle caches, by component name."""
+    return {name: handle.plan(expert=name) for name in ("transformer", *handle.experts)} if handle.experts \
+        else {"transformer": handle.plan()}
 
 
 def interleaved_runs(job: GenerationJob, enable: Callable[[], Any], repeats: int,
@@ -127,7 +133,7 @@ def interleaved_runs(job: GenerationJob, enable: Callable[[], Any], repeats: int
         handle = enable()
         try:
             images, seconds, cpu = timed(job)
-            return images, seconds, cpu, handle.stats(), handle.plan()
+            return images, seconds, cpu, handle.stats(), expert_plans(handle)
         finally:
             handle.remove()
 

@@ -16,7 +16,7 @@ from dcache.pipelines.cli import app
 
 runner = CliRunner()
 
-FOLDERS = ["flux", "sd3", "qwen_image", "wan21"]
+FOLDERS = ["flux", "sd3", "qwen_image", "wan21", "wan22"]  # wan22: two experts (transformer_2)
 # Call arguments the CLI passes through --call (prompt, steps, guidance, height and width have their own flags).
 CLI_OWN = {"prompt", "num_inference_steps", "guidance_scale", "height", "width", "output_type"}
 
@@ -50,6 +50,14 @@ def test_generate_on_a_saved_pipeline_folder(folder, tmp_path):
     assert 15.0 < stats["psnr_db"] < math.inf  # decoded images: cached close to, but not equal to, uncached
     written = ["uncached.gif", "cached.gif"] if spec.video else ["grid.png"]
     assert all((out / name).stat().st_size > 0 for name in written + ["plan.json"])
+    experts = stats["stats"]["experts"]
+    if spec.build().components.get("transformer_2") is not None:  # each expert's plan and stats, and their sum
+        assert (out / "plan.transformer_2.json").stat().st_size > 0
+        assert set(experts) == {"transformer", "transformer_2"}
+        assert stats["calls"] == sum(e["calls"] for e in experts.values())
+        assert "transformer_2:" in result.output
+    else:
+        assert experts == {} and not list(out.glob("plan.*.json"))
 
 
 def test_eval_on_a_saved_pipeline_folder(folder, tmp_path):
