@@ -41,6 +41,9 @@ def page(methods_results: dict | None) -> str:
            "[benchmarks/results/methods.json](../benchmarks/results/methods.json) (held-out PSNR vs the uncached "
            "samples, compute ratio = block FLOPs computed / uncached, measured batch-1 wall-clock speed-up on a "
            "2-core CPU; see [BENCHMARKS.md](../BENCHMARKS.md)).", "",
+           "```python", "import dcache", "from dcache.method_docs import describe", "",
+           "print(describe(dcache.methods()[\"magcache\"], dcache.presets()))  # the text of a section below",
+           "```", "",
            "| method | summary |", "|---|---|"]
     out += [f"| [{name}](#{name.replace('_', '-')}) | {summary(cls)} |" for name, cls in sorted(known.items())]
     for name, cls in sorted(known.items()):
