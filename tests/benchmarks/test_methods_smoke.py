@@ -19,6 +19,7 @@ def _assets_present() -> bool:
     return (TINY_MODEL_DIR / "model_index.json").is_file() and DIGIT_CLASSIFIER_PATH.is_file()
 
 
+@pytest.mark.slow  # ~100 s on a busy 2-core CPU
 @pytest.mark.skipif(not _assets_present(), reason="the bundled tiny model / classifier assets are not built yet")
 def test_quick_benchmark_table_has_dcache_and_diffusers_rows(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("dcache_methods_benchmark", SCRIPT)

@@ -26,6 +26,7 @@ CLI_FILE = Path("pipelines/cli.py")
 SOURCE_NAMES = ["kernels", "schedules", "pipelines", "eval"]  # source folders, importable only under dcache.
 
 
+@pytest.mark.slow  # builds and installs a wheel: ~50 s on a busy 2-core CPU
 def test_only_dcache_is_importable(tmp_path):
     code = (
         "import importlib, sys\n"
@@ -161,6 +162,7 @@ def test_the_package_ships_its_type_marker_and_requires_no_extra():
         assert module not in required, f"{module} is required; it belongs in an extra (dcache/extras.py)"
 
 
+@pytest.mark.slow  # a fresh interpreter importing the method packages: ~50 s on a busy 2-core CPU
 def test_methods_load_even_when_stale_metadata_comes_first_on_sys_path(tmp_path):
     # A `dcache.egg-info` from an older build left in a checkout's root is the first dcache metadata Python finds
     # when it runs from there; the method packages must still be found through the installed metadata.

@@ -54,6 +54,7 @@ def test_assets_live_in_the_installed_package_and_are_small():
     assert index["label_encoder"] == ["dcache.pipelines.label_encoder", "LabelEncoder"]  # importable, no remote code
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_fresh_process_loads_offline_and_reproduces_in_process_images(pipe, tmp_path):
     code = (
         "import torch\n"
@@ -91,11 +92,13 @@ def test_packing_round_trips_and_matches_the_token_grid():
     assert torch.equal(tokens[:, 9], images[:, 0, 2 * row : 2 * row + 2, 2 * col : 2 * col + 2].reshape(3, 4))
 
 
+@pytest.mark.slow  # 50 samples at 28 steps
 def test_generated_samples_are_the_requested_digits(pipe, classifier):
     accuracy = generated_accuracy(pipe, classifier, per_class=5, seed=1234)  # 50 samples, default steps and CFG
     assert accuracy >= MIN_GENERATED_ACCURACY
 
 
+@pytest.mark.slow  # 3 x 10 samples at 28 steps
 def test_split_and_batched_cfg_give_the_same_images(pipe):
     labels = list(range(10))
     split = pipe(labels, generator=_seeded(3), cfg_mode="split", output_type="pt").images
@@ -105,6 +108,7 @@ def test_split_and_batched_cfg_give_the_same_images(pipe):
     assert (split - no_cfg).abs().max().item() > 100 * CFG_MODE_ATOL  # guidance does change the samples
 
 
+@pytest.mark.slow  # 4 x 2 samples at 28 steps
 def test_same_seed_gives_identical_images_and_latents_replace_the_noise(pipe):
     first = pipe([4, 2], generator=_seeded(7), output_type="pt").images
     again = pipe([4, 2], generator=_seeded(7), output_type="pt").images
@@ -216,6 +220,7 @@ def test_call_protocol_seen_by_cache_engines(pipe, cfg_mode, guidance, per_step)
     assert torch.all(sigmas[len(per_step) :: len(per_step)] < sigmas[: -len(per_step) : len(per_step)])  # decreasing
 
 
+@pytest.mark.slow  # 10 samples at 28 steps
 def test_denoising_trajectory_is_smooth(pipe):
     """Consecutive transformer outputs change little and gradually, as in large flow models (what caching exploits)."""
     outputs = []

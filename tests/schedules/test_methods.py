@@ -172,6 +172,7 @@ class _BlockMeter:
             handle.remove()
 
 
+@pytest.mark.slow  # 3-9 s per method (a FLOP meter over every op)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_stats_compute_ratio_equals_an_independent_flop_meter(case):
     model = tiny_flux()  # a fresh model: the meter's hooks must sit under dcache's
