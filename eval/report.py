@@ -136,14 +136,31 @@ def _few_images(row: dict) -> bool:
     return (row.get("num_images") or 0) < FID_MIN_IMAGES
 
 
+def _timing_caveat(results: dict) -> list[str]:
+    """Methods whose per-call latencies spread (IQR) by more than SPREAD_TOLERANCE of their median."""
+    from dcache.pipelines.timing_checks import SPREAD_TOLERANCE
+
+    noisy = []
+    for label in results["order"]:
+        lat = results["variants"][label].get("latency") or {}
+        median, iqr = lat.get("median_s"), lat.get("iqr_s")
+        if median and iqr is not None and iqr / median > SPREAD_TOLERANCE:
+            noisy.append(f"{label} ({iqr / median:.0%})")
+    if not noisy:
+        return []
+    return [f"Latency IQR above {SPREAD_TOLERANCE:.0%} of the median for {', '.join(noisy)}: the timed calls "
+            f"disagree (a busy machine, clock changes), so the measured speed-ups are uncertain by about as much; "
+            f"the compute ratio and, on a CPU, the CPU-time speed-up are the steadier figures."]
+
+
 def caveats(results: dict) -> list[str]:
-    """Sample-size warnings shown right under the results table (markdown and html)."""
+    """Sample-size and timing warnings shown right under the results table (markdown and html)."""
     rows = [results["variants"][k] for k in results["order"]]
     small = sorted({r.get("num_images") or 0 for r in rows
                     if _few_images(r) and any(r.get(c) is not None for c in FID_COLUMNS)})
     if not small:
-        return []
-    return [f"{SMALL_SAMPLE} FID on {' / '.join(map(str, small))} images per method: below {FID_MIN_IMAGES} images "
+        return _timing_caveat(results)
+    return _timing_caveat(results) + [f"{SMALL_SAMPLE} FID on {' / '.join(map(str, small))} images per method: below {FID_MIN_IMAGES} images "
             f"a Frechet distance is mostly small-sample bias (it falls as 1/n) and noise, so these values only "
             f"rank methods run on the same images and say little about quality; use at least {FID_MIN_IMAGES} "
             f"(and thousands for values comparable across papers) before reading them."]
