@@ -153,7 +153,7 @@ def calibrate(
                                                  "dcache-calibration.json); profiled methods: plan file (default "
                                                  "dcache-METHOD.plan.json), or an existing calibration file to add "
                                                  "the plan to. Written atomically."),
-    device: str = typer.Option("cpu"), dtype: str = typer.Option("float32"),
+    device: str = typer.Option(AUTO, help=DEVICE_HELP), dtype: str = typer.Option(AUTO, help=DTYPE_HELP),
     set_: list[str] = typer.Option([], "--set", help="profiled methods: config field key=value used by the "
                                                      "calibration (repeatable), e.g. --set compute_ratio=0.4"),
 ) -> None:
@@ -176,7 +176,9 @@ def calibrate(
                              f"{method} takes no config fields here.")
         if seeds < 1:
             raise ValueError(f"--seeds {seeds} must be >= 1.")
+        device, dtype = resolve_device(device, dtype)
         pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
+        typer.echo(f"[dcache] calibrating {method} on {describe(device, dtype)}", err=True)
         if prompt is None and not is_tiny:
             raise ValueError("--prompt is required for this model.")
         prompts = ([p.strip() for p in prompt.split(",")] if is_tiny else [prompt]) if prompt else \
