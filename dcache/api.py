@@ -12,6 +12,7 @@ from torch import nn
 
 from .adapters import adapter_for
 from .budget import Budget
+from .cache_codec import cache_codec
 from .config import MethodConfig
 from .engine import Engine
 from .experts import check_expert_names, expert_method, extra_experts
@@ -28,7 +29,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
           num_steps: int | None = None, count_flops: bool = True, memoize: bool = True, scope: str | None = None,
           speed: str | float | None = None, quality: str | None = None, calibration_run: Any = None,
           experts: dict[str, Any] | None = None, max_cache_memory: str | int | None = None,
-          **overrides: Any) -> Handle:
+          cache_dtype: str | None = None, cache_scale: str | None = None, **overrides: Any) -> Handle:
     """Hook a caching method into a diffusers pipeline (or a bare transformer) and return its Handle.
 
     method:    a method name ("magcache", "fbcache", ...), a preset name, a plan file path (*.json), a config
@@ -54,10 +55,15 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     max_cache_memory: a budget for the cached tensors, e.g. "4GiB" (also `--set max_cache_memory=4GiB`): checked at
                a generation's first call against its real shapes, before anything is cached; over budget the call
                raises dcache.budget.MemoryBudgetError with the numbers and the config changes that fit.
+    cache_dtype: store the cached residuals, module outputs and Taylor tables in "bfloat16", "float16" or
+               "float8_e4m3fn" (also `--set cache_dtype=bfloat16`), restored to the compute dtype on use; None keeps
+               the compute dtype. cache_scale: for float8, "tensor" (default) or "token": the fp32 absmax scale
+               stored beside each tensor (dcache.cache_codec).
     overrides: config fields, e.g. apply(pipe, "magcache", threshold=0.1).
     """
     pipeline, transformer = _split_target(target)
     limit = parse_bytes(max_cache_memory) if max_cache_memory is not None else None
+    codec = cache_codec(cache_dtype, cache_scale)
     expert_settings = check_expert_names(pipeline, experts)
     for module in [transformer, *(m for _, m in extra_experts(pipeline))]:
         if getattr(module, "_dcache_engine", None) is not None:
@@ -73,7 +79,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     if scope is None:
         scope = schedule.plan.extras.get("scope", "blocks") if isinstance(schedule, PlanSchedule) else "blocks"
     engine = Engine(transformer, adapter_for(transformer), schedule, pipeline=pipeline,
-                    num_steps=num_steps, count_flops=count_flops, memoize=memoize, scope=scope)
+                    num_steps=num_steps, count_flops=count_flops, memoize=memoize, scope=scope, cache_codec=codec)
     if isinstance(schedule, PlanSchedule):
         _check_plan_fits(schedule.plan, engine)
     transformer._dcache_engine = engine
@@ -89,7 +95,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                                  f"(or a method name, which builds one per expert).")
             sub_schedule, sub_name, sub_config = _resolve_schedule(picked[0], picked[1], module)
             sub = Engine(module, adapter_for(module), sub_schedule, pipeline=pipeline, num_steps=num_steps,
-                         count_flops=count_flops, memoize=memoize, scope=scope, leader=engine)
+                         count_flops=count_flops, memoize=memoize, scope=scope, leader=engine, cache_codec=codec)
             if isinstance(sub_schedule, PlanSchedule):
                 _check_plan_fits(sub_schedule.plan, sub)
             module._dcache_engine = sub
@@ -99,8 +105,14 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
         raise
     if limit is not None:
         handle._budget = Budget(handle, pipeline, transformer, limit, method if isinstance(method, (str, os.PathLike))
-                                else copy.deepcopy(method), dict(overrides), scope)
+                                else copy.deepcopy(method), _with_codec(overrides, cache_dtype, cache_scale), scope)
     return handle
+
+
+def _with_codec(overrides: dict, cache_dtype: Any, cache_scale: Any) -> dict:
+    """The budget's estimates run apply again: with the same cache dtype, so they count the bytes it stores."""
+    codec = {k: v for k, v in (("cache_dtype", cache_dtype), ("cache_scale", cache_scale)) if v is not None}
+    return {**overrides, **codec}
 
 
 def _split_target(target: Any) -> tuple[Any, nn.Module]:

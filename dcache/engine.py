@@ -102,11 +102,14 @@ class CallState:
 class Engine:
     def __init__(self, transformer: nn.Module, adapter: Adapter, schedule: Schedule, *,
                  pipeline: Any = None, num_steps: int | None = None,
-                 count_flops: bool = True, memoize: bool = True, scope: str = "blocks", leader: "Engine | None" = None):
+                 count_flops: bool = True, memoize: bool = True, scope: str = "blocks", leader: "Engine | None" = None,
+                 cache_codec: Any = None):
         """leader: for the second expert of a two-transformer pipeline (Wan 2.2's transformer_2): the engine of the
         pipeline's first transformer, which hooks the scheduler and hands every generation and step on to this one
-        (one scheduler, one wrapper; each expert keeps its own generation record, caches and schedule state)."""
+        (one scheduler, one wrapper; each expert keeps its own generation record, caches and schedule state).
+        cache_codec: a dcache.cache_codec.CacheCodec storing cached unit tensors in a low dtype (None: as computed)."""
         self.transformer = transformer
+        self.cache_codec = cache_codec
         self.leader = leader
         self.followers: list[Engine] = []
         if leader is not None:
@@ -370,7 +373,7 @@ class Engine:
         branch = self.tracker.branch_name(record)
         bstate = self.branches.get(branch)
         if bstate is None:
-            bstate = self.branches[branch] = BranchState()
+            bstate = self.branches[branch] = BranchState(codec=self.cache_codec)
         self.call = CallState(record, record.step, branch, len(record.calls), timestep, bstate)
         if Signal.SPECTRAL_REL_L1 in self.wanted:
             self._spectral_signal(self.call, args, kwargs)
@@ -838,7 +841,7 @@ class Engine:
     def _store(self, call: CallState, key: Any, outs: list, ins: list) -> None:
         """Cache residual = out - in per stream (hidden, encoder), reusing the old buffer in place when possible."""
         hist = call.bstate.history(key, self.order)
-        previous = hist.reuse() if self.order == 0 and hist.tables is not None else []
+        previous = hist.store_buffers()
         residuals = []
         for i, (o, x) in enumerate(zip(outs, ins)):
             if o is None or x is None or not isinstance(o, torch.Tensor):
@@ -856,7 +859,7 @@ class Engine:
                       hidden: torch.Tensor, encoder: torch.Tensor | None) -> Any:
         forecast = action == _FORECAST
         forecaster = self.schedule.forecaster if forecast else None  # a schedule's own forecast (e.g. learned)
-        cached = forecaster(hist, step) if forecaster is not None else hist.read(forecast, step)
+        cached = forecaster(hist.plain(), step) if forecaster is not None else hist.read(forecast, step)
         out_h = self.ops.apply(hidden, cached[0])
         out_e = encoder
         if encoder is not None and len(cached) > 1:
@@ -891,7 +894,8 @@ class Engine:
                                f"of times at every step.")
         forecast = action == _FORECAST
         forecaster = self.schedule.forecaster if forecast else None
-        tensors = iter(forecaster(hist, call.step) if forecaster is not None else hist.read(forecast, call.step))
+        tensors = iter(forecaster(hist.plain(), call.step) if forecaster is not None
+                       else hist.read(forecast, call.step))
         leaves = [next(tensors) if is_t else None for is_t in hist.is_tensor]  # type: ignore[attr-defined]
         return False, tree_unflatten(leaves, hist.spec)  # type: ignore[attr-defined]
 

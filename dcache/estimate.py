@@ -125,7 +125,8 @@ class CacheEstimate:
 
 def estimate(model: nn.Module, method: Any = "magcache", inputs: dict | None = None, *,
              branches: Sequence[str | None] = ("cond", "uncond"), num_steps: int = 28, scope: str | None = None,
-             sweep: tuple[str, Sequence[Any]] | None = None, **overrides: Any) -> CacheEstimate:
+             sweep: tuple[str, Sequence[Any]] | None = None, cache_dtype: Any = None, cache_scale: Any = None,
+             **overrides: Any) -> CacheEstimate:
     """Cache memory and FLOPs of `method` on `model` for transformer calls shaped like `inputs` (forward kwargs).
 
     model:    a transformer (real or meta; a real one is rebuilt on the meta device from its config).
@@ -134,6 +135,7 @@ def estimate(model: nn.Module, method: Any = "magcache", inputs: dict | None = N
               call order ("call0", "call1", ...) as for pipelines that set no cache context.
     sweep:    (knob, values): also simulate the compute ratio of the method name with each value of that config
               field (e.g. a threshold grid), for the range its knob reaches.
+    cache_dtype / cache_scale: a low-precision cache, as for dcache.apply (its stored bytes are counted).
     overrides: config fields, as for dcache.apply.
     """
     from .api import apply  # dcache.api imports the engine; this module is imported by the api for budgets
@@ -144,7 +146,7 @@ def estimate(model: nn.Module, method: Any = "magcache", inputs: dict | None = N
     meta = model if _on_meta(model) else meta_model(model)
     kwargs = to_meta(inputs)
     pipe = _StandInPipeline(meta)
-    handle = apply(pipe, method, scope=scope, **overrides)
+    handle = apply(pipe, method, scope=scope, cache_dtype=cache_dtype, cache_scale=cache_scale, **overrides)
     engine = handle.engine
     if engine.adapter.latents is not None:  # SeaCache's latents read grid sizes off position ids: give it the real ones
         engine.adapter = dataclasses.replace(engine.adapter, latents=_with_real_inputs(engine.adapter.latents, inputs))

@@ -73,6 +73,14 @@ class UnitHistory:
         return len(cached) == len(tensors) and all(
             t is None or (c.shape == t.shape and c.device == t.device) for c, t in zip(cached, tensors))
 
+    def store_buffers(self) -> list[torch.Tensor]:
+        """Tensors a fresh order-0 residual may be written into in place (dcache.engine._store)."""
+        return self.reuse() if self.order == 0 and self.tables is not None else []
+
+    def plain(self) -> "UnitHistory":
+        """This history as a schedule's forecaster reads it (`tables` as tensors; dcache.cache_codec decodes)."""
+        return self
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tables or [])
@@ -98,11 +106,12 @@ class BranchState:
     post_values: dict[str, float] = field(default_factory=dict)  # last synced post signals
     pending_call: Any = None  # the CallRecord the pending post signals belong to
     call_layout: Any = None  # call scope: how the last computed call's output is built (call_scope.OutputLayout)
+    codec: Any = None  # dcache.cache_codec.CacheCodec of a low-precision cache (None: the compute dtype)
 
     def history(self, key: Any, order: int) -> UnitHistory:
         hist = self.units.get(key)
         if hist is None:
-            hist = self.units[key] = UnitHistory(order)
+            hist = self.units[key] = UnitHistory(order) if self.codec is None else self.codec.history(order)
             hist.key = key
         return hist
 
