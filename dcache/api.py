@@ -61,6 +61,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                stored beside each tensor (dcache.cache_codec).
     overrides: config fields, e.g. apply(pipe, "magcache", threshold=0.1).
     """
+    num_steps = _check_num_steps(num_steps)
     pipeline, transformer = _split_target(target)
     limit = parse_bytes(max_cache_memory) if max_cache_memory is not None else None
     codec = cache_codec(cache_dtype, cache_scale)
@@ -113,6 +114,19 @@ def _with_codec(overrides: dict, cache_dtype: Any, cache_scale: Any) -> dict:
     """The budget's estimates run apply again: with the same cache dtype, so they count the bytes it stores."""
     codec = {k: v for k, v in (("cache_dtype", cache_dtype), ("cache_scale", cache_scale)) if v is not None}
     return {**overrides, **codec}
+
+
+def _check_num_steps(num_steps: Any) -> int | None:
+    """num_steps at apply time (not mid-generation): None, or an int >= 1 (numpy ints too; bools and floats are not
+    step counts)."""
+    import numbers
+
+    if num_steps is None:
+        return None
+    if isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral) or num_steps < 1:
+        raise ValueError(f"num_steps={num_steps!r} is invalid: it must be an int >= 1 (the number of denoising steps "
+                         f"of a transformer-only generation), e.g. dcache.apply(transformer, 'fbcache', num_steps=28).")
+    return int(num_steps)
 
 
 def _split_target(target: Any) -> tuple[Any, nn.Module]:

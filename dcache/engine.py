@@ -33,7 +33,7 @@ from .adapters import HIDDEN, Adapter, BlockList, UnsupportedModelError, compose
 from .call_scope import CALL_UNIT, check_scope, latent_input, output_layout
 from .cache_ops import VALIDATED, ops_for
 from .flops import FlopBook
-from .generation import CallRecord, GenerationRecord, StepTracker
+from .generation import CallRecord, GenerationRecord, StepTracker, calling_pipeline
 from .memo import install_memos
 from .memory import branch_breakdown
 from .parallel import sync_signals
@@ -244,6 +244,18 @@ class Engine:
                 HookRegistry.check_if_exists_or_initialize(module).register_hook(_ModuleHook(self, unit), HOOK_NAME)
                 self._module_hooked[unit] = module
 
+    def _follow_calling_pipeline(self) -> None:
+        """A call outside any generation of the hooked scheduler: when another pipeline object that shares this
+        transformer is calling (`Pipeline(**pipe.components)` with its own scheduler), hook that scheduler and start
+        the generation its set_timesteps (already run) began, so it is tracked like the pipeline applied to."""
+        caller = calling_pipeline(self.transformer)
+        if caller is None or caller is self.pipeline:
+            return
+        self.pipeline = caller
+        self._hook_scheduler()
+        if isinstance(getattr(self._hooked_scheduler, "timesteps", None), torch.Tensor):
+            self._on_set_timesteps(self._hooked_scheduler)
+
     def _current_scheduler(self) -> Any:
         return getattr(self.pipeline, "scheduler", None) if self.pipeline is not None else None
 
@@ -362,6 +374,8 @@ class Engine:
 
     def begin_call(self, args: tuple, kwargs: dict) -> None:
         self._call_inputs = (args, kwargs)
+        if self.pipeline is not None and self.leader is None and not self.tracker.in_generation():
+            self._follow_calling_pipeline()
         self._hook_scheduler()
         name, pos = self._timestep_slot
         timestep = kwargs.get(name) if name in kwargs else args[pos] if pos is not None and pos < len(args) else None

@@ -6,11 +6,14 @@ Step tracking, in order of preference:
   2. transformer-only use: a call whose timestep differs from the previous call's starts a new step; a timestep
      that goes back up (noisier), a step count that reaches `num_steps`, or a call after one that raised (an
      interrupted generation), starts a new record.
+A pipeline object other than the one dcache was applied to, sharing its transformer (`Pipeline(**pipe.components)`
+with a new scheduler), is found from the call stack at its first call and its scheduler is tracked instead.
 Branch: the diffusers `cache_context` name when the pipeline sets one, else the call's order within its step.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +62,20 @@ def timestep_value(timestep: Any) -> float | None:
         flat = timestep.detach().reshape(-1)
         # Per-sample / per-token timesteps (Wan 2.2 TI2V, diffusion forcing): their mean moves with the step.
         return float(flat.float().mean()) if flat.numel() else None
+    return None
+
+
+def calling_pipeline(transformer: Any, depth: int = 40) -> Any:
+    """The pipeline object whose method is calling `transformer` right now: the nearest caller frame whose `self`
+    has this `.transformer` and a `.scheduler`; None when there is none (transformer-only use). Walks at most
+    `depth` frames; the engine asks only at a call outside any open generation (once per generation)."""
+    frame = sys._getframe(1)
+    while frame is not None and depth > 0:
+        owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+        if owner is not None and owner is not transformer and hasattr(owner, "scheduler") \
+                and getattr(owner, "transformer", None) is transformer:
+            return owner
+        frame, depth = frame.f_back, depth - 1
     return None
 
 
@@ -127,6 +144,10 @@ class StepTracker:
         if self.record is not None and not self.scheduler_driven:
             self.record.finished = True
 
+    def in_generation(self) -> bool:
+        """A generation is open (started and not finished)."""
+        return self.record is not None and not self.record.finished
+
     def branch_name(self, rec: GenerationRecord) -> str:
         name = self.context_name if self.context_name is not None else f"call{rec.calls_in_step}"
         rec.calls_in_step += 1
@@ -138,4 +159,4 @@ class StepTracker:
         return self.record
 
 
-__all__ = ["CallRecord", "GenerationRecord", "StepTracker", "timestep_value", "Signal"]
+__all__ = ["CallRecord", "GenerationRecord", "StepTracker", "timestep_value", "calling_pipeline", "Signal"]

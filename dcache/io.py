@@ -78,4 +78,35 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return _atomic(path, fill)
 
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_write_with"]
+
+
+class OutputDirError(ValueError):
+    """An output folder that cannot be used; the message names it and the fix."""
+
+
+def prepare_out_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """Create the output folder `path` (and its parents) or check the existing one, before any work starts: a path
+    that is a file, sits under a file, or is not writable is an OutputDirError naming it and the fix."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputDirError(f"{flag} {str(path)!r} is a file, not a folder; pass a folder path (it is created if "
+                             f"missing).")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise OutputDirError(f"{flag} {str(path)!r} cannot be created: a part of that path is a file; pass a folder "
+                             f"path.") from None
+    except OSError as exc:
+        raise OutputDirError(f"{flag} {str(path)!r} cannot be created ({exc.strerror or exc}); pass a folder you can "
+                             f"write to.") from None
+    try:  # a real write: permission bits, read-only mounts and root all answer the same way
+        tmp, fd = _create_temporary(path / ".dcache-write-check")
+        os.close(fd)
+        tmp.unlink()
+    except OSError as exc:
+        raise OutputDirError(f"{flag} {str(path)!r} is not writable ({exc.strerror or exc}); pass a folder you can "
+                             f"write to.") from None
+    return path
+
+
+__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_write_with", "prepare_out_dir", "OutputDirError"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dcache.io import atomic_write_text, atomic_write_with
+from dcache.io import atomic_write_text, atomic_write_with, prepare_out_dir
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "dcache.generate"
@@ -65,6 +65,7 @@ def generate_batch(*, model: str | None = None, prompts: str = "builtin", num_pr
     if threads is not None and threads < 1:
         raise ValueError(f"--threads {threads} must be >= 1.")
     precheck_prompts(prompts)  # a missing / empty / malformed file fails before the model loads
+    prepare_out_dir(out)  # so does an --out that is a file or a read-only folder
     state = process_state(device)
     dev = _process_device(device, state)
     pipe, is_tiny = _quiet_load(load_pipeline, model, dev, dtype)

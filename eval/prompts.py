@@ -39,7 +39,7 @@ class PromptError(ValueError):
 def load_prompts(spec: str | None, *, is_tiny: bool, limit: int | None = None) -> list[str]:
     """Prompts from `spec` ("builtin", "builtin:digits", "builtin:text", a file path, or inline labels for the
     tiny model). `limit` keeps the first N. Raises PromptError with the reason and the fix."""
-    spec = (spec or "builtin").strip()
+    spec = _spec(spec)
     if spec in BUILTIN_SETS:
         kind = spec.partition(":")[2] or ("digits" if is_tiny else "text")
         prompts = list(DIGIT_LABELS if kind == "digits" else BUILTIN_PROMPTS)
@@ -70,13 +70,23 @@ def load_prompts(spec: str | None, *, is_tiny: bool, limit: int | None = None) -
 def precheck_prompts(spec: str | None) -> None:
     """Fail early (before a model loads) on a prompt file that is missing, empty or malformed. Builtin sets and
     inline labels ("0,3,7") pass; whether labels fit the model is checked by load_prompts once the model is known."""
-    spec = (spec or "builtin").strip()
+    spec = _spec(spec)
     if spec.startswith("builtin") or all(p.strip().isdigit() for p in spec.split(",")):
         if spec.startswith("builtin") and spec not in BUILTIN_SETS:
             raise PromptError(f"unknown builtin prompt set {spec!r}; use one of {sorted(BUILTIN_SETS)} or a file "
                               f"path.")
         return
     load_prompts(spec, is_tiny=False)
+
+
+def _spec(spec: str | None) -> str:
+    """None (not given) is the builtin set; an empty or blank value given on purpose (`--prompts ""`) is an error."""
+    if spec is None:
+        return "builtin"
+    if not str(spec).strip():
+        raise PromptError("--prompts is empty; pass a prompt file (.txt one per line, .json, .jsonl), 'builtin', or "
+                          "labels like 0,3,7 for the bundled model (leave --prompts out for one --prompt).")
+    return str(spec).strip()
 
 
 def _read_file(path: Path) -> list[str]:

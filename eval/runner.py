@@ -38,7 +38,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dcache.io import atomic_write_text
+from dcache.io import atomic_write_text, prepare_out_dir
+from dcache.pipelines.runner import parse_setting
 from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
 
 from .judges import Judges, is_auto, resolve_eval_metrics
@@ -129,10 +130,7 @@ def parse_method(spec: str) -> tuple[str, dict]:
             raise ValueError(f"method spec {spec!r}: setting {pair!r} must look like key=value, e.g. "
                              f"magcache:threshold=0.1.")
         key, value = pair.split("=", 1)
-        try:
-            overrides[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key.strip()] = value
+        overrides[key.strip()] = parse_setting(key.strip(), value, "--methods", f"{name}:threshold=0.1")
     return name, overrides
 
 
@@ -253,6 +251,7 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, networks: dict[str, Any
 
     cfg.check()
     precheck_prompts(cfg.prompts)  # a missing / empty / malformed file fails before the model loads
+    prepare_out_dir(cfg.out)  # so does an --out that is a file or a read-only folder
     state = process_state(cfg.device)
     variants = make_variants(cfg.methods)
     device = _process_device(cfg.device, state)

@@ -12,7 +12,7 @@ import torch
 
 import dcache
 from dcache.memory import format_bytes
-from dcache.plan import atomic_write_text
+from dcache.io import atomic_write_text, prepare_out_dir
 
 from .devices import describe, resolve_device
 from .images import heat, save_grid, save_video
@@ -40,6 +40,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
     progress: bars or one line per stage (default: silent)."""
     if repeats < 1:
         raise ValueError(f"--repeats {repeats} must be >= 1.")
+    prepare_out_dir(out)  # a file or a read-only folder fails before the model loads
     progress = progress or Progress(enabled=False, quiet=True)
     device, dtype = resolve_device(device, dtype)
     progress.stage(f"loading {model or 'the bundled tiny model'} on {device} ({dtype})")

@@ -178,8 +178,17 @@ def parse_overrides(pairs: list[str], flag: str = "--set", example: str = "thres
         if "=" not in pair:
             raise ValueError(f"{flag} {pair!r} must look like key=value, e.g. {flag} {example}")
         key, value = pair.split("=", 1)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
+        out[key] = parse_setting(key, value, flag, example)
     return out
+
+
+def parse_setting(key: str, value: str, flag: str = "--set", example: str = "threshold=0.1") -> Any:
+    """One setting's value: JSON where it parses (0.1, [1, 2], true), the text otherwise; NaN and infinity (in any
+    spelling: nan, NaN, inf, -Infinity) are refused here, naming the setting, since no knob accepts them."""
+    if value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+        raise ValueError(f"{flag} {key}={value}: NaN and infinity are not allowed; pass a finite number, e.g. "
+                         f"{flag} {example}.")
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value

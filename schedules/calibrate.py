@@ -419,16 +419,21 @@ def _parse_target(speed: str | float | None, quality: str | None) -> tuple[str, 
             value = float(text)
         except ValueError:
             raise ValueError(f"speed={speed!r} must look like '2x' or 2.0 (ideal speed-up).") from None
-        if value < 1.0:
-            raise ValueError(f"speed={speed!r} must be >= 1x.")
+        if not math.isfinite(value) or value < 1.0:  # NaN passes every comparison: refuse it here, before a sweep
+            raise ValueError(f"speed={speed!r} must be a finite speed-up >= 1x (NaN and infinity are not allowed), "
+                             f"e.g. speed='2x'.")
         return "speed", value
     text = str(quality).replace(" ", "").lower()
     if not text.startswith("psnr>="):
         raise ValueError(f"quality={quality!r} must look like 'psnr>=30' (dB vs the uncached output).")
     try:
-        return "psnr", float(text[len("psnr>="):])
+        value = float(text[len("psnr>="):])
     except ValueError:
         raise ValueError(f"quality={quality!r} must look like 'psnr>=30'.") from None
+    if not math.isfinite(value):
+        raise ValueError(f"quality={quality!r}: the PSNR bound must be a finite number of dB (NaN and infinity are "
+                         f"not allowed), e.g. quality='psnr>=30'.")
+    return "psnr", value
 
 
 def psnr(output: torch.Tensor, reference: torch.Tensor, data_range: float | None = None) -> float:
@@ -522,6 +527,7 @@ def resolve_for_apply(target: Any, method: Any, *, speed: Any, quality: Any, cal
                       scope: Any, overrides: dict) -> tuple[Any, TargetResult]:
     """dcache.apply(speed= / quality=): the chosen config of `method` (resolve_target on calibration_run), or a
     teaching error (no name to sweep, no calibration run, target not met: the sweep is shown)."""
+    _parse_target(speed, quality)  # a malformed target fails first, before asking for a run or sweeping
     what = f"speed={speed!r}" if speed is not None else f"quality={quality!r}"
     if not isinstance(method, str) or method.endswith(".json"):
         raise ValueError(f"{what} sweeps a method's main knob, so the method must be a method or preset name (e.g. "
