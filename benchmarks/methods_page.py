@@ -10,13 +10,22 @@ is generated so that it always says what the code does; tests/meta/test_method_d
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 import sys
 from pathlib import Path
 
-import dcache
-from dcache.method_docs import describe, summary
+
+def build_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(description=__doc__.split("\n")[0] + " Takes no arguments.")
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help answers here, before dcache (torch, diffusers) loads, and writes nothing
+
+import dcache  # noqa: E402
+from dcache.method_docs import describe, summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "methods.json"
