@@ -170,3 +170,34 @@ def test_fp8_round_trip_is_within_its_relative_precision():
             assert stored.scale.numel() == 1
     half = cache_codec("bfloat16").encode(x.to(torch.bfloat16))
     assert half.data.dtype == torch.bfloat16 and half.scale is None  # never re-encoded at its own width
+
+
+class _Rows(Schedule):
+    """Block granularity, order 1: compute at steps 0 and 1, then `late` (REUSE "R" or FORECAST "F") for all."""
+
+    granularity = "block"
+    forecast_order = 1
+
+    def __init__(self, late: str, forecaster=None):
+        self.late, self.forecaster = late, forecaster
+
+    def decide(self, ctx):
+        return "C" if ctx.step < 2 else self.late
+
+
+def test_a_schedule_forecaster_reads_decoded_tables(flux):
+    """A schedule's own forecaster (e.g. DisCa's) reads hist.tables as tensors of the compute dtype; reading row d_0
+    gives exactly what REUSE gives with the same cache dtype."""
+    model, inputs = flux
+    seen = []
+
+    def row0(hist, step):
+        seen.append([(type(t), t.dtype) for t in hist.tables])
+        return [t[0] for t in hist.tables]
+
+    outs = {}
+    for name, schedule in (("reuse", _Rows("R")), ("forecaster", _Rows("F", row0))):
+        with torch.no_grad(), dcache.apply(model, schedule, num_steps=4, cache_dtype="float8_e4m3fn"):
+            outs[name] = [model(**kw, return_dict=False)[0] for kw in inputs[:4]]
+    assert seen and all(entry == (torch.Tensor, torch.float32) for row in seen for entry in row)
+    assert all(torch.equal(a, b) for a, b in zip(outs["reuse"], outs["forecaster"]))
