@@ -216,8 +216,8 @@ def _check_sizes(spec: dict, blob: bytes, fix: str) -> None:
     from dcache.state import MAX_FORECAST_ORDER
     from dcache.state_file import safetensors_header
 
-    def size(v: Any) -> bool:  # every size is a matrix side, so at most the blob's float32 count
-        return type(v) is int and 1 <= v <= len(blob) // 4  # noqa: E721 - bool is not a size
+    def size(v: Any) -> bool:
+        return type(v) is int and v >= 1  # noqa: E721 - bool is not a size
 
     streams = spec["streams"]
     bad = [k for k in ("hidden", "time_dim") if not size(spec[k])]
@@ -228,8 +228,12 @@ def _check_sizes(spec: dict, blob: bytes, fix: str) -> None:
         bad.append("streams")
     if bad:
         raise PlanError(f"the DisCa predictor's {bad} are invalid (order: an int in 1..{MAX_FORECAST_ORDER}; hidden, "
-                        f"time_dim and the streams' channels: ints from 1 to the number of weights it carries, "
-                        f"{len(blob) // 4}); the plan file is damaged, {fix}.")
+                        f"time_dim: ints >= 1; streams: {{name: channels >= 1}}); the plan file is damaged, {fix}.")
+    weights = len(blob) // 4  # float32 count: every size is a matrix side, so none can exceed it
+    if max(spec["hidden"], spec["time_dim"], *streams.values()) > weights:
+        raise PlanError(f"the DisCa predictor weights do not fit its own description (hidden={spec['hidden']}, "
+                        f"time_dim={spec['time_dim']}, channels up to {max(streams.values())}, but it carries "
+                        f"{weights} weights); the plan file is damaged or was edited, {fix}.")
     header = safetensors_header(blob) or {}
     stored = {k: v.get("shape") for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
     with torch.device("meta"):
