@@ -110,12 +110,6 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     return handle
 
 
-def _with_codec(overrides: dict, cache_dtype: Any, cache_scale: Any) -> dict:
-    """The budget's estimates run apply again: with the same cache dtype, so they count the bytes it stores."""
-    codec = {k: v for k, v in (("cache_dtype", cache_dtype), ("cache_scale", cache_scale)) if v is not None}
-    return {**overrides, **codec}
-
-
 def _check_num_steps(num_steps: Any) -> int | None:
     """num_steps at apply time (not mid-generation): None, or an int >= 1 (numpy ints too; bools and floats are not
     step counts)."""
@@ -127,6 +121,12 @@ def _check_num_steps(num_steps: Any) -> int | None:
         raise ValueError(f"num_steps={num_steps!r} is invalid: it must be an int >= 1 (the number of denoising steps "
                          f"of a transformer-only generation), e.g. dcache.apply(transformer, 'fbcache', num_steps=28).")
     return int(num_steps)
+
+
+def _with_codec(overrides: dict, cache_dtype: Any, cache_scale: Any) -> dict:
+    """The budget's estimates run apply again: with the same cache dtype, so they count the bytes it stores."""
+    codec = {k: v for k, v in (("cache_dtype", cache_dtype), ("cache_scale", cache_scale)) if v is not None}
+    return {**overrides, **codec}
 
 
 def _split_target(target: Any) -> tuple[Any, nn.Module]:
