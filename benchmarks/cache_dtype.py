@@ -4,7 +4,8 @@
                                      [--methods magcache,fbcache:threshold=0.4,taylorseer,seacache-cadence]
 
 A method is a name with optional config fields, `name:key=value:key=value` (fbcache's default threshold reuses
-nothing on the bundled model at 10 steps, hence 0.4). Per method and seed: one run with the method itself (fp32 cache) records its decisions as a plan
+nothing on the bundled model at 10 steps, hence 0.4). Per method and seed: one run with the method itself
+(fp32 cache) records its decisions as a plan
 (handle.plan()); the plan is then replayed with the fp32 cache (the reference) and with each cache_dtype, so every
 run takes the same decisions and only the cache's precision differs. Reported per method and cache dtype: the mean
 PSNR (dB, images in [0, 1]) of the low-precision replay against the fp32 replay, and the peak cached-unit bytes

@@ -23,7 +23,8 @@ LATENT_CHANNELS = 8  # zoo Flux's packed latent channels: the call-scope cache's
 # (unit kind, method, config for forecast order k, scope); all static: decisions depend on the step only
 UNITS = {
     "stack": ("fixed_interval", lambda k: {"interval": 2, "forecast_order": k}, "blocks"),
-    "block": ("taylorseer", lambda k: {"granularity": "block", "interval": 2, "order": k, "warmup_steps": 1}, "blocks"),
+    "block": ("taylorseer", lambda k: {"granularity": "block", "interval": 2, "order": k, "warmup_steps": 1},
+              "blocks"),
     "module": ("taylorseer", lambda k: {"granularity": "module", "interval": 2, "order": k, "warmup_steps": 1},
                "blocks"),
     "call": ("fixed_interval", lambda k: {"interval": 2, "forecast_order": k}, "call"),
@@ -145,7 +146,8 @@ def test_budget_counts_the_cache_dtype(flux):
     ({"cache_scale": "tensor"}, "cache_scale='tensor'", "float8_e4m3fn"),
 ])
 def test_invalid_values_name_the_field_and_the_allowed_values(flux, kwargs, field, allowed):
-    for call in (lambda: cache_codec(**kwargs), lambda: dcache.apply(flux[0], "fixed_interval", num_steps=2, **kwargs)):
+    for call in (lambda: cache_codec(**kwargs),
+                 lambda: dcache.apply(flux[0], "fixed_interval", num_steps=2, **kwargs)):
         with pytest.raises(ValueError) as info:
             call()
         assert field in str(info.value) and allowed in str(info.value)

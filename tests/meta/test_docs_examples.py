@@ -44,8 +44,8 @@ SKIPPED = {
     "python benchmarks/": "a benchmark (minutes to hours); tests/benchmarks smoke-tests the scripts",
     "bash benchmarks/": "a benchmark (minutes to hours); tests/benchmarks smoke-tests the scripts",
     "my_lpips": "a fragment naming the reader's own networks; tests/eval/test_networks.py injects stand-ins",
-    "transformer_2": "needs a pipeline with two denoising transformers (Wan 2.2); tests/compat/test_two_experts.py runs "
-                 "the same calls on a tiny two-expert WanPipeline",
+    "transformer_2": "needs a pipeline with two denoising transformers (Wan 2.2); tests/compat/test_two_experts.py "
+                     "runs the same calls on a tiny two-expert WanPipeline",
     "dcache estimate --model org/repo": "downloads a config from the hub; tests/memory/test_estimate_cli.py runs "
                                         "the shipped and folder forms",
     "dcache estimate --model path/to/pipeline": "names the reader's own folder; tests/memory/test_estimate_cli.py "
