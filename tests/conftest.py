@@ -59,3 +59,23 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_SESSION_STATUS[-1])
+
+
+_BENCHMARKS = _TESTS.parent / "benchmarks"
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Benchmark scripts loaded by tests/benchmarks put benchmarks/ on sys.path to import their siblings; take it off
+    after each test, with any bare-named module it supplied (benchmarks/kernels.py would otherwise answer diffusers'
+    probe for the Hugging Face `kernels` package)."""
+    sys.path[:] = [entry for entry in sys.path if not _is_benchmarks(entry)]
+    for name in [n for n, m in sys.modules.items() if "." not in n and _is_benchmarks(getattr(m, "__file__", None))]:
+        if name in ("kernels", "schedules", "pipelines", "eval"):
+            del sys.modules[name]
+
+
+def _is_benchmarks(entry) -> bool:
+    try:
+        return entry is not None and Path(entry).resolve().is_relative_to(_BENCHMARKS)
+    except (OSError, TypeError, ValueError):
+        return False
