@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 _EXPERT_NAME = re.compile(r"^transformer_\d+$")
+_SAME = object()  # experts= gave no setting for this expert: it runs transformer's method and overrides
 
 
 def extra_experts(pipeline: Any) -> list[tuple[str, nn.Module]]:
@@ -45,8 +46,6 @@ def expert_method(base_method: Any, base_overrides: dict, setting: Any) -> tuple
         return base_method, {**base_overrides, **setting}
     return setting, {}
 
-
-_SAME = object()
 
 
 def check_expert_names(pipeline: Any, experts: dict | None) -> dict:

@@ -85,7 +85,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
 
         timing = interleaved_runs(job, enable, repeats, on_run=bar.step)
     reference, cached, t_ref, t_cached = timing.reference, timing.cached, timing.seconds_uncached, timing.seconds_cached
-    stats, plans = timing.stats, timing.plan
+    stats, plans = timing.stats, timing.plans
     plan = plans["transformer"]
     batch_size = int(reference.shape[0]) // max(job.frames_per_sample, 1)  # images (videos) per pipeline call
 

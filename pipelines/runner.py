@@ -101,7 +101,7 @@ class ABTiming:
     seconds_uncached: list[float]  # wall-clock seconds per timed run (one pipeline call of the whole batch)
     seconds_cached: list[float]
     stats: Any  # dcache Stats of the last cached run
-    plan: Any  # its dcache Plans by expert: {"transformer": plan} (several for Wan 2.2's transformer_2)
+    plans: dict[str, Any]  # its dcache Plans by expert: {"transformer": plan} (and "transformer_2" for Wan 2.2)
     cpu_uncached: list[float] = field(default_factory=list)  # process CPU seconds (all threads) of the same runs
     cpu_cached: list[float] = field(default_factory=list)
 
