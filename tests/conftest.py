@@ -64,10 +64,33 @@ def pytest_unconfigure(config):
 _BENCHMARKS = _TESTS.parent / "benchmarks"
 
 
+# The process-wide calibration-table registry as it stands once dcache's own tables (published ones and the bundled
+# model's shipped calibration) are registered. Tests that calibrate or register tables for a model (the bundled one
+# included: `dcache calibrate` registers its result) would otherwise change what MagCache and TeaCache read in every
+# later test of the run; it is put back after each test.
+_TABLES_AT_START: dict = {}
+
+
+def pytest_sessionstart(session):
+    import dcache.pipelines  # noqa: F401  (registers the bundled model's shipped calibration)
+    import dcache.schedules  # noqa: F401  (registers the published tables)
+    from dcache.schedules import tables
+
+    _TABLES_AT_START.update(tables._TABLES)
+
+
+def _restore_tables() -> None:
+    tables = sys.modules.get("dcache.schedules.tables")
+    if tables is not None and tables._TABLES != _TABLES_AT_START:
+        tables._TABLES.clear()
+        tables._TABLES.update(_TABLES_AT_START)
+
+
 def pytest_runtest_teardown(item, nextitem):
-    """Benchmark scripts loaded by tests/benchmarks put benchmarks/ on sys.path to import their siblings; take it off
-    after each test, with any bare-named module it supplied (benchmarks/kernels.py would otherwise answer diffusers'
-    probe for the Hugging Face `kernels` package)."""
+    """Put the calibration tables back (above). Benchmark scripts loaded by tests/benchmarks put benchmarks/ on
+    sys.path to import their siblings; take it off after each test, with any bare-named module it supplied
+    (benchmarks/kernels.py would otherwise answer diffusers' probe for the Hugging Face `kernels` package)."""
+    _restore_tables()
     sys.path[:] = [entry for entry in sys.path if not _is_benchmarks(entry)]
     for name in [n for n, m in sys.modules.items() if "." not in n and _is_benchmarks(getattr(m, "__file__", None))]:
         if name in ("kernels", "schedules", "pipelines", "eval"):
