@@ -156,6 +156,8 @@ def calibrate(
     device: str = typer.Option(AUTO, help=DEVICE_HELP), dtype: str = typer.Option(AUTO, help=DTYPE_HELP),
     set_: list[str] = typer.Option([], "--set", help="profiled methods: config field key=value used by the "
                                                      "calibration (repeatable), e.g. --set compute_ratio=0.4"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="a bar over the calibration runs with ETA "
+                                                                         "(stderr); --no-progress: one line per run"),
 ) -> None:
     """Calibrate a method for a model and print how to generate with the file it writes."""
     import shlex
@@ -186,17 +188,42 @@ def calibrate(
         jobs = [GenerationJob(pipe, is_tiny, prompts=prompts, steps=steps, guidance=guidance, seed=s)
                 for s in range(seeds)]
         generate = "dcache generate" + ("" if model in (None, "", "tiny") else f" --model {shlex.quote(model)}")
-        if method in PLAN_METHODS:
-            _calibrate_plan(method, pipe, jobs, out or f"dcache-{method}.plan.json", overrides, generate)
-            return
-        out = out or "dcache-calibration.json"
-        table = calibrators[method](pipe, jobs, path=out)
+        if hasattr(pipe, "set_progress_bar_config"):  # the big models' step bars: one line per step under our bar
+            pipe.set_progress_bar_config(disable=is_tiny or not progress, leave=False)
+        # uncached recording runs: one per seed (magcache, teacache); profiled methods may run a job again
+        with Progress(enabled=progress).bar(total=len(jobs), desc=f"calibrate {method}", unit="run") as bar:
+            jobs = [_CountedRun(job, bar, f"seed {job.seed}", progress) for job in jobs]
+            if method in PLAN_METHODS:
+                _calibrate_plan(method, pipe, jobs, out or f"dcache-{method}.plan.json", overrides, generate)
+                return
+            out = out or "dcache-calibration.json"
+            table = calibrators[method](pipe, jobs, path=out)
     except (ValueError, RuntimeError, FileNotFoundError, TypeError) as exc:
         _fail(exc)
         return
     summary = {k: (v if not isinstance(v, list) or len(v) < 8 else f"[{len(v)} values]") for k, v in table.items()}
     typer.echo(f"calibrated {method}: {summary}")
     typer.echo(f"wrote {out}; use it with: {generate} --cache {method} --set calibration={shlex.quote(out)}")
+
+
+class _CountedRun:
+    """A calibration run that advances the progress bar when it ends (or prints a line, with --no-progress)."""
+
+    def __init__(self, job, bar, name: str, bars: bool):
+        self.job, self.bar, self.name, self.bars = job, bar, name, bars
+        self.runs = 0
+
+    def __call__(self):
+        result = self.job()
+        self.runs += 1
+        if self.bars:
+            self.bar.step(self.name)
+        else:
+            typer.echo(f"[dcache] calibration run done ({self.name})", err=True)
+        return result
+
+    def __getattr__(self, name: str):  # the job's fields (prompts, steps, seed) for the calibrators that read them
+        return getattr(self.job, name)
 
 
 def _calibrate_plan(method: str, pipe, jobs: list, out: str, overrides: dict, generate: str) -> None:

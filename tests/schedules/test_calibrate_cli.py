@@ -160,3 +160,17 @@ def test_the_bundled_model_ships_a_plan_for_every_profiled_method():
         assert plan.compute_ratio() < 0.9  # the shipped plans reuse
         with dcache.apply(pipe, method) as handle:  # registered: found by name
             assert handle.engine.schedule.plan.actions == plan.actions
+
+
+@pytest.mark.parametrize("method", ["magcache", "bac"])
+def test_calibrate_shows_progress_per_run(method, tmp_path):
+    """A bar over the calibration runs (stderr) by default; with --no-progress, one line per run."""
+    out = tmp_path / ("cal.json" if method == "magcache" else "plan.json")
+    quiet = CliRunner().invoke(app, ["calibrate", "--method", method, *STEPS, "--seeds", "2", "--no-progress",
+                                     "--out", str(out)])
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.stderr.count("[dcache] calibration run done") >= 2
+    assert "seed 0" in quiet.stderr and "seed 1" in quiet.stderr
+    bars = CliRunner().invoke(app, ["calibrate", "--method", method, *STEPS, "--seeds", "2", "--out", str(out)])
+    assert bars.exit_code == 0, bars.output
+    assert f"calibrate {method}" in bars.stderr and "2/2" in bars.stderr
