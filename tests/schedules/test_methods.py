@@ -80,6 +80,9 @@ CASES = [
     Case("seacache", "seacache", {}, 0.6, dict(threshold=0.0), ("order", 3)),
     # measured: 0.40, 0.0002 (gate always open: 1 compute + 2 forecasts, the last step computed)
     Case("seacache-cadence", "seacache-cadence", {}, 0.5, dict(threshold=0.0), ("max_consecutive", -1)),
+    # measured: 0.30 (6 keyframes of 20 steps: 0, 4, 8, 11, 15, 19), relL1 0.0004
+    Case("keyframe", "keyframe", {}, 0.35, dict(keyframes=tuple(s / (STEPS - 1) for s in range(STEPS))),
+         ("keyframes", (0.0, 1.5))),
 ]
 IDS = [c.id for c in CASES]
 
@@ -141,7 +144,7 @@ def test_inference_mode_no_grad_and_grad_are_bit_identical(case, scope, model):
 
 
 CALL_SCOPE_CASES = {"magcache", "magcache-forecast", "easycache", "fixed_interval", "taylorseer-stack", "seacache",
-                    "seacache-cadence"}
+                    "seacache-cadence", "keyframe"}
 
 
 class _BlockMeter:
@@ -266,6 +269,7 @@ ZOO_CASES = {  # method -> overrides for the zoo's 10-step runs
     "pab": dict(spatial_range=2, cross_range=3, window_high=1000.0, window_low=0.0),
     "cg_taylor": dict(threshold=0.5, warmup_steps=3, max_forecast_steps=2),
     "seacache": dict(threshold=0.5),
+    "keyframe": dict(keyframes=(0.0, 0.3, 0.6, 0.9)),
 }
 
 
@@ -565,7 +569,7 @@ def test_method_granularity_knobs():
 
 def test_every_builtin_method_is_in_the_matrix():
     mine = {"magcache", "fbcache", "teacache", "easycache", "taylorseer", "fora", "fixed_interval", "delta_dit",
-            "pab", "cg_taylor", "seacache"}
+            "pab", "cg_taylor", "seacache", "keyframe"}
     assert mine <= set(dcache.methods())
     assert mine <= {c.method for c in CASES} and mine <= set(ZOO_CASES)
     for name, preset in dcache.presets().items():  # every preset builds a valid config

@@ -1,0 +1,576 @@
+"""Beyond 4x: dcache's best settings against diffusers' caches and cache-dit at compute ratios 0.20 and 0.125.
+
+    python benchmarks/frontier.py --out benchmarks/results    # every scenario (~25 min on 2 shared CPU cores)
+    python benchmarks/frontier.py --quick                     # one scenario, few samples, dcache + one peer (~1 min)
+    python benchmarks/frontier.py --search --only cfg1.5      # search the keyframes on the tuning batch first
+
+Scenarios (one pipeline, same seeds for every library; `benchmarks/methods.py`'s protocol, its Bench and Sweeper):
+  * cfg1.5:  28 steps, split CFG 1.5 (the methods sweep's setting), bands 0.20 and 0.125;
+  * cfg3:    28 steps, split CFG 3.0 (real guidance), bands 0.20 and 0.125;
+  * nocfg:   28 steps, guidance 1 (one call per step), bands 0.20 and 0.125;
+  * steps10: 10 steps, split CFG 1.5, bands 0.5 and 0.3.
+Per scenario: the uncached references (tuning batch: labels 0-9, seed 0; held-out: seeds 1000.. x labels 0-9; the
+seed-to-seed FD scale from as many uncached samples of seeds 2000..), then each contender's knob is searched on the
+tuning batch for the bands (band c: c / 1.18 .. c * 1.18), and the settings closest to each band are measured:
+batch-1 compute ratio and speed-up interleaved with an uncached twin (wall and CPU time; measured / ideal), held-out
+PSNR / SSIM / classifier accuracy / FD. dcache's keyframes (`schedules/keyframe.py`) are the ones KEYFRAMES lists
+(searched on the tuning batch by `--search`, which redoes it and uses the new ones).
+
+Robustness: the keyframes searched for cfg1.5 exported as a step plan (`handle.plan()`, `interpolate_steps=True`)
+and replayed at other guidance scales and step counts, against the same keyframes in normalised time and against
+dynamic SeaCache (gated, order 2, call scope), on held-out seeds.
+
+Writes <out>/frontier.json, frontier.md and frontier_pareto.png with the command, the commit and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+SCRATCH = Path(__file__).resolve().parent / "out"
+SCENARIOS = ("cfg1.5", "cfg3", "nocfg", "steps10")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="steps10 only, 1 held-out seed x 4 labels, dcache keyframe "
+                                                         "and diffusers TaylorSeer-lite, 3 timing repeats")
+    ap.add_argument("--out", type=Path, default=SCRATCH, help="folder for frontier.md / .json / _pareto.png (default "
+                                                              "benchmarks/out/, git-ignored; benchmarks/results "
+                                                              "refreshes the tracked tables)")
+    ap.add_argument("--only", default=None, help=f"regex on the scenario names {SCENARIOS}")
+    ap.add_argument("--contenders", default=None, help="regex on 'library:method' of the contenders to run")
+    ap.add_argument("--heldout-seeds", type=int, default=None, help="held-out seeds x 10 labels (default 10)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed batch-1 runs per row (default 7)")
+    ap.add_argument("--search", action="store_true", help="search the keyframes on the tuning batch (coordinate "
+                                                          "descent) instead of using KEYFRAMES")
+    ap.add_argument("--no-robustness", action="store_true", help="skip the plan-replay robustness table")
+    ap.add_argument("--no-cache-dit", action="store_true", help="leave cache-dit out")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args(sys.argv[1:])  # --help and bad arguments answer here, before torch and diffusers load
+
+import torch  # noqa: E402
+
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+def _load_methods():
+    """benchmarks/methods.py by path (benchmarks/ is not a package): its Bench, Sweeper, metrics and peers."""
+    name = "dcache_benchmark_methods"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, BENCH_DIR / "methods.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+methods = _load_methods()
+peers = methods.peers
+Applied, Contender, Search = peers.Applied, peers.Contender, peers.Search
+
+# Searched on the tuning batch (labels 0-9, seed 0) by `--search`: scenario -> plan name -> keyframe settings.
+# Each name is (cond keyframes, uncond keyframes or None, Taylor order); cond + uncond keyframes = the call budget.
+KEYFRAMES: dict[str, dict[str, dict]] = {
+    "cfg1.5": {  # 6+5 = 11 of 56 calls (0.196), 6+6 = 0.214, 4+3 = 0.125, 4+4 = 0.143
+        "6+5": dict(keyframes=(0.0, 0.2222, 0.4074, 0.6296, 0.8148, 1.0),
+                    uncond_keyframes=(0.0, 0.2222, 0.4074, 0.6296, 0.8148), order=2),
+        "6+6": dict(keyframes=(0.0, 0.1852, 0.3704, 0.5926, 0.8148, 1.0), order=2),
+        "4+3": dict(keyframes=(0.0, 0.2963, 0.5926, 0.8889), uncond_keyframes=(0.0, 0.3704, 0.7778), order=2),
+        "4+4": dict(keyframes=(0.0, 0.2963, 0.5556, 0.8519), order=2),
+    },
+    "cfg3": {
+        "6+5": dict(keyframes=(0.0, 0.1852, 0.4074, 0.5926, 0.8148, 1.0),
+                    uncond_keyframes=(0.0, 0.1852, 0.4074, 0.5926, 0.8148), order=2),
+        "6+6": dict(keyframes=(0.0, 0.1852, 0.4074, 0.5926, 0.8148, 1.0), order=2),
+        "4+3": dict(keyframes=(0.0, 0.2963, 0.7037, 1.0), uncond_keyframes=(0.0, 0.2963, 0.7037), order=2),
+        "4+4": dict(keyframes=(0.0, 0.2963, 0.5556, 0.8519), order=1),
+    },
+    "nocfg": {  # one call per step: 5 of 28 (0.179), 6 (0.214), 3 (0.107), 4 (0.143)
+        "5": dict(keyframes=(0.0, 0.2222, 0.4074, 0.6667, 0.8889), order=2),
+        "6": dict(keyframes=(0.0, 0.2222, 0.3704, 0.5926, 0.8148, 1.0), order=2),
+        "3": dict(keyframes=(0.0, 0.3704, 0.7037), order=2),
+        "4": dict(keyframes=(0.0, 0.2963, 0.4815, 0.8148), order=2),
+    },
+    "steps10": {  # 10 of 20 calls (0.5), 6 of 20 (0.3)
+        "5+5": dict(keyframes=(0.0, 0.2222, 0.4444, 0.6667, 0.8889), order=2),
+        "3+3": dict(keyframes=(0.0, 0.4444, 0.8889), order=2),
+    },
+}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Scenarios and their bench
+# ------------------------------------------------------------------------------------------------------------------
+
+class Scenario:
+    def __init__(self, name: str, steps: int, guidance: float, bands: tuple[float, ...]):
+        self.name, self.steps, self.guidance, self.bands = name, steps, guidance, bands
+
+    @property
+    def branches(self) -> int:
+        return 2 if self.guidance > 1.0 else 1
+
+    def budgets(self) -> list[tuple[float, int, int]]:
+        """(band, cond keyframes, uncond keyframes) to search per band: the most computed calls at or below the
+        band's ratio, and one call more where that is still in the band and the floor is an uneven CFG split or
+        there is one branch (0.125 at 28 steps with CFG: 4 + 3 = 0.125 and 4 + 4 = 0.143)."""
+        out = []
+        total = self.steps * self.branches
+        for band in self.bands:
+            calls = int(math.floor(band * total + 1e-9))
+            for n in (calls, calls + 1):
+                if n > calls and not ((self.branches == 1 or calls % 2) and n / total <= band * methods.BAND_TOL):
+                    continue
+                cond = math.ceil(n / self.branches)
+                out.append((band, cond, n - cond if self.branches == 2 else cond))
+        return out
+
+
+ALL = {s.name: s for s in (Scenario("cfg1.5", 28, 1.5, (0.2, 0.125)), Scenario("cfg3", 28, 3.0, (0.2, 0.125)),
+                           Scenario("nocfg", 28, 1.0, (0.2, 0.125)), Scenario("steps10", 10, 1.5, (0.5, 0.3)))}
+
+
+class GuidedBench(methods.Bench):
+    """methods.Bench at a chosen guidance scale (the sweep's bench always runs the pipeline's default)."""
+
+    guidance: float = 1.5
+
+    def run(self, pipe, labels: list[int], seed: int, mode: str) -> torch.Tensor:
+        out = pipe(labels=labels, num_inference_steps=self.steps, generator=torch.Generator().manual_seed(seed),
+                   guidance_scale=self.guidance, cfg_mode=mode, output_type="pt")
+        return out.images.detach().float()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Contenders
+# ------------------------------------------------------------------------------------------------------------------
+
+def _applied(handle) -> Applied:
+    def ratio():
+        try:
+            return float(handle.stats().compute_ratio)
+        except Exception:  # no generation yet
+            return None
+
+    return Applied(remove=handle.remove, compute_ratio=ratio)
+
+
+def keyframe_contender(plans: dict[str, dict], scope: str) -> Contender:
+    import dcache
+
+    def enable(pipe, s):
+        return _applied(dcache.apply(pipe, "keyframe", scope=scope, **plans[s["plan"]]))
+
+    return Contender("dcache", f"keyframe {scope}", Search("plan", "values", values=tuple(plans)), enable,
+                     note="keyframes searched on the tuning batch (benchmarks/frontier.py KEYFRAMES)",
+                     quick={"plan": next(iter(plans))})
+
+
+def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_dit: bool,
+               calibration_run) -> list[Contender]:
+    import dataclasses
+
+    import dcache
+
+    def plain(method: str, **fixed):
+        return lambda pipe, s: _applied(dcache.apply(pipe, method, **fixed, **s))
+
+    # every peer's knob widened to reach the low bands (methods.py's ranges stop near 0.25)
+    wide = {"TaylorSeer-lite": Search("interval", "values", values=(4, 6, 8, 10, 12, 16, 20)),
+            "SeaCache": None}
+    out = [keyframe_contender(plans, "call"), keyframe_contender(plans, "blocks"),
+           Contender("dcache", "seacache o2 cadence call", Search("max_consecutive", "values",
+                                                                  values=(3, 4, 5, 6, 7, 8, 10, 12)),
+                     plain("seacache", gate=False, order=2, scope="call"),
+                     note="dcache's best row at ~0.25 in the methods sweep, its cadence stretched")]
+    for c in peers.diffusers_contenders(scenario.steps, calibration_run):
+        if c.cfg_mode != "split" or c.method not in ("FirstBlockCache", "MagCache", "TaylorSeer-lite", "SeaCache"):
+            continue  # PAB / FasterCache need batched CFG and do not reach these ratios (methods.md)
+        if c.method == "SeaCache":
+            c = dataclasses.replace(c, families=[{"max_consecutive": 5}, {"max_consecutive": 9}])
+        elif c.method in wide:
+            c = dataclasses.replace(c, search=wide[c.method])
+        if c.method == "TaylorSeer-lite":
+            c = dataclasses.replace(c, quick={"interval": 4})
+        out.append(c)
+    if cache_dit:
+        out += peers.cache_dit_contenders(scenario.steps)
+    if quick:
+        out = [c for c in out if c.quick is not None and (c.library != "dcache" or c.method == "keyframe call")]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Keyframe search (coordinate descent on the tuning batch)
+# ------------------------------------------------------------------------------------------------------------------
+
+def _fractions(steps: list[int], num_steps: int) -> tuple[float, ...]:
+    return tuple(round(s / (num_steps - 1), 4) for s in steps)
+
+
+def search_keyframes(bench, scenario: Scenario, cond: int, uncond: int, order: int, log) -> dict:
+    """Keyframes for `cond` (+ `uncond`) computed calls maximising the tuning batch's PSNR: start from uniform
+    spacings ending at 80 / 90 / 100 % of the generation (uncond: each start's cond keyframes minus one), then move
+    one keyframe at a time by -2..+2 steps while the PSNR rises by > 0.03 dB."""
+    import dcache
+
+    n, ref = scenario.steps, bench.refs[("tune", "split")]
+    tied = scenario.branches == 1 or uncond == cond
+    seen: dict[tuple, float] = {}
+
+    def score(sc: list[int], su: list[int]) -> float:
+        key = (tuple(sc), tuple(su))
+        if key not in seen:
+            kwargs = dict(keyframes=_fractions(sc, n), order=order, scope="call")
+            if not tied:
+                kwargs["uncond_keyframes"] = _fractions(su, n)
+            with dcache.apply(bench.pipe, "keyframe", **kwargs):
+                seen[key] = methods.psnr(bench.tune(bench.pipe, "split"), ref)
+        return seen[key]
+
+    def uniform(k: int, end: int) -> list[int]:
+        return sorted({round(i * end / (k - 1)) for i in range(k)}) if k > 1 else [0]
+
+    best = None
+    for end in (0.8, 0.9, 1.0):
+        sc = uniform(cond, round(end * (n - 1)))
+        starts = [sc] if tied else [sc[:i] + sc[i + 1:] for i in range(1, len(sc))] if uncond == cond - 1 else \
+            [uniform(uncond, round(end * (n - 1)))]
+        for su in starts:
+            p = score(sc, su)
+            if best is None or p > best[0]:
+                best = (p, sc, su)
+    p, sc, su = best
+    for _ in range(6):
+        improved = False
+        for which in ("c",) if tied else ("c", "u"):
+            for i in range(1, len(sc if which == "c" else su)):
+                for d in (-2, -1, 1, 2):
+                    moved = list(sc if which == "c" else su)
+                    moved[i] += d
+                    after = moved[i + 1] if i + 1 < len(moved) else n
+                    if not moved[i - 1] < moved[i] < after:
+                        continue
+                    nc, nu = (moved, moved if tied else su) if which == "c" else (sc, moved)
+                    q = score(nc, nu)
+                    if q > p + 0.03:
+                        p, sc, su, improved = q, nc, nu, True
+        if not improved:
+            break
+    log(f"    keyframes {cond}+{uncond if not tied or scenario.branches == 2 else 0} order {order}: cond {sc} uncond "
+        f"{su} -> tuning PSNR {p:.2f} ({len(seen)} settings)")
+    return dict(keyframes=_fractions(sc, n), uncond_keyframes=None if tied else _fractions(su, n), order=order,
+                tune_psnr=p)
+
+
+def searched_plans(bench, scenario: Scenario, log) -> dict[str, dict]:
+    """Per budget: keyframes searched with order 2, then order 1 tried on them; the better order is kept."""
+    import dcache
+
+    plans = {}
+    for _, cond, uncond in scenario.budgets():
+        found = search_keyframes(bench, scenario, cond, uncond, 2, log)
+        setting = {k: v for k, v in found.items() if k != "tune_psnr" and v is not None}
+        with dcache.apply(bench.pipe, "keyframe", scope="call", **{**setting, "order": 1}):
+            linear = methods.psnr(bench.tune(bench.pipe, "split"), bench.refs[("tune", "split")])
+        if linear > found["tune_psnr"]:
+            setting["order"] = 1
+        log(f"    order {setting['order']} kept (order 2 {found['tune_psnr']:.2f} dB, order 1 {linear:.2f} dB)")
+        plans[f"{cond}+{uncond}" if scenario.branches == 2 else f"{cond}"] = setting
+    return plans
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Run one scenario with methods.py's sweep
+# ------------------------------------------------------------------------------------------------------------------
+
+def run_scenario(scenario: Scenario, args, log) -> dict:
+    quick = args.quick
+    methods.BANDS = scenario.bands  # the sweep's search and selection read the module's bands
+    heldout = args.heldout_seeds or (1 if quick else 10)
+    bench = GuidedBench(steps=scenario.steps, tune_labels=[0, 1] if quick else list(range(10)),
+                        heldout_seeds=[methods.HELDOUT_SEED0 + i for i in range(heldout)],
+                        repeats=args.repeats or (3 if quick else 7),
+                        seed_labels=[0, 1, 2, 3] if quick else list(range(10)), warm_twin=not quick)
+    bench.guidance = scenario.guidance
+    bench.load()
+    started = time.time()
+    log(f"== {scenario.name}: {scenario.steps} steps, guidance {scenario.guidance}, bands {scenario.bands}")
+    bench.references({"split"}, fd_floor=not quick)
+    plans = searched_plans(bench, scenario, log) if args.search or scenario.name not in KEYFRAMES else \
+        KEYFRAMES[scenario.name]
+    calibrate = lambda pipe: bench.tune(pipe, "split")  # noqa: E731
+    sweeper = methods.Sweeper(bench, log)
+    results = []
+    for c in contenders(scenario, plans, quick, cache_dit=not (args.no_cache_dit or quick),
+                        calibration_run=calibrate):
+        if args.contenders and not re.search(args.contenders, c.label):
+            continue
+        t0 = time.time()
+        result = dict(library=c.library, method=c.method, note=c.note, points=[], rows=[], error=None)
+        log(f"[{c.label}] search")
+        try:
+            result["points"] = sweeper.search(c, quick)
+            for band, point in sweeper.select(result["points"], quick):
+                result["rows"].append(sweeper.full(c, band, point))
+        except Exception as exc:  # a contender that fails is a result
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            log(f"  !! {c.label}: {result['error']}")
+        result["restored"] = sweeper.check_restored(c)
+        if not result["restored"]:
+            bench.reload()
+        result["seconds"] = time.time() - t0
+        results.append(result)
+    robust = None if (args.no_robustness or scenario.name != "cfg1.5") else robustness(bench, plans, log)
+    return dict(name=scenario.name, steps=scenario.steps, guidance=scenario.guidance, bands=list(scenario.bands),
+                plans=plans, results=results, robustness=robust, heldout_seeds=bench.heldout_seeds,
+                seed_labels=bench.seed_labels, uncached_acc=bench.refs["heldout_acc"], fd_floor=bench.refs["fd_floor"],
+                seconds=time.time() - started)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Robustness: a plan searched at one setting, replayed at others
+# ------------------------------------------------------------------------------------------------------------------
+
+ROBUST_SETTINGS = ((28, 1.5), (28, 3.0), (10, 1.5), (50, 1.5))  # (steps, guidance)
+ROBUST_KINDS = ("replay", "keyframes", "seacache")
+
+
+def robustness(bench, plans: dict[str, dict], log, seeds: int = 3) -> list[dict]:
+    """Each cfg1.5 keyframe setting as (a) the step plan it makes at 28 steps, replayed with interpolate_steps
+    (nearest planned step), (b) the same keyframes in normalised time, against (c) dynamic SeaCache (SEA gate, order
+    2, call scope) at a fixed setting, on `seeds` held-out seeds x the labels, at other guidance / step counts."""
+    import dcache
+
+    pipe, rows = bench.pipe, []
+    seeds_used = bench.heldout_seeds[:seeds]
+
+    def images(steps, guidance):
+        return torch.cat([pipe(labels=bench.seed_labels, num_inference_steps=steps, guidance_scale=guidance,
+                               generator=torch.Generator().manual_seed(s), output_type="pt").images.float()
+                          for s in seeds_used])
+
+    def measured(target, steps, guidance, ref, **kw):
+        with dcache.apply(pipe, target, **kw) as handle:
+            out = images(steps, guidance)
+            ratio = handle.stats().compute_ratio
+        return dict(ratio=ratio, psnr=methods.psnr(out, ref))
+
+    exported, caps = {}, {}
+    for name, setting in plans.items():  # (a): the plan this setting makes at 28 steps, CFG 1.5
+        with dcache.apply(pipe, "keyframe", scope="call", **setting) as handle:
+            bench.tune(pipe, "split")
+            plan = handle.plan()
+        plan.interpolate_steps = True
+        exported[name] = plan
+        caps[name] = max(1, round(1 / plan.compute_ratio()) - 1)  # SeaCache: 1 compute per 1 + cap calls at most
+    for steps, guidance in ROBUST_SETTINGS:
+        ref = images(steps, guidance)
+        for name, setting in plans.items():
+            row = dict(plan=name, steps=steps, guidance=guidance,
+                       replay=measured(exported[name], steps, guidance, ref, scope="call"),
+                       keyframes=measured("keyframe", steps, guidance, ref, scope="call", **setting),
+                       seacache=measured("seacache", steps, guidance, ref, scope="call", order=2,
+                                         threshold=4.0, max_consecutive=caps[name]))
+            log(f"  robustness {name} @ {steps} steps CFG {guidance}: " + ", ".join(
+                f"{k} {row[k]['ratio']:.3f}/{row[k]['psnr']:.2f} dB" for k in ROBUST_KINDS))
+            rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------------------------
+
+TARGETS = {0.2: 42.0, 0.125: 35.0}  # held-out PSNR targets of the 28-step bands
+FD_SHARE = 0.05  # FD target: within 5 % of the uncached seed-to-seed FD
+
+
+def best_rows(scenario: dict) -> dict[float, dict[str, dict]]:
+    """Per band and library, the row with the highest held-out PSNR."""
+    out: dict[float, dict[str, dict]] = {}
+    for band in scenario["bands"]:
+        for r in scenario["results"]:
+            for row in r["rows"]:
+                if row["band"] != band or not math.isfinite(row.get("psnr_heldout", float("nan"))):
+                    continue
+                best = out.setdefault(band, {}).get(row["library"])
+                if best is None or row["psnr_heldout"] > best["psnr_heldout"]:
+                    out[band][row["library"]] = row
+    return out
+
+
+def _fmt(v, digits=2) -> str:
+    return methods.fmt(v, digits)
+
+
+def write_report(data: dict, out: Path) -> tuple[Path, Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    md, js, png = out / "frontier.md", out / "frontier.json", out / "frontier_pareto.png"
+    js.write_text(json.dumps(data, indent=1, default=methods._json_default))
+    pareto_png(data, png)
+    meta = data["meta"]
+    lines = ["# Beyond 4x: the frontier below compute ratio 0.25 (tiny model)", "", "```", meta["command"], "```", "",
+             f"Commit {meta['git_commit']} · {meta['date']} · {meta.get('runtime_s', 0) / 60:.1f} min · torch "
+             f"{meta['torch']} · diffusers {meta['diffusers']} · cache-dit {meta['cache_dit']} · 1 torch thread · "
+             f"load average at start {meta['load_start']}, end {meta.get('load_end', '?')}", "",
+             "Columns: **ratio** = block FLOPs computed / uncached (tuning batch; call scope counts the whole call); "
+             "**b1 ×** = batch-1 speed-up, median of interleaved runs against an uncached twin (wall clock / CPU "
+             "time); **m/i** = measured / ideal speed-up (b1 × · b1 ratio); **PSNR**, **SSIM**, **acc** (digit "
+             "classifier), **FD** (Fréchet distance of classifier features, cached vs uncached) on the held-out "
+             "samples; **FD %** = FD / the uncached seed-to-seed FD.", ""]
+    for sc in data["scenarios"]:
+        floor = sc["fd_floor"]
+        lines += [f"## {sc['name']}: {sc['steps']} steps, guidance {sc['guidance']}", "",
+                  f"Held-out: seeds {sc['heldout_seeds'][0]}..{sc['heldout_seeds'][-1]} x labels "
+                  f"{sc['seed_labels'][0]}..{sc['seed_labels'][-1]}; uncached accuracy {sc['uncached_acc']:.2f}; "
+                  f"seed-to-seed FD {_fmt(floor, 3)}; {sc['seconds'] / 60:.1f} min. Keyframes: " + "; ".join(
+                      f"`{k}` {v}" for k, v in sc["plans"].items()), "",
+                  "| library | method | setting | band | ratio | b1 ratio | b1 × wall | m/i wall | m/i CPU | PSNR | "
+                  "SSIM | acc | FD | FD % |", "|" + "---|" * 14]
+        for r in sc["results"]:
+            for row in r["rows"]:
+                share = row["fd_heldout"] / floor * 100 if floor and math.isfinite(floor) else float("nan")
+                lines.append(f"| {row['library']} | {row['method']} | {row['setting']} | {_fmt(row['band'])} | "
+                             f"{row['ratio']:.3f} | {row['b1_ratio']:.3f} | {_fmt(row['b1_speedup_wall'])} | "
+                             f"{_fmt(row['b1_meas_over_ideal'])} | {_fmt(row['b1_meas_over_ideal_cpu'])} | "
+                             f"{_fmt(row['psnr_heldout'])} | {_fmt(row['ssim_heldout'], 3)} | "
+                             f"{_fmt(row['acc_heldout'])} | {_fmt(row['fd_heldout'], 3)} | {_fmt(share, 1)} |")
+            if r.get("error") or not r["rows"]:
+                lines.append(f"| {r['library']} | {r['method']} | — | — | no setting in a band"
+                             f"{': ' + r['error'] if r.get('error') else ''} (lowest ratio tried: "
+                             f"{min((p['ratio'] for p in r['points']), default=float('nan')):.3f}) |" + " |" * 9)
+        lines += ["", "**Best per band** (held-out PSNR @ ratio):", "", "| band | dcache | diffusers | cache-dit |",
+                  "|---|---|---|---|"]
+        for band, best in best_rows(sc).items():
+            cells = [f"{best[lib]['psnr_heldout']:.2f} dB · {best[lib]['method']} ({best[lib]['setting']}) @ "
+                     f"{best[lib]['ratio']:.3f}" if lib in best else "—" for lib in methods.LIBRARIES]
+            lines.append(f"| ~{band:g} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for band, best in best_rows(sc).items():
+            row = best.get("dcache")
+            if row is None or band not in TARGETS or sc["steps"] != 28:
+                continue
+            met = "met" if row["psnr_heldout"] >= TARGETS[band] else "not met"
+            fd_ok = math.isfinite(floor) and row["fd_heldout"] <= FD_SHARE * floor
+            lines.append(f"- ~{band:g}: best dcache row {row['psnr_heldout']:.2f} dB at ratio {row['ratio']:.3f} "
+                         f"(target >= {TARGETS[band]:g} dB: {met}); FD {row['fd_heldout']:.3f} = "
+                         f"{row['fd_heldout'] / floor * 100:.1f} % of the seed-to-seed FD "
+                         f"({'within' if fd_ok else 'above'} 5 %); accuracy {row['acc_heldout']:.2f} vs uncached "
+                         f"{sc['uncached_acc']:.2f}; batch-1 measured/ideal {row['b1_meas_over_ideal']:.2f}.")
+        if sc.get("robustness"):
+            lines += ["", "### Robustness of the searched keyframes", "",
+                      f"The {sc['name']} keyframes as a 28-step plan replayed with `interpolate_steps` (nearest "
+                      "planned step), as keyframes in normalised time, and dynamic SeaCache (SEA gate, order 2, call "
+                      "scope, threshold 4, the cap nearest the plan's ratio), on 3 held-out seeds x 10 labels; "
+                      "ratio / PSNR (dB):", "",
+                      "| plan | steps | guidance | plan replay | keyframes | seacache o2 call |", "|" + "---|" * 6]
+            for row in sc["robustness"]:
+                cells = [f"{row[k]['ratio']:.3f} / {row[k]['psnr']:.2f}" for k in ROBUST_KINDS]
+                lines.append(f"| {row['plan']} | {row['steps']} | {row['guidance']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    notes = methods.RESULTS / "frontier_notes.md"
+    if notes.is_file():
+        lines += [notes.read_text().rstrip(), ""]
+    lines += [f"![Pareto plot]({png.name})", ""]
+    md.write_text("\n".join(lines))
+    return md, js, png
+
+
+def pareto_png(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = data["scenarios"]
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(5.2 * len(scenarios), 4.6), squeeze=False)
+    for ax, sc in zip(axes[0], scenarios):
+        for lib in methods.LIBRARIES:
+            rows = [row for r in sc["results"] if r["library"] == lib for row in r["rows"]
+                    if math.isfinite(row.get("psnr_heldout", float("nan")))]
+            if not rows:
+                continue
+            ax.scatter([r["ratio"] for r in rows], [r["psnr_heldout"] for r in rows], marker=methods.MARKERS[lib],
+                       color=methods.LIB_COLORS[lib], edgecolors="black", linewidths=0.4, s=50, zorder=3)
+            front = methods._front([(r["ratio"], r["psnr_heldout"]) for r in rows], True, True)
+            ax.plot([p[0] for p in front], [p[1] for p in front], color=methods.LIB_COLORS[lib], lw=2, alpha=0.7,
+                    label=lib)
+            if lib == "dcache":
+                for r in rows:
+                    if r["method"].startswith("keyframe"):
+                        ax.annotate(r["method"].split()[-1], (r["ratio"], r["psnr_heldout"]), fontsize=7,
+                                    xytext=(3, 3), textcoords="offset points")
+        for band in sc["bands"]:
+            ax.axvspan(band / methods.BAND_TOL, band * methods.BAND_TOL, color="0.5", alpha=0.08)
+            if sc["steps"] == 28 and band in TARGETS:
+                ax.plot([band / methods.BAND_TOL, band * methods.BAND_TOL], [TARGETS[band]] * 2, "k--", lw=1)
+        ax.invert_xaxis()
+        ax.set_title(f"{sc['name']}: {sc['steps']} steps, guidance {sc['guidance']}", fontsize=10)
+        ax.set_xlabel("compute ratio  \u2190 more compute")
+        ax.set_ylabel("held-out PSNR vs uncached (dB)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower left")
+    fig.suptitle("Below compute ratio 0.25: dcache vs diffusers vs cache-dit (dashed: PSNR targets)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    if not (args.no_cache_dit or args.quick):
+        reason = peers.cache_dit_unavailable()
+        if reason is not None:
+            raise SystemExit(f"error: {reason}")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    started = time.time()
+    command = "python benchmarks/frontier.py" + "".join(
+        " " + shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+
+    def log(msg: str) -> None:
+        print(f"[{time.time() - started:7.1f}s] {msg}", flush=True)
+
+    import diffusers
+
+    from dcache.eval.runner import _git_commit
+
+    cache_dit_version = "not run"
+    if not (args.no_cache_dit or args.quick):
+        import cache_dit
+
+        cache_dit_version = cache_dit.__version__
+    names = ["steps10"] if args.quick else [n for n in SCENARIOS if not args.only or re.search(args.only, n)]
+    meta = dict(command=command, git_commit=_git_commit(), date=time.strftime("%Y-%m-%d %H:%M"),
+                torch=torch.__version__, diffusers=diffusers.__version__, cache_dit=cache_dit_version,
+                weights=methods._weights_id(), load_start=methods._load(), quick=args.quick)
+    data = dict(meta=meta, scenarios=[])
+    out = args.out
+    for name in names:
+        data["scenarios"].append(run_scenario(ALL[name], args, log))
+        meta.update(runtime_s=time.time() - started, load_end=methods._load())
+        write_report(data, out)  # after every scenario: a crash keeps what was measured
+    md, _, png = write_report(data, out)
+    log(f"wrote {md} and {png} in {(time.time() - started) / 60:.1f} min")
+    return md
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Keyframe: compute the stack at a few keyframes placed in normalised time, forecast every other call.
+
+A keyframe is a position f in [0, 1] of the generation; in a generation of N steps it computes the step
+    s(f) = round(f * (N - 1))                       (keyframes that land on one step compute it once)
+and every other call is a FORECAST: the engine's Taylor extrapolation (order O) of the unit's history over the
+computed steps, in step units (TaylorSeer's table: d_0 = F(s_last), d_{k+1} = (d_k(s) - d_k(s')) / (s - s'), then
+F(s) ~ sum_k d_k (s - s_last)^k / k!). Until O + 1 keyframes were computed the forecast uses the order they allow
+(1 keyframe: reuse, 2: a line), so the order grows with the generation.
+
+Because the keyframes are fractions, not step indices, one setting transfers to any step count, and split CFG
+branches can have their own: the unconditional branch may compute fewer keyframes than the conditional one
+(`uncond_keyframes`). That is what reaches compute ratios between the even ones: with CFG every step makes two
+calls, so 0.125 at 28 steps is 7 of 56 calls = 4 cond + 3 uncond keyframes.
+
+Why placement matters: the forecast error of a Taylor extrapolation grows with the distance to the last computed
+step, so the best keyframes are not the uniform cadence of a fixed interval. On the bundled model (28 steps, CFG
+1.5) a search on one tuning batch moved the 4-keyframe cadence {0, 9, 18, 27} to {0, 8, 15, 23} (34.1 -> 37.4 dB
+PSNR vs uncached): leaving the last step uncomputed shortens every earlier interval. `benchmarks/frontier.py`
+searches them (coordinate descent on the tuning batch, one keyframe moved at a time); the presets below are its
+results.
+
+Memory: (order + 1) tensors per cached unit and branch (stack granularity: one residual per stream, or one Delta
+in call scope).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob
+from dcache import register_method, register_preset
+
+UNCOND = "uncond"  # the branch name diffusers' cache_context gives split CFG's unconditional call
+
+
+def keyframe_steps(keyframes: tuple[float, ...], num_steps: int) -> frozenset[int]:
+    """The steps a generation of `num_steps` computes: round(f * (num_steps - 1)) for every keyframe f, and step 0.
+
+    >>> sorted(keyframe_steps((0.0, 0.296, 0.556, 0.852), 28))
+    [0, 8, 15, 23]
+    >>> sorted(keyframe_steps((0.0, 0.296, 0.556, 0.852), 10))
+    [0, 3, 5, 8]
+    """
+    return frozenset({0, *(int(round(f * (num_steps - 1))) for f in keyframes)})
+
+
+@register_method
+@dataclass(frozen=True)
+class KeyframeConfig(MethodConfig):
+    """Keyframe: compute at a few positions of the generation (fractions, so any step count), forecast the rest.
+
+    Paper: none (dcache's own schedule); the forecast is TaylorSeer's extrapolation (https://arxiv.org/abs/2503.06923)
+    and the keyframes are a plan searched offline in normalised time.
+
+    Use it below compute ratio 0.25, where a fixed cadence wastes computes: with `scope="call"` and the searched
+    presets (`keyframe-5x`, `keyframe-8x`) it is dcache's best setting at ratios 0.196 and 0.125 on the bundled
+    model (BENCHMARKS.md, "Beyond 4x"). Keyframes searched at one guidance scale and step count replay at others.
+
+    Example (the bundled tiny model, 28 steps, split CFG: 6 + 5 of 56 calls computed, ratio 0.196):
+        >>> import dcache
+        >>> from dcache.pipelines.bundled import load_tiny_pipeline
+        >>> pipe = load_tiny_pipeline()
+        >>> with dcache.apply(pipe, "keyframe-5x", scope="call") as handle:
+        ...     image = pipe("3").images[0]
+        >>> round(handle.stats().compute_ratio, 3)
+        0.196
+    """
+
+    method = "keyframe"
+    keyframes: tuple = knob((0.0, 0.2, 0.4, 0.6, 0.8, 1.0), types=(tuple, list),
+                            doc="positions in [0, 1] of the computed steps, step = round(f * (num_steps - 1)); step "
+                                "0 always computes")
+    uncond_keyframes: tuple | None = knob(None, types=(tuple, list),
+                                          doc="keyframes of the split-CFG 'uncond' branch (None = `keyframes`)")
+    order: int = knob(2, low=0, high=3, doc="Taylor order of the forecast between keyframes (0 = reuse the last "
+                                            "keyframe; 2 = parabola through the last three)")
+
+    def check(self) -> None:
+        for name in ("keyframes", "uncond_keyframes"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not value or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0.0 <= f <= 1.0
+                                    for f in value):
+                raise self.invalid(name, value, "a non-empty list of numbers in [0, 1] (fractions of the "
+                                                "generation, e.g. [0, 0.3, 0.55, 0.85])")
+
+    def build(self, model: nn.Module) -> Schedule:
+        return KeyframeSchedule(self)
+
+
+class KeyframeSchedule(Schedule):
+    granularity = Granularity.STACK
+    signals = frozenset()
+
+    def __init__(self, config: KeyframeConfig):
+        self.config = config
+        self.forecast_order = config.order
+        self.name = "keyframe"
+        self._steps: dict[bool, frozenset[int]] = {}  # is the uncond branch -> computed steps of this generation
+
+    def reset(self, generation: GenerationInfo) -> None:
+        n = generation.num_steps
+        if n is None:
+            raise ValueError("keyframe places its computed steps by fractions of the generation, so it needs the "
+                             "step count: pass dcache.apply(transformer, 'keyframe', num_steps=N) when the "
+                             "transformer is used without a pipeline's scheduler.")
+        c = self.config
+        self._steps = {False: keyframe_steps(c.keyframes, n),
+                       True: keyframe_steps(c.uncond_keyframes if c.uncond_keyframes is not None else c.keyframes, n)}
+
+    def decide(self, ctx: CallContext) -> Action:
+        if ctx.step in self._steps[ctx.branch == UNCOND]:
+            return Action.COMPUTE
+        return Action.FORECAST if self.config.order > 0 else Action.REUSE
+
+    def config_dict(self) -> dict:
+        return self.config.to_dict()
+
+
+# Searched by `python benchmarks/frontier.py --search --only cfg1.5` on the tuning batch (labels 0-9, seed 0, 28 steps,
+# split CFG 1.5); benchmarks/results/frontier.md measures them on held-out seeds.
+register_preset("keyframe-5x", "keyframe", "6 cond + 5 uncond keyframes: ratio 0.196 with split CFG (28 steps: "
+                                           "cond 0, 6, 11, 17, 22, 27; uncond the same without 27)",
+                keyframes=(0.0, 0.2222, 0.4074, 0.6296, 0.8148, 1.0),
+                uncond_keyframes=(0.0, 0.2222, 0.4074, 0.6296, 0.8148))
+register_preset("keyframe-8x", "keyframe", "4 cond + 3 uncond keyframes: ratio 0.125 with split CFG (28 steps: "
+                                           "cond 0, 8, 16, 24; uncond 0, 10, 21)",
+                keyframes=(0.0, 0.2963, 0.5926, 0.8889), uncond_keyframes=(0.0, 0.3704, 0.7778))
