@@ -75,7 +75,7 @@ class KeyframeConfig(MethodConfig):
     uncond_keyframes: tuple | None = knob(None, types=(tuple, list),
                                           doc="keyframes of the split-CFG 'uncond' branch (None = `keyframes`)")
     order: int = knob(2, low=0, high=3, doc="Taylor order of the forecast between keyframes (0 = reuse the last "
-                                            "keyframe; 2 = parabola through the last three)")
+                                            "keyframe; 2 = TaylorSeer's table over the last three)")
 
     def check(self) -> None:
         for name in ("keyframes", "uncond_keyframes"):
