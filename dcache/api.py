@@ -29,7 +29,8 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
           num_steps: int | None = None, count_flops: bool = True, memoize: bool = True, scope: str | None = None,
           speed: str | float | None = None, quality: str | None = None, calibration_run: Any = None,
           experts: dict[str, Any] | None = None, max_cache_memory: str | int | None = None,
-          cache_dtype: str | None = None, cache_scale: str | None = None, **overrides: Any) -> Handle:
+          cache_dtype: str | None = None, cache_scale: str | None = None, cache_device: str | None = None,
+          fit: str | None = None, **overrides: Any) -> Handle:
     """Hook a caching method into a diffusers pipeline (or a bare transformer) and return its Handle.
 
     method:    a method name ("magcache", "fbcache", ...), a preset name, a plan file path (*.json), a config
@@ -59,12 +60,23 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                "float8_e4m3fn" (also `--set cache_dtype=bfloat16`), restored to the compute dtype on use; None keeps
                the compute dtype. cache_scale: for float8, "tensor" (default) or "token": the fp32 absmax scale
                stored beside each tensor (dcache.cache_codec).
+    cache_device: "cpu" keeps the cache in host memory (pinned; on CUDA the next unit's tensors are copied back on
+               a side stream while the current unit runs); exact: the outputs are the on-device cache's, bit for bit.
+    fit:       "auto" with max_cache_memory: over budget at the first call, pick the most accurate cache storage that
+               fits (offload to host memory, then bfloat16, then float8 per token, then per tensor) instead of
+               refusing, and say which (a dcache.budget.CacheFitChoice warning; handle.fit_choice).
     overrides: config fields, e.g. apply(pipe, "magcache", threshold=0.1).
     """
     num_steps = _check_num_steps(num_steps)
     pipeline, transformer = _split_target(target)
     limit = parse_bytes(max_cache_memory) if max_cache_memory is not None else None
-    codec = cache_codec(cache_dtype, cache_scale)
+    codec = cache_codec(cache_dtype, cache_scale, cache_device)
+    if fit not in (None, "auto"):
+        raise ValueError(f"fit={fit!r} is not a fit mode; use fit='auto' (with max_cache_memory) to let dcache pick a "
+                         f"cache storage that fits the budget, or leave it out to be refused over budget.")
+    if fit is not None and max_cache_memory is None:
+        raise ValueError("fit='auto' chooses among cache storages that fit max_cache_memory; give the budget too, e.g. "
+                         "dcache.apply(pipe, 'taylorseer', max_cache_memory='8GiB', fit='auto').")
     expert_settings = check_expert_names(pipeline, experts)
     for module in [transformer, *(m for _, m in extra_experts(pipeline))]:
         if getattr(module, "_dcache_engine", None) is not None:
@@ -106,7 +118,8 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
         raise
     if limit is not None:
         handle._budget = Budget(handle, pipeline, transformer, limit, method if isinstance(method, (str, os.PathLike))
-                                else copy.deepcopy(method), _with_codec(overrides, cache_dtype, cache_scale), scope)
+                                else copy.deepcopy(method), _with_codec(overrides, cache_dtype, cache_scale,
+                                                                        cache_device), scope, fit=fit)
     return handle
 
 
@@ -123,9 +136,10 @@ def _check_num_steps(num_steps: Any) -> int | None:
     return int(num_steps)
 
 
-def _with_codec(overrides: dict, cache_dtype: Any, cache_scale: Any) -> dict:
-    """The budget's estimates run apply again: with the same cache dtype, so they count the bytes it stores."""
-    codec = {k: v for k, v in (("cache_dtype", cache_dtype), ("cache_scale", cache_scale)) if v is not None}
+def _with_codec(overrides: dict, cache_dtype: Any, cache_scale: Any, cache_device: Any) -> dict:
+    """The budget's estimates run apply again: with the same cache storage, so they count the bytes it stores."""
+    codec = {k: v for k, v in (("cache_dtype", cache_dtype), ("cache_scale", cache_scale),
+                               ("cache_device", cache_device)) if v is not None}
     return {**overrides, **codec}
 
 

@@ -14,13 +14,23 @@ kept as it is: a cache dtype never widens nor reinterprets. Taylor math stays fp
 decoded to fp32, updated (dcache.kernels.taylor_update) and encoded again; at a forecast step it is decoded and
 evaluated. That is the torch reference path on every backend (no fused Triton kernel reads the scaled formats).
 
-The default (cache_dtype=None) builds no codec at all: `BranchState.history` makes a plain `UnitHistory`, so the
-full-precision path runs exactly the code it ran before, bit for bit.
+Offloaded caches: `dcache.apply(pipe, method, cache_device="cpu")` (alone or with a cache_dtype) keeps the stored
+tensors in host memory. Encoding copies a tensor out of the compute device into a fresh host tensor (pinned when it
+comes from CUDA, copied with non_blocking=True on the current stream); decoding copies it back to the device it was
+computed on. On CUDA a read also starts the next unit's copy back on a side stream (`OffloadPrefetch`): units are
+read in the order they were first cached (block 0, 1, ... of a branch, then the next branch), so while block i's
+cached residual is applied, block i+1's is already in flight; the reader waits on the copy's event, never on the
+whole device. On a CPU the same code path runs host to host (no pinning, no stream) and gives the on-device cache's
+outputs bit for bit.
+
+The default (cache_dtype=None, cache_device=None) builds no codec at all: `BranchState.history` makes a plain
+`UnitHistory`, so the full-precision path runs exactly the code it ran before, bit for bit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,11 +45,13 @@ _FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 @dataclass
 class Stored:
-    """One cached tensor in its stored form: `data` in the cache dtype, `scale` (fp32, broadcastable) for fp8."""
+    """One cached tensor in its stored form: `data` in the cache dtype (on the cache device), `scale` (fp32,
+    broadcastable, beside `data`) for fp8."""
 
     data: torch.Tensor
     scale: torch.Tensor | None
     dtype: torch.dtype  # the dtype it was computed in (restored on decode)
+    home: torch.device | None = None  # the device it was computed on (restored on decode); None: data.device
 
     @property
     def shape(self) -> torch.Size:
@@ -47,7 +59,12 @@ class Stored:
 
     @property
     def device(self) -> torch.device:
-        return self.data.device
+        """Where the tensor is used (the compute device), wherever it is stored."""
+        return self.home if self.home is not None else self.data.device
+
+    @property
+    def offloaded(self) -> bool:
+        return self.home is not None and self.home != self.data.device
 
     @property
     def nbytes(self) -> int:
@@ -57,50 +74,160 @@ class Stored:
 
 @dataclass(frozen=True)
 class CacheCodec:
-    dtype: torch.dtype
+    dtype: torch.dtype | None  # the stored dtype; None: the compute dtype (an offload-only codec)
     scale: str | None = None  # "tensor" | "token" for float8, None otherwise
+    device: torch.device | None = None  # the cache device ("cpu": offloaded); None: where each tensor was computed
+    prefetch: "OffloadPrefetch | None" = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:
-        text = str(self.dtype).removeprefix("torch.")
-        return f"{text}/{self.scale}" if self.scale else text
+        text = str(self.dtype).removeprefix("torch.") if self.dtype is not None else "compute dtype"
+        text = f"{text}/{self.scale}" if self.scale else text
+        return f"{text} on {self.device}" if self.device is not None else text
 
     def encode(self, x: torch.Tensor, lead: int = 0, dtype: torch.dtype | None = None) -> Stored:
         """x -> Stored. lead: leading dims that get their own per-tensor scale (1 for a Taylor table [K+1, ...]);
         dtype: the compute dtype `x` stands for (a Taylor table is encoded from its fp32 working copy)."""
         x = x.detach()
         dtype = dtype or x.dtype
-        if not dtype.is_floating_point or dtype.itemsize <= self.dtype.itemsize:
-            return Stored(x.to(dtype), None, dtype)  # never widened nor reinterpreted
+        if self.dtype is None or not dtype.is_floating_point or dtype.itemsize <= self.dtype.itemsize:
+            return self._place(Stored(x.to(dtype), None, dtype))  # never widened nor reinterpreted
         if self.scale is None:
-            return Stored(x.to(self.dtype), None, dtype)
+            return self._place(Stored(x.to(self.dtype), None, dtype))
         if self.scale == "token" and x.dim() > lead:
             amax = x.abs().amax(dim=-1, keepdim=True).float()  # [..., L, 1]
         else:
             dims = tuple(range(lead, x.dim()))
             amax = x.abs().amax(dim=dims, keepdim=True).float() if dims else x.abs().float()
         scale = torch.where(amax > 0, amax / _FP8_MAX, torch.ones_like(amax))
-        return Stored((x.float() / scale).to(self.dtype), scale, dtype)
+        return self._place(Stored((x.float() / scale).to(self.dtype), scale, dtype))
+
+    def _place(self, stored: Stored) -> Stored:
+        """Move an encoded tensor to the cache device: a fresh host copy (pinned for a CUDA source, so the copy back
+        can be asynchronous); nothing to do without a cache device."""
+        if self.device is None:
+            return stored
+        home = stored.data.device
+        return Stored(_copy_to(stored.data, self.device), None if stored.scale is None else
+                      _copy_to(stored.scale, self.device), stored.dtype, home)
 
     def decode(self, stored: Stored, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Stored -> tensor in `dtype` (default: the dtype it was computed in)."""
+        """Stored -> tensor in `dtype` (default: the dtype it was computed in) on the device it was computed on."""
         dtype = dtype or stored.dtype
+        if stored.offloaded:
+            stored = _fetch(stored)
         if stored.scale is None:
             return stored.data.to(dtype)
         return (stored.data.float() * stored.scale).to(dtype)
 
     def history(self, order: int) -> "CodedHistory":
-        return CodedHistory(order, self)
+        hist = CodedHistory(order, self)
+        if self.prefetch is not None:
+            self.prefetch.add(hist)
+        return hist
 
 
-def cache_codec(cache_dtype: Any = None, cache_scale: Any = None) -> CacheCodec | None:
-    """The codec for apply's `cache_dtype` / `cache_scale`, or None (full precision: the cache keeps the compute
-    dtype). Raises ValueError naming the field and its allowed values."""
+def _copy_to(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A copy of x on `device` that never aliases x (host to host too), asynchronous out of CUDA into pinned
+    memory (ordered on the current stream, so a later copy back on that stream, or on one that waits for it, reads
+    the finished data)."""
+    pinned = x.device.type == "cuda" and device.type == "cpu"
+    out = torch.empty(x.shape, dtype=x.dtype, device=device, pin_memory=pinned)
+    return out.copy_(x, non_blocking=pinned)
+
+
+def _fetch(stored: Stored) -> Stored:
+    """The stored tensor copied back to its compute device (on the current stream)."""
+    home = stored.home
+    asynchronous = home.type == "cuda" and stored.data.is_pinned()
+    data = stored.data.to(home, non_blocking=asynchronous)
+    scale = None if stored.scale is None else stored.scale.to(home, non_blocking=asynchronous)
+    return Stored(data, scale, stored.dtype)
+
+
+class OffloadPrefetch:
+    """Copies the next unit's offloaded tensors back to the GPU on a side stream while the current unit runs.
+
+    Histories register in the order they are created, which is the order the engine first reads them in (block 0, 1,
+    ... of the first branch, then of the next); reading one starts the copy of the one created after it. A copy is
+    matched to the exact `Stored` objects it read, so a history updated after its prefetch is simply copied again."""
+
+    def __init__(self, device: torch.device):
+        self.stream = torch.cuda.Stream(device=device)
+        self._last: weakref.ref | None = None  # weak: a finished generation's histories are freed with their branch
+
+    def add(self, hist: "CodedHistory") -> None:
+        last = self._last() if self._last is not None else None
+        if last is not None:
+            last.next_history = hist
+        self._last = weakref.ref(hist)
+
+    def start(self, hist: "CodedHistory | None") -> None:
+        """Start copying hist's stored tensors to their device (no-op when already done or nothing is offloaded)."""
+        if hist is None or not hist.tables or hist.prefetched is not None:
+            return
+        tables = list(hist.tables)
+        if not all(s.offloaded and s.home.type == "cuda" for s in tables):
+            return
+        current = torch.cuda.current_stream(tables[0].home)
+        self.stream.wait_stream(current)  # the copies out of the device (current stream) come first
+        with torch.cuda.stream(self.stream):
+            fetched = [_fetch(s) for s in tables]
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        hist.prefetched = (tables, fetched, event)
+
+    @staticmethod
+    def take(hist: "CodedHistory") -> list[Stored] | None:
+        """The prefetched copies of hist's current tables (the reader's stream waits for them), or None."""
+        done, hist.prefetched = hist.prefetched, None
+        if done is None or len(done[0]) != len(hist.tables or []) or any(
+                a is not b for a, b in zip(done[0], hist.tables)):
+            return None
+        tables, fetched, event = done
+        current = torch.cuda.current_stream(tables[0].home)
+        current.wait_event(event)
+        for f in fetched:  # the allocator must not reuse these while the current stream still reads them
+            f.data.record_stream(current)
+            if f.scale is not None:
+                f.scale.record_stream(current)
+        return fetched
+
+
+CACHE_DEVICES = ("cpu",)
+
+
+def cache_codec(cache_dtype: Any = None, cache_scale: Any = None, cache_device: Any = None) -> CacheCodec | None:
+    """The codec for apply's `cache_dtype` / `cache_scale` / `cache_device`, or None (the cache keeps the compute
+    dtype on the compute device). Raises ValueError naming the field and its allowed values."""
+    device = _cache_device(cache_device)
     if cache_dtype is None:
         if cache_scale is not None:
             raise ValueError(f"cache_scale={cache_scale!r} needs cache_dtype='float8_e4m3fn' (the scale is what an "
                              f"8-bit cache stores beside each tensor); set cache_dtype or drop cache_scale.")
+        return None if device is None else _with_device(CacheCodec(None), device)
+    codec = _dtype_codec(cache_dtype, cache_scale)
+    return codec if device is None else _with_device(codec, device)
+
+
+def _cache_device(cache_device: Any) -> torch.device | None:
+    if cache_device is None:
         return None
+    name = str(cache_device) if isinstance(cache_device, torch.device) else cache_device
+    if name not in CACHE_DEVICES:
+        raise ValueError(f"cache_device={cache_device!r} is not a cache device; allowed values: "
+                         f"{', '.join(repr(d) for d in CACHE_DEVICES)} (host memory) or None (the compute device).")
+    return torch.device(name)
+
+
+def _with_device(codec: CacheCodec, device: torch.device) -> CacheCodec:
+    """Offload to `device`; with CUDA present, reads prefetch the next unit on a side stream."""
+    prefetch = OffloadPrefetch(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available() \
+        else None
+    return CacheCodec(codec.dtype, codec.scale, device, prefetch)
+
+
+def _dtype_codec(cache_dtype: Any, cache_scale: Any) -> CacheCodec:
     if isinstance(cache_dtype, torch.dtype):
         cache_dtype = str(cache_dtype).removeprefix("torch.")
     if not isinstance(cache_dtype, str) or cache_dtype not in CACHE_DTYPES:
@@ -127,6 +254,19 @@ class CodedHistory(UnitHistory):
         super().__init__(order)
         self.codec = codec
         self.tables: list[Stored] | None = None  # type: ignore[assignment]
+        self.next_history: CodedHistory | None = None  # offloaded on CUDA: the unit whose copy a read here starts
+        self.prefetched: tuple | None = None  # (the tables copied, their device copies, the copy's event)
+
+    def _on_device(self) -> list[Stored]:
+        """The stored tables on the compute device: as they are, the prefetched copies, or copied back now. Reading
+        an offloaded unit on CUDA starts the next unit's copy (OffloadPrefetch)."""
+        tables = list(self.tables or [])
+        prefetch = self.codec.prefetch
+        if prefetch is None or not any(s.offloaded for s in tables):
+            return [_fetch(s) if s.offloaded else s for s in tables]
+        fetched = prefetch.take(self) if self.prefetched is not None else None
+        prefetch.start(self.next_history)
+        return fetched if fetched is not None else [_fetch(s) if s.offloaded else s for s in tables]
 
     def update(self, tensors: list[torch.Tensor], step: int) -> None:
         codec = self.codec
@@ -141,7 +281,7 @@ class CodedHistory(UnitHistory):
             self.filled = 0
             self.last_step = None
         else:
-            work = [codec.decode(s, torch.float32) for s in self.tables]
+            work = [codec.decode(s, torch.float32) for s in self._on_device()]
         dist = float(step - self.last_step) if self.last_step is not None else 1.0
         filled = self.filled
         for table, x in zip(work, tensors):  # fp32 tables: Taylor math as in full precision
@@ -152,15 +292,15 @@ class CodedHistory(UnitHistory):
 
     def reuse(self) -> list[torch.Tensor]:
         if self.order == 0:
-            return [self.codec.decode(s) for s in self.tables or []]
-        return [self._row(s, 0) for s in self.tables or []]
+            return [self.codec.decode(s) for s in self._on_device()]
+        return [self._row(s, 0) for s in self._on_device()]
 
     def forecast(self, step: int) -> list[torch.Tensor]:
         if self.order == 0 or self.filled <= 1:
             return self.reuse()
         ahead = float(step - (self.last_step or 0))
         out = []
-        for s in self.tables or []:
+        for s in self._on_device():
             table = self.codec.decode(s, torch.float32)
             out.append(ops_for(table).taylor_forecast(table, ahead, self.filled).to(s.dtype))
         return out
@@ -183,7 +323,7 @@ class CodedHistory(UnitHistory):
         """A full-precision copy for a schedule's own forecaster (it reads `tables` as tensors)."""
         view = UnitHistory(self.order)
         view.key, view.filled, view.last_step = self.key, self.filled, self.last_step
-        view.tables = [self.codec.decode(s) for s in self.tables] if self.tables is not None else None
+        view.tables = [self.codec.decode(s) for s in self._on_device()] if self.tables is not None else None
         return view
 
     @property

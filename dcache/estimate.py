@@ -29,11 +29,14 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from .actions import Signal
+from .cache_codec import cache_codec
 from .memory import MemoryReport
 from .schedule import CallContext, GenerationInfo, Schedule, normalize_actions
+from .signal_providers import provider, resolve_signal
 
 # What each signal reads when consecutive calls are (nearly) identical: changes a vanishing 1e-9 rather than 0, so
 # that ratios of changes (EasyCache's k = output change / input change) stay defined; norm ratios 1.
+# the reading of each built-in signal that means "nothing changed" (a provider's is its `quiet`)
 _QUIET = {s: 1e-9 for s in Signal} | {Signal.RESIDUAL_NORM_RATIO: 1.0, Signal.OUTPUT_MEAN: 1.0}
 
 
@@ -126,7 +129,7 @@ class CacheEstimate:
 def estimate(model: nn.Module, method: Any = "magcache", inputs: dict | None = None, *,
              branches: Sequence[str | None] = ("cond", "uncond"), num_steps: int = 28, scope: str | None = None,
              sweep: tuple[str, Sequence[Any]] | None = None, cache_dtype: Any = None, cache_scale: Any = None,
-             **overrides: Any) -> CacheEstimate:
+             cache_device: Any = None, memory_only: bool = False, **overrides: Any) -> CacheEstimate:
     """Cache memory and FLOPs of `method` on `model` for transformer calls shaped like `inputs` (forward kwargs).
 
     model:    a transformer (real or meta; a real one is rebuilt on the meta device from its config).
@@ -136,6 +139,9 @@ def estimate(model: nn.Module, method: Any = "magcache", inputs: dict | None = N
     sweep:    (knob, values): also simulate the compute ratio of the method name with each value of that config
               field (e.g. a threshold grid), for the range its knob reaches.
     cache_dtype / cache_scale: a low-precision cache, as for dcache.apply (its stored bytes are counted).
+    cache_device: an offloaded cache ("cpu"): the same bytes, reported as held in host memory.
+    memory_only: the memory report alone (no FLOP counting, no compute-ratio simulation: several times faster; the
+              budget's check at a first call uses it).
     overrides: config fields, as for dcache.apply.
     """
     from .api import apply  # dcache.api imports the engine; this module is imported by the api for budgets
@@ -146,9 +152,12 @@ def estimate(model: nn.Module, method: Any = "magcache", inputs: dict | None = N
     meta = model if _on_meta(model) else meta_model(model)
     kwargs = to_meta(inputs)
     pipe = _StandInPipeline(meta)
-    handle = apply(pipe, method, scope=scope, cache_dtype=cache_dtype, cache_scale=cache_scale, **overrides)
+    cache_codec(cache_dtype, cache_scale, cache_device)  # the field errors apply would give
+    # meta tensors cannot be copied to the host: count the bytes on the meta device, report them where they will live
+    handle = apply(pipe, method, scope=scope, cache_dtype=cache_dtype, cache_scale=cache_scale,
+                   count_flops=not memory_only, **overrides)
     engine = handle.engine
-    if engine.adapter.latents is not None:  # SeaCache's latents read grid sizes off position ids: give it the real ones
+    if engine.adapter.latents is not None:  # latent layouts read grid sizes off position ids: give them the real ones
         engine.adapter = dataclasses.replace(engine.adapter, latents=_with_real_inputs(engine.adapter.latents, inputs))
     try:
         pipe.scheduler.set_timesteps(num_steps)
@@ -165,17 +174,23 @@ def estimate(model: nn.Module, method: Any = "magcache", inputs: dict | None = N
                         f"cannot be estimated without weights. Measure it instead: run one generation and read "
                         f"handle.memory().") from None
         report = handle.memory()
+        if cache_device is not None:
+            report = dataclasses.replace(report, cache_device=str(cache_device))
         calls = engine.record.calls if engine.record is not None else []
         flops = {c.branch: float(c.signals.get("flops_total", 0.0)) for c in calls}
         branch_names = [c.branch for c in calls]
         notes: list[str] = []
-        try:
-            floor = simulate_ratio(engine, engine.schedule, num_steps, branch_names)
-        except Exception as exc:  # a decide that needs a signal value no "no change" reading satisfies
-            floor = None
-            notes.append(f"compute ratio floor not simulated: {type(exc).__name__}: {exc}")
-        ceiling = simulate_ratio(engine, _AllCompute(engine.schedule), num_steps, branch_names)
-        swept = _sweep(engine, meta, method, sweep, overrides, num_steps, branch_names, notes) if sweep else []
+        floor = ceiling = None
+        swept: list[tuple[Any, float]] = []
+        if memory_only:
+            notes.append("memory only: FLOPs and compute ratios not counted")
+        else:
+            try:
+                floor = simulate_ratio(engine, engine.schedule, num_steps, branch_names)
+            except Exception as exc:  # a decide that needs a signal value no "no change" reading satisfies
+                notes.append(f"compute ratio floor not simulated: {type(exc).__name__}: {exc}")
+            ceiling = simulate_ratio(engine, _AllCompute(engine.schedule), num_steps, branch_names)
+            swept = _sweep(engine, meta, method, sweep, overrides, num_steps, branch_names, notes) if sweep else []
     finally:
         for bstate in engine.branches.values():
             bstate.pending_post = {}  # measured on meta tensors: no value to read back at removal
@@ -244,14 +259,14 @@ def simulate_ratio(engine: Any, schedule: Schedule, num_steps: int, branches: Se
         total = sum(book.get(s.index, 0.0) for s in engine.blocks)
     if total <= 0:
         raise ValueError("no FLOPs were counted on the first call (count_flops=False?)")
-    wanted = frozenset(Signal(s) for s in schedule.signals)
+    wanted = frozenset(resolve_signal(s) for s in schedule.signals)
     probe = book.get("modulated_input", 0.0) if Signal.MODULATED_REL_L1 in wanted else 0.0
     always = sum(book.get(s.index, 0.0) for s in engine.blocks if s.role != "middle")
     n_units = len(engine.units)
     timesteps = tuple(1000.0 - 1000.0 * i / num_steps for i in range(num_steps))
     schedule.reset(GenerationInfo(num_steps=num_steps, timesteps=timesteps, units=engine.units,
                                   model_class=type(engine.transformer).__name__, num_blocks=len(engine.blocks)))
-    quiet = {s: _QUIET[s] for s in wanted}
+    quiet = {s: _QUIET[s] if isinstance(s, Signal) else provider(s).quiet for s in wanted}
     last: dict[str, int | None] = {}
     spent = 0.0
     calls = 0

@@ -6,7 +6,8 @@ tensors for the signals its schedule reads (dcache.state.BranchState). Their byt
     unit, order 0:   sum over cached tensors  numel * element_size
     unit, order k:   sum over cached tensors  (k + 1) * numel * element_size      (the Taylor table d_0 .. d_k)
     signals:         the references a signal is measured against (previous modulated input, probe residual,
-                     input / output / residual at the last computed call, filtered latents, probe Taylor table)
+                     input / output / residual at the last computed call, probe Taylor table, what signal
+                     providers keep)
 
 Every one of them is allocated at the branch's first call (which always computes) with the shapes it keeps for the
 whole generation, so the peak of a generation is the sum at its end; `dcache.estimate` reads the same sum after one
@@ -62,6 +63,13 @@ class MemoryReport:
     live_bytes: int
     by_branch: dict[str, dict[str, int]] = field(default_factory=dict)
     experts: dict[str, "MemoryReport"] = field(default_factory=dict)  # per expert (Wan 2.2's transformer_2)
+    cache_device: str | None = None  # where the cached tensors live: None = the compute device, "cpu" = offloaded
+
+    @property
+    def device_bytes(self) -> int:
+        """Peak bytes held on the compute device: all of them, or none when offloaded to host memory (a read copies
+        one unit back at a time)."""
+        return 0 if self.cache_device == "cpu" else self.peak_bytes
 
     @property
     def by_kind(self) -> dict[str, int]:
@@ -76,13 +84,15 @@ class MemoryReport:
         return sum(sum(k.values()) for k in self.by_branch.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"peak_bytes": self.peak_bytes, "live_bytes": self.live_bytes, "by_branch": self.by_branch,
+        return {"peak_bytes": self.peak_bytes, "live_bytes": self.live_bytes, "cache_device": self.cache_device,
+                "by_branch": self.by_branch,
                 "by_kind": self.by_kind, "experts": {k: r.to_dict() for k, r in self.experts.items()}}
 
     def __str__(self) -> str:
         kinds = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.by_kind.items()) or "nothing cached"
         branches = ", ".join(f"{b} {format_bytes(sum(k.values()))}" for b, k in self.by_branch.items())
-        return (f"cache memory: peak {format_bytes(self.peak_bytes)} (live {format_bytes(self.live_bytes)}); "
+        where = f" in {self.cache_device} memory (offloaded)" if self.cache_device else ""
+        return (f"cache memory: peak {format_bytes(self.peak_bytes)}{where} (live {format_bytes(self.live_bytes)}); "
                 f"by kind: {kinds}" + (f"; by branch: {branches}" if branches else ""))
 
 
@@ -93,7 +103,10 @@ def engine_report(engine: Any) -> MemoryReport:
         by_branch = branch_breakdown(engine.branches, engine.granularity.value)
     else:
         by_branch = dict(getattr(engine, "memory_at_end", None) or {})
-    return MemoryReport(peak_bytes=max(engine.peak_cache_bytes, live), live_bytes=live, by_branch=by_branch)
+    codec = getattr(engine, "cache_codec", None)
+    device = str(codec.device) if codec is not None and codec.device is not None else None
+    return MemoryReport(peak_bytes=max(engine.peak_cache_bytes, live), live_bytes=live, by_branch=by_branch,
+                        cache_device=device)
 
 
 def combine_reports(parts: dict[str, MemoryReport]) -> MemoryReport:
@@ -102,7 +115,7 @@ def combine_reports(parts: dict[str, MemoryReport]) -> MemoryReport:
     by_branch = {f"{name}/{b}": kinds for name, r in parts.items() for b, kinds in r.by_branch.items()}
     return MemoryReport(peak_bytes=sum(r.peak_bytes for r in parts.values()),
                         live_bytes=sum(r.live_bytes for r in parts.values()), by_branch=by_branch,
-                        experts=dict(parts))
+                        experts=dict(parts), cache_device=next((r.cache_device for r in parts.values()), None))
 
 
 def format_bytes(n: float) -> str:
