@@ -994,3 +994,15 @@ def _ltx2():
         )
 
     return make_model, make_inputs
+
+
+# A static schedule per unit kind (method, config for forecast order k, scope): decisions depend on the step only, so
+# two runs of one model that differ in how the cache is stored (dtype, device) take the same decisions.
+STATIC_UNIT_SCHEDULES = {
+    "stack": ("fixed_interval", lambda k: {"interval": 2, "forecast_order": k}, "blocks"),
+    "block": ("taylorseer", lambda k: {"granularity": "block", "interval": 2, "order": k, "warmup_steps": 1},
+              "blocks"),
+    "module": ("taylorseer", lambda k: {"granularity": "module", "interval": 2, "order": k, "warmup_steps": 1},
+               "blocks"),
+    "call": ("fixed_interval", lambda k: {"interval": 2, "forecast_order": k}, "call"),
+}

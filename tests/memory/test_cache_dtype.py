@@ -9,38 +9,24 @@ import warnings
 
 import pytest
 import torch
-from zoo import ZOO
+from zoo import STATIC_UNIT_SCHEDULES
 
 import dcache
 from dcache import Schedule
 from dcache.cache_codec import cache_codec
 from dcache.estimate import estimate
 
-STEPS = 8
+STEPS = 8  # the step count of the `flux` inputs (tests/memory/conftest.py)
 WIDTH = 32  # hidden width of the zoo models: the per-token scale is 4 bytes per WIDTH fp8 bytes
 LATENT_CHANNELS = 8  # zoo Flux's packed latent channels: the call-scope cache's last dim
 
-# (unit kind, method, config for forecast order k, scope); all static: decisions depend on the step only
-UNITS = {
-    "stack": ("fixed_interval", lambda k: {"interval": 2, "forecast_order": k}, "blocks"),
-    "block": ("taylorseer", lambda k: {"granularity": "block", "interval": 2, "order": k, "warmup_steps": 1},
-              "blocks"),
-    "module": ("taylorseer", lambda k: {"granularity": "module", "interval": 2, "order": k, "warmup_steps": 1},
-               "blocks"),
-    "call": ("fixed_interval", lambda k: {"interval": 2, "forecast_order": k}, "call"),
-}
+UNITS = STATIC_UNIT_SCHEDULES
 CODECS = [("bfloat16", None), ("float16", None), ("float8_e4m3fn", "tensor"), ("float8_e4m3fn", "token")]
 # Relative L2 error of the outputs (all steps) against the fp32-cache run. Measured maxima over the orders (this
 # file's cases): stack / block / module units bf16 1.1e-4, fp16 1.5e-5, fp8 1.9e-3 (tensor) / 1.6e-3 (token); call
 # scope (the cached Delta = v - x is most of v) bf16 1.7e-3, fp16 2.2e-4, fp8 2.6e-2 / 2.4e-2. Bounds ~3x that.
 BOUNDS = {"blocks": {"bfloat16": 4e-4, "float16": 5e-5, "float8_e4m3fn": 6e-3},
           "call": {"bfloat16": 5e-3, "float16": 7e-4, "float8_e4m3fn": 8e-2}}
-
-
-@pytest.fixture(scope="module")
-def flux():
-    entry = ZOO["flux"]
-    return entry.make_model(), [entry.make_inputs(step) for step in range(STEPS)]
 
 
 def _run(flux, method, config, scope, **codec):

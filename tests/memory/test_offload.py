@@ -10,27 +10,14 @@ import warnings
 
 import pytest
 import torch
-from zoo import ZOO
+from zoo import STATIC_UNIT_SCHEDULES
 
 import dcache
 from dcache.cache_codec import Stored, cache_codec
 from dcache.estimate import estimate
 
-STEPS = 8
-UNITS = {
-    "stack": ("fixed_interval", lambda k: {"interval": 2, "forecast_order": k}, "blocks"),
-    "block": ("taylorseer", lambda k: {"granularity": "block", "interval": 2, "order": k, "warmup_steps": 1},
-              "blocks"),
-    "module": ("taylorseer", lambda k: {"granularity": "module", "interval": 2, "order": k, "warmup_steps": 1},
-               "blocks"),
-    "call": ("fixed_interval", lambda k: {"interval": 2, "forecast_order": k}, "call"),
-}
-
-
-@pytest.fixture(scope="module")
-def flux():
-    entry = ZOO["flux"]
-    return entry.make_model(), [entry.make_inputs(step) for step in range(STEPS)]
+STEPS = 8  # the step count of the `flux` inputs (tests/memory/conftest.py)
+UNITS = STATIC_UNIT_SCHEDULES
 
 
 def _run(flux, method, config, scope, **storage):
