@@ -2,7 +2,7 @@
 
     python benchmarks/assemble.py
 
-Reads benchmarks/results/{methods,search}.json, the `dcache eval` folder benchmarks/results/eval_tiny/ and the
+Reads benchmarks/results/{methods,search,frontier}.json, the `dcache eval` folder benchmarks/results/eval_tiny/ and the
 detail pages benchmarks/results/*.md, writes benchmarks/results/pareto_{methods,search}.png and BENCHMARKS.md.
 Results whose recorded provenance is a checkout with uncommitted changes (a git commit ending in "+dirty") are
 refused: the page names the command that reproduces them from a committed tree instead of showing them.
@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from summary import (BATCH1_RANGE, batch1_efficiency, best_per_band, fmt_row, methods_rows,  # noqa: E402
-                     plot_methods, plot_search, search_vs_dynamic)
+from summary import (BATCH1_RANGE, batch1_efficiency, best_per_band, fmt_row, frontier_best,  # noqa: E402
+                     methods_rows, plot_methods, plot_search, search_vs_dynamic)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -27,6 +27,7 @@ RERUN = {
     "overhead": "python benchmarks/overhead.py --out benchmarks/results --rounds 9",
     "search": "python benchmarks/search.py --out benchmarks/out/search   # then copy search.{md,json} to "
               "benchmarks/results",
+    "frontier": "python benchmarks/frontier.py --out benchmarks/results",
     "eval": "bash benchmarks/eval_tiny.sh",
     "kernels": "OMP_NUM_THREADS=1 python benchmarks/kernels.py --out benchmarks/results/kernels_cpu.md",
     "kernels-gpu": "python benchmarks/kernels.py --device cuda --dtype bf16 --out benchmarks/results/kernels_cuda.md",
@@ -191,6 +192,52 @@ def search_part(search: dict) -> str:
     return "\n".join(lines)
 
 
+FRONTIER_TARGETS = {0.2: 42.0, 0.125: 35.0}  # held-out PSNR targets of the 28-step bands (benchmarks/frontier.py)
+
+
+def _efficiency(scenario: dict, band: float) -> str:
+    """The best batch-1 measured / ideal speed-up of dcache's rows in a band, call scope and block scope."""
+    rows = [row for r in scenario["results"] if r["library"] == "dcache" for row in r["rows"] if row["band"] == band]
+    cells = []
+    for in_call in (True, False):
+        mine = [row for row in rows if row["method"].endswith(" call") == in_call and row.get("b1_meas_over_ideal")]
+        top = max(mine, key=lambda row: row["b1_meas_over_ideal"]) if mine else None
+        cells.append(f"{top['b1_meas_over_ideal']:.2f}; {top['b1_meas_over_ideal_cpu']:.2f}" if top else "—")
+    return " / ".join(cells)
+
+
+def frontier_part(frontier: dict) -> str:
+    """Best row per band and library of every frontier scenario, the targets, the plot and the rerun command."""
+    meta = frontier["meta"]
+    lines = [
+        "dcache's best settings against diffusers' caches and cache-dit at compute ratios 0.20 (5x ideal) and 0.125 "
+        "(8x), at CFG 1.5 (the sweep's setting), CFG 3 and without CFG, and a 10-step generation at 0.5 and 0.3; "
+        "each library's knobs searched on the tuning batch for the bands (c / 1.18 .. c x 1.18), held-out PSNR vs "
+        f"uncached; measured {meta['date'][:10]} at commit {meta['git_commit']} (load average {meta['load_start']} "
+        f"at the start, {meta.get('load_end', '?')} at the end).", "",
+        "![held-out PSNR vs compute ratio per scenario](benchmarks/results/frontier_pareto.png)", "",
+        "| scenario | band | dcache | diffusers | cache-dit | dcache batch-1 measured/ideal: call scope / block scope "
+        "(wall; CPU time) |", "|" + "---|" * 6,
+    ]
+    for sc in frontier["scenarios"]:
+        for band, best in frontier_best(sc).items():
+            cells = [fmt_row(best.get(lib)) for lib in ("dcache", "diffusers", "cache-dit")]
+            row = best.get("dcache")
+            target = FRONTIER_TARGETS.get(band) if sc["steps"] == 28 else None
+            if row is not None and target is not None:
+                cells[0] += f" ({'meets' if row['psnr_heldout'] >= target else 'below'} {target:g} dB)"
+            lines.append(f"| {sc['name']} ({sc['steps']} steps, guidance {sc['guidance']:g}) | ~{band:g} | "
+                         + " | ".join(cells) + f" | {_efficiency(sc, band)} |")
+    lines += [
+        "", f"Every row (batch-1 speed-ups, SSIM, accuracy, FD as a share of the seed-to-seed FD), the searched "
+            f"keyframes and the plan-replay robustness table: {_link('frontier.md')}; the reading: "
+            f"{_link('frontier_notes.md')}; raw numbers: {_link('frontier.json')}.",
+        "", f"Rerun: `{RERUN['frontier']}` (`--quick` for a one-minute smoke run, `--search` to search the keyframes "
+            "again on the tuning batch).",
+    ]
+    return "\n".join(lines)
+
+
 def kernels_part() -> str:
     return "\n".join([
         "The fused kernels (residual apply / capture with statistics, relative L1, Taylor update and forecast, axpy) "
@@ -202,7 +249,7 @@ def kernels_part() -> str:
 
 
 def build() -> str:
-    methods, search = _load("methods.json"), _load("search.json")
+    methods, search, frontier = _load("methods.json"), _load("search.json"), _load("frontier.json")
     missing = "Not recorded yet: run `{}`, then `python benchmarks/assemble.py`."
     parts = [intro(methods)]
     parts.append("## Methods vs diffusers and cache-dit\n\n" + (methods_part(methods) if methods else
@@ -210,6 +257,8 @@ def build() -> str:
     parts.append("## Batch-1 efficiency\n\n" + (batch1_part(methods) if methods else missing.format(RERUN["methods"])))
     parts.append("## Plan search vs dynamic schedules\n\n" + (search_part(search) if search else
                                                                missing.format(RERUN["search"])))
+    parts.append("## Beyond 4x: the frontier below 0.25\n\n" + (frontier_part(frontier) if frontier else
+                                                                 missing.format(RERUN["frontier"])))
     parts.append("## A `dcache eval` report\n\n" + _eval_part())
     parts.append("## Kernels\n\n" + kernels_part())
     return "\n\n".join(part.strip() for part in parts) + "\n"

@@ -65,23 +65,24 @@ import torch  # noqa: E402
 BENCH_DIR = Path(__file__).resolve().parent
 
 
-def _load_methods():
-    """benchmarks/methods.py by path (benchmarks/ is not a package): its Bench, Sweeper, metrics and peers."""
-    name = "dcache_benchmark_methods"
+def _load_script(stem: str):
+    """benchmarks/<stem>.py by path (benchmarks/ is not a package and must not become an importable name)."""
+    name = f"dcache_benchmark_{stem}"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, BENCH_DIR / "methods.py")
+        spec = importlib.util.spec_from_file_location(name, BENCH_DIR / f"{stem}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
 
 
-methods = _load_methods()
+methods = _load_script("methods")  # its Bench, Sweeper, metrics and peers
+summary = _load_script("summary")  # frontier_best, shared with assemble.py
 peers = methods.peers
 Applied, Contender, Search = peers.Applied, peers.Contender, peers.Search
 
-# Searched on the tuning batch (labels 0-9, seed 0) by `--search`: scenario -> plan name -> keyframe settings.
-# Each name is (cond keyframes, uncond keyframes or None, Taylor order); cond + uncond keyframes = the call budget.
+# Searched on the tuning batch (labels 0-9, seed 0) by `--search`: scenario -> plan name -> keyframe config. A plan's
+# name is its call budget per generation, "<cond>+<uncond>" keyframes with CFG, "<n>" with one branch.
 KEYFRAMES: dict[str, dict[str, dict]] = {
     "cfg1.5": {  # 6+5 = 11 of 56 calls (0.196), 6+6 = 0.214, 4+3 = 0.125, 4+4 = 0.143
         "6+5": dict(keyframes=(0.0, 0.2222, 0.4074, 0.6296, 0.8148, 1.0),
@@ -398,20 +399,6 @@ TARGETS = {0.2: 42.0, 0.125: 35.0}  # held-out PSNR targets of the 28-step bands
 FD_SHARE = 0.05  # FD target: within 5 % of the uncached seed-to-seed FD
 
 
-def best_rows(scenario: dict) -> dict[float, dict[str, dict]]:
-    """Per band and library, the row with the highest held-out PSNR."""
-    out: dict[float, dict[str, dict]] = {}
-    for band in scenario["bands"]:
-        for r in scenario["results"]:
-            for row in r["rows"]:
-                if row["band"] != band or not math.isfinite(row.get("psnr_heldout", float("nan"))):
-                    continue
-                best = out.setdefault(band, {}).get(row["library"])
-                if best is None or row["psnr_heldout"] > best["psnr_heldout"]:
-                    out[band][row["library"]] = row
-    return out
-
-
 def _fmt(v, digits=2) -> str:
     return methods.fmt(v, digits)
 
@@ -454,12 +441,12 @@ def write_report(data: dict, out: Path) -> tuple[Path, Path, Path]:
                              f"{min((p['ratio'] for p in r['points']), default=float('nan')):.3f}) |" + " |" * 9)
         lines += ["", "**Best per band** (held-out PSNR @ ratio):", "", "| band | dcache | diffusers | cache-dit |",
                   "|---|---|---|---|"]
-        for band, best in best_rows(sc).items():
+        for band, best in summary.frontier_best(sc).items():
             cells = [f"{best[lib]['psnr_heldout']:.2f} dB · {best[lib]['method']} ({best[lib]['setting']}) @ "
                      f"{best[lib]['ratio']:.3f}" if lib in best else "—" for lib in methods.LIBRARIES]
             lines.append(f"| ~{band:g} | " + " | ".join(cells) + " |")
         lines.append("")
-        for band, best in best_rows(sc).items():
+        for band, best in summary.frontier_best(sc).items():
             row = best.get("dcache")
             if row is None or band not in TARGETS or sc["steps"] != 28:
                 continue

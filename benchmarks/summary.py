@@ -1,7 +1,8 @@
 """Summaries and Pareto plots of the committed benchmark results, for BENCHMARKS.md (benchmarks/assemble.py).
 
-Everything here is computed from benchmarks/results/methods.json (benchmarks/methods.py) and
-benchmarks/results/search.json (benchmarks/search.py); nothing is measured. Quality is PSNR (dB) of cached vs
+Everything here is computed from benchmarks/results/methods.json (benchmarks/methods.py),
+benchmarks/results/search.json (benchmarks/search.py) and benchmarks/results/frontier.json (benchmarks/frontier.py);
+nothing is measured. Quality is PSNR (dB) of cached vs
 uncached samples; compute is the compute ratio = block FLOPs computed / uncached (lower is less work).
 """
 
@@ -86,6 +87,20 @@ def search_vs_dynamic(search: dict, targets: tuple[float, ...] = (0.5, 0.33)) ->
         met = sorted(key.split(":", 1)[1] for key, ok in search["verdicts"].items()
                      if ok and key.split(":", 1)[0] == f"{target:g}")
         out.append({"target": target, "plan": best(plans), "dynamic": best(search["dynamic"]), "met": met})
+    return out
+
+
+def frontier_best(scenario: dict) -> dict[float, dict[str, dict]]:
+    """One scenario of frontier.json: per compute band and library, the row with the highest held-out PSNR."""
+    out: dict[float, dict[str, dict]] = {band: {} for band in scenario["bands"]}
+    for result in scenario["results"]:
+        for row in result["rows"]:
+            psnr = row.get("psnr_heldout")
+            if row["band"] not in out or not isinstance(psnr, (int, float)) or psnr != psnr:  # NaN
+                continue
+            best = out[row["band"]].get(row["library"])
+            if best is None or psnr > best["psnr_heldout"]:
+                out[row["band"]][row["library"]] = row
     return out
 
 
