@@ -13,11 +13,13 @@ from .handle import Handle
 from .methods import config_for, config_from_dict, methods, presets, register_method, register_preset
 from .plan import Plan, PlanError, PlanSchedule
 from .schedule import CallContext, GenerationInfo, Schedule
+from .signal_providers import ProviderView, SignalProvider, register_signal
 from .stats import Stats
 
 __version__ = "0.1.0"
 
 __all__ = ["apply", "Handle", "Plan", "PlanError", "PlanSchedule", "Schedule", "CallContext", "GenerationInfo",
-           "Action", "Granularity", "Signal", "Adapter", "BlockList", "register_adapter", "adapter_for",
-           "UnsupportedModelError", "MethodConfig", "knob", "register_method", "register_preset", "methods",
-           "presets", "config_for", "config_from_dict", "Stats", "__version__"]
+           "Action", "Granularity", "Signal", "SignalProvider", "ProviderView", "register_signal", "Adapter",
+           "BlockList", "register_adapter", "adapter_for", "UnsupportedModelError", "MethodConfig", "knob",
+           "register_method", "register_preset", "methods", "presets", "config_for", "config_from_dict",
+           "Stats", "__version__"]

@@ -23,7 +23,8 @@ class Granularity(str, Enum):
 
 
 class Signal(str, Enum):
-    """Scalars the engine measures for dynamic schedules; each is computed only if the schedule asks for it.
+    """Scalars the engine measures for dynamic schedules; each is computed only if the schedule asks for it. A method
+    that needs another signal registers a provider for it and lists the provider's name (dcache.signal_providers).
 
     Available to `decide` (measured on this call before the decision):
       MODULATED_REL_L1   relL1(mod_t, mod_prev_call): first block's timestep-modulated input (TeaCache).
@@ -31,8 +32,6 @@ class Signal(str, Enum):
                          call of this branch (FBCache / DBCache).
       INPUT_DELTA        mean|x_t - x_prev_call| of the stack input hidden states (EasyCache).
       FORECAST_ERROR     relL1(probe output, its Taylor forecast) (CG-Taylor gate).
-      SPECTRAL_REL_L1    relL1(I_t, I_prev_call), I = the call's noisy latents filtered by the noise level's Wiener
-                         gain (SeaCache's SEA indicator, dcache.spectral); mean of the per-sample values.
     Measured after a computed call, delivered with the next call of the same branch (no extra host sync):
       OUTPUT_DELTA       mean|v_t - v_last_compute| of the stack output hidden states (EasyCache's k numerator).
       INPUT_DELTA_COMPUTED  mean|x_t - x_last_compute| of the stack input between computed calls (k denominator).
@@ -45,7 +44,6 @@ class Signal(str, Enum):
     PROBE_REL_L1 = "probe_rel_l1"
     INPUT_DELTA = "input_delta"
     FORECAST_ERROR = "forecast_error"
-    SPECTRAL_REL_L1 = "spectral_rel_l1"
     OUTPUT_DELTA = "output_delta"
     INPUT_DELTA_COMPUTED = "input_delta_computed"
     OUTPUT_MEAN = "output_mean"
@@ -53,6 +51,5 @@ class Signal(str, Enum):
     RESIDUAL_REL_L1 = "residual_rel_l1"
 
 
-PRE_SIGNALS = frozenset({Signal.MODULATED_REL_L1, Signal.PROBE_REL_L1, Signal.INPUT_DELTA, Signal.FORECAST_ERROR,
-                         Signal.SPECTRAL_REL_L1})
+PRE_SIGNALS = frozenset({Signal.MODULATED_REL_L1, Signal.PROBE_REL_L1, Signal.INPUT_DELTA, Signal.FORECAST_ERROR})
 POST_SIGNALS = frozenset(Signal) - PRE_SIGNALS

@@ -79,8 +79,8 @@ class Adapter:
     # single block's proj_out(cat[attn, gelu(proj_mlp)]). When such a unit is reused or forecast its inputs' outputs
     # are not used, so the engine reuses them too instead of computing them (a unit missing in a block is skipped).
     composed: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    # fn(the transformer's bound forward arguments) -> the call's noisy latents [B, C, T, H, W] (SeaCache's spectral
-    # indicator, dcache.spectral), or None; unset: a 4-D / 5-D `hidden_states` argument is taken as they are.
+    # fn(the transformer's bound forward arguments) -> the call's noisy latents [B, C, T, H, W] (dcache.latents, for
+    # signals that read the latents' grid), or None; unset: a 4-D / 5-D `hidden_states` argument is taken as it is.
     latents: Callable[[dict[str, Any]], torch.Tensor | None] | None = None
     # Step-invariant modules outside the blocks (RoPE tables) that the engine computes once (dcache.memo).
     invariants: tuple[Invariant, ...] = ()

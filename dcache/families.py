@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .adapters import ENCODER, HIDDEN, Adapter, BlockList, Invariant, register_adapter
-from .spectral import packed_2x2_latents, unpack_tokens
+from .latents import packed_2x2_latents, unpack_tokens
 
 Args = dict[str, Any]  # the first block's bound forward arguments: name -> value
 
@@ -185,13 +185,13 @@ def _joy_image_modulated_input(block, args):
 
 def _packed_latents(args: Args) -> torch.Tensor | None:
     # Flux-style pipelines pack 2x2 latent pixels per token, [B, h*w, C*4], with img_ids [h*w, 3] (row, column in
-    # columns 1, 2): unpacked to [B, C, 1, 2h, 2w] for SeaCache's spectral indicator.
+    # columns 1, 2): unpacked to [B, C, 1, 2h, 2w] (dcache.latents).
     return packed_2x2_latents(args[HIDDEN], args.get("img_ids"))
 
 
 def _sample_list_latents(args: Args) -> torch.Tensor | None:
     # Z-Image: `x` is a list of per-sample latents [C, F, H, W]; stacked to [B, C, F, H, W] when they share a shape
-    # (else no layout: the indicator is then unfiltered).
+    # (else no layout).
     xs = args.get("x")
     if not isinstance(xs, (list, tuple)) or not xs or not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in xs):
         return None

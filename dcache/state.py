@@ -31,6 +31,8 @@ class UnitHistory:
                              f"order of forecasts; order k keeps k + 1 cached tensors per unit).")
         self.order = order
         self.key: Any = None  # the unit's key in BranchState.units (read by a schedule's forecaster)
+        # a module unit's output pytree: (spec, which leaves are the cached tensors) to rebuild it from `tables`
+        self.layout: tuple[Any, list[bool]] | None = None
         self.tables: list[torch.Tensor] | None = None
         self.filled = 0
         self.last_step: int | None = None
@@ -74,7 +76,7 @@ class UnitHistory:
             t is None or (c.shape == t.shape and c.device == t.device) for c, t in zip(cached, tensors))
 
     def store_buffers(self) -> list[torch.Tensor]:
-        """Tensors a fresh order-0 residual may be written into in place (dcache.engine._store)."""
+        """Tensors a fresh order-0 residual may be written into in place (dcache.unit_store.store_residuals)."""
         return self.reuse() if self.order == 0 and self.tables is not None else []
 
     def plain(self) -> "UnitHistory":
@@ -95,7 +97,6 @@ class BranchState:
     last_compute_step: int | None = None
     # Signal references (only kept when a signal needs them).
     prev_modulated: torch.Tensor | None = None
-    prev_spectral: torch.Tensor | None = None  # SEA-filtered latents of the previous call (SPECTRAL_REL_L1)
     probe_ref: torch.Tensor | None = None
     probe_history: UnitHistory | None = None
     prev_input: torch.Tensor | None = None
@@ -107,6 +108,7 @@ class BranchState:
     pending_call: Any = None  # the CallRecord the pending post signals belong to
     call_layout: Any = None  # call scope: how the last computed call's output is built (call_scope.OutputLayout)
     codec: Any = None  # dcache.cache_codec.CacheCodec of a low-precision cache (None: the compute dtype)
+    provided: dict[str, dict[str, Any]] = field(default_factory=dict)  # a signal provider's memory, by its name
 
     def history(self, key: Any, order: int) -> UnitHistory:
         hist = self.units.get(key)
@@ -117,8 +119,9 @@ class BranchState:
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.prev_modulated, self.prev_spectral, self.probe_ref, self.prev_input, self.input_at_compute,
+        tensors = [self.prev_modulated, self.probe_ref, self.prev_input, self.input_at_compute,
                    self.output_at_compute, self.residual_at_compute]
+        tensors += [t for memory in self.provided.values() for t in memory.values() if isinstance(t, torch.Tensor)]
         extra = sum(t.numel() * t.element_size() for t in tensors if t is not None)
         probe = self.probe_history.nbytes if self.probe_history is not None else 0
         return sum(h.nbytes for h in self.units.values()) + extra + probe

@@ -1,11 +1,21 @@
 """SeaCache (spectral-evolution-aware cache, arXiv 2602.18993; diffusers' `SeaCacheConfig`): gate the whole stack by
 the accumulated change of a denoised view of the input, and forecast its residual linearly while skipping.
 
-Per branch, each call measures (Signal.SPECTRAL_REL_L1, dcache.spectral)
+Per branch, each call measures (SPECTRAL_REL_L1, a signal provider registered below)
     d_t = relL1(I_t, I_{t-1}),   I_t = the noisy latents filtered by the Wiener gain of noise level sigma_t
 the relative change of the SEA indicator since the previous call (the indicator is refreshed at every call, computed
-or not). The stack computes at the first `retention_steps` and last `cache_end_steps` steps, on the first call of a
-branch, after `max_consecutive` skipped calls in a row, and when the accumulated distance reaches the threshold:
+or not; the mean over samples of the per-sample relative L1, as diffusers' SeaCache does). The filter, over the
+latents' spatial (and temporal) frequencies f, is the Wiener gain of a clean signal whose power falls as |f|^-p,
+observed in white noise of level sigma:
+
+    g(f) = s P(f) / (s^2 P(f) + sigma^2),    P(f) = 1 / |f|^p,    s = 1 - sigma      (per axis, multiplied)
+
+normalised to unit mean over the frequency grid so that indicators of different steps are comparable (SeaCache
+Eq. 7). At high noise it keeps the low frequencies that carry the emerging image; at low noise it is nearly flat.
+The latents come as [B, C, T, H, W] (dcache.latents).
+
+The stack computes at the first `retention_steps` and last `cache_end_steps` steps, on the first call of a branch,
+after `max_consecutive` skipped calls in a row, and when the accumulated distance reaches the threshold:
     acc + d_t >= threshold  ->  compute, acc = 0            else  ->  skip, acc += d_t
 A skipped call adds to its input the stack residual R = h_out - h_in extrapolated from the last computed calls:
 order 1 (SeaCache's default) is the line through the last two, R_s + (R_s - R_s') (t - s) / (s - s'); order 0 reuses
@@ -26,12 +36,78 @@ the gate spends its computes early, while this model's forecasts go wrong mostly
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob
-from dcache import register_method, register_preset
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, ProviderView, Schedule, knob
+from dcache import SignalProvider, register_method, register_preset, register_signal
+from dcache.latents import call_latents
+
+_EPS = 1e-16
+
+
+@functools.lru_cache(maxsize=512)
+def sea_gain(shape: tuple[int, ...], sigma: float, power: float, device: torch.device) -> torch.Tensor:
+    """Unit-mean Wiener gain g(f) over the frequency grid of `shape` (the filtered axes), float32; read-only.
+
+    Cached: a sampler visits the same few dozen noise levels in every generation (and both CFG branches of a step
+    share one), and building the gain costs more Python than the FFT on small latents."""
+    sigma = min(max(float(sigma), 1e-6), 1.0 - 1e-6)
+    signal, noise = 1.0 - sigma, sigma
+    gain = None
+    for axis, size in enumerate(shape):
+        freq = torch.fft.fftfreq(size, device=device, dtype=torch.float32)
+        clean = 1.0 / (freq.abs().pow(power) + _EPS)  # zero frequency: 1e16 -> gain 1 / signal
+        g = signal * clean / (signal * signal * clean + noise * noise + _EPS)
+        view = [1] * len(shape)
+        view[axis] = size
+        gain = g.reshape(view) if gain is None else gain * g.reshape(view)
+    mean = gain.mean()
+    return torch.where(torch.isfinite(mean) & (mean > 0), gain / mean, gain)  # on the device: no host sync
+
+
+def sea_filter(latents: torch.Tensor, sigma: float, power: float = 3.0) -> torch.Tensor:
+    """latents [B, C, T, H, W] -> the SEA-filtered latents, same shape, float32 (FFT over T, H, W)."""
+    x = latents.detach().float()
+    dims = (-3, -2, -1)
+    gain = sea_gain(tuple(x.shape[-3:]), sigma, power, x.device)
+    return torch.fft.ifftn(torch.fft.fftn(x, dim=dims) * gain, dim=dims).real
+
+
+def per_sample_rel_l1(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """mean over the batch of mean|x_i - ref_i| / mean|ref_i|: a [1] tensor on the device (no host sync)."""
+    b = x.shape[0]
+    num = (x - ref).abs().reshape(b, -1).mean(dim=1)
+    den = ref.abs().reshape(b, -1).mean(dim=1) + _EPS
+    return (num / den).mean().reshape(1)
+
+
+def sea_indicator_change(view: ProviderView) -> torch.Tensor | None:
+    """SPECTRAL_REL_L1 of one call: its noisy latents filtered at this step's noise level, vs the branch's previous
+    call. Noise level sigma = scheduler timestep / 1000 (flow matching), else the step's position; the filter's power
+    law is the schedule's `spectral_power` (SeaCache: 3). Latents without a known layout are compared unfiltered."""
+    arguments, args = view.arguments, view.args
+    hidden = arguments.get("hidden_states", args[0] if args else None)
+    latents = call_latents(hidden, view.adapter.latents, arguments)
+    if latents is None and not isinstance(hidden, torch.Tensor):
+        return None  # no tensor to compare (e.g. a list of per-sample latents): no signal, the schedule computes
+    timesteps, n, step = view.timesteps, view.num_steps, view.step
+    sigma = (timesteps[step] / 1000.0 if timesteps and step < len(timesteps)
+             else 1.0 - step / n if n else 0.5)
+    indicator = (sea_filter(latents, sigma, getattr(view.schedule, "spectral_power", 3.0))
+                 if latents is not None else hidden.detach().float())
+    prev = view.memory.get("indicator")
+    view.memory["indicator"] = indicator
+    return per_sample_rel_l1(indicator, prev) if prev is not None and prev.shape == indicator.shape else None
+
+
+SPECTRAL_REL_L1 = register_signal(SignalProvider(
+    "spectral_rel_l1", sea_indicator_change,
+    doc="relL1(I_t, I_prev_call), I = the call's noisy latents filtered by the noise level's Wiener gain (SeaCache's "
+        "SEA indicator); mean of the per-sample values"))
 
 
 @register_method
@@ -41,7 +117,7 @@ class SeaCacheConfig(MethodConfig):
 
     Paper: "SeaCache", spectral-evolution-aware caching, https://arxiv.org/abs/2602.18993.
 
-    Use it where the latents have a known spatial layout (dcache.spectral). Its gate-less cadence with a quadratic
+    Use it where the latents have a known spatial layout (dcache.latents). Its gate-less cadence with a quadratic
     forecast in call scope (`seacache-cadence`, order=2, scope="call") has the best held-out PSNR of the dynamic
     schedules at compute ratios ~0.5 and ~0.25 on the bundled model (BENCHMARKS.md).
 
@@ -78,12 +154,12 @@ class SeaCacheConfig(MethodConfig):
 
 class SeaCacheSchedule(Schedule):
     granularity = Granularity.STACK
-    signals = frozenset({Signal.SPECTRAL_REL_L1})
+    signals = frozenset({SPECTRAL_REL_L1})
 
     def __init__(self, config: SeaCacheConfig):
         self.config = config
         self.forecast_order = config.order
-        self.spectral_power = config.power  # read by the engine's SPECTRAL_REL_L1 filter
+        self.spectral_power = config.power  # read by the SPECTRAL_REL_L1 provider's filter
         self.name = "seacache"
         if not config.gate:
             self.signals = frozenset()  # the engine then measures nothing
@@ -97,7 +173,7 @@ class SeaCacheSchedule(Schedule):
         n = ctx.num_steps
         acc = self._state.setdefault(ctx.branch, [0.0, 0])
         # None on a branch's first call; without the gate the engine's feasibility check computes that call
-        d = ctx.signals.get(Signal.SPECTRAL_REL_L1) if c.gate else 0.0
+        d = ctx.signals.get(SPECTRAL_REL_L1) if c.gate else 0.0
         forced = (d is None or ctx.step < c.retention_steps or (n is not None and ctx.step >= n - c.cache_end_steps)
                   or (c.max_consecutive > 0 and acc[1] >= c.max_consecutive))
         if not forced and acc[0] + d < c.threshold:

@@ -405,14 +405,14 @@ def test_composed_unit_reads_only_its_input_units(name, unit, inputs):
 
 # ---- latents for SeaCache's spectral indicator ------------------------------------------------------------------
 
-NO_LATENT_GRID = {  # compared unfiltered (dcache.spectral): no [B, C, T, H, W] layout of the input is known
+NO_LATENT_GRID = {  # compared unfiltered (dcache.latents): no [B, C, T, H, W] layout of the input is known
     "StableAudioDiTModel": "1-D audio latents",
 }
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_call_latents_are_a_5d_relayout_of_the_input(name):
-    from dcache import spectral
+    from dcache import latents as layouts
     from dcache.streams import bind_arguments
 
     model, adapter = _model(name), adapter_for(_model(name))
@@ -420,7 +420,7 @@ def test_call_latents_are_a_5d_relayout_of_the_input(name):
     hidden = arguments.get("hidden_states")
     if hidden is None and isinstance(arguments.get("x"), list):  # Z-Image: a list of per-sample latents
         hidden = torch.stack(arguments["x"])
-    latents = spectral.call_latents(hidden, adapter.latents, arguments)
+    latents = layouts.call_latents(hidden, adapter.latents, arguments)
     if zoo.ZOO[name].model_class in NO_LATENT_GRID:
         assert latents is None
         return

@@ -60,14 +60,14 @@ def _generate(rank: int) -> dict:
     from diffusers import ContextParallelConfig
 
     import dcache
-    import dcache.engine
+    import dcache.signal_meter
 
     patched = torch.accelerator.device_count() == 0
     if patched:
         torch.accelerator.device_count = lambda: 1  # see the module docstring: the CPU is the one device
 
     exchanged: list[tuple[torch.Tensor, torch.Tensor]] = []
-    real_sync = dcache.engine.sync_signals
+    real_sync = dcache.signal_meter.sync_signals
 
     def recording_sync(flat, tensors, transformer):
         local = flat.clone()
@@ -75,7 +75,7 @@ def _generate(rank: int) -> dict:
         exchanged.append((local, synced.clone()))
         return synced
 
-    dcache.engine.sync_signals = recording_sync
+    dcache.signal_meter.sync_signals = recording_sync
     result: dict = {"patched": patched, "runs": {}}
     for method, overrides in RUNS:
         for order in ("cp-then-apply", "apply-then-cp") if method == "fbcache" else ("cp-then-apply",):

@@ -1,4 +1,5 @@
-"""dcache.spectral (SeaCache's SEA indicator) and the engine's SPECTRAL_REL_L1 signal.
+"""SeaCache's SEA indicator (dcache.schedules.seacache), the latent layouts it reads (dcache.latents) and the
+SPECTRAL_REL_L1 signal its provider measures through the engine.
 
 Checked against diffusers' own SeaCache filter and Flux pipeline packing where diffusers has them, and against a
 direct computation for the engine's signal.
@@ -13,15 +14,18 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 import dcache
-from dcache import Action, Schedule, Signal, spectral
+from dcache import Action, Schedule
+from dcache import latents as layouts
+from dcache.schedules import seacache
+from dcache.schedules.seacache import SPECTRAL_REL_L1
 
 
 def test_gain_is_unit_mean_flat_when_clean_and_low_pass_when_noisy():
     for sigma in (0.02, 0.5, 0.95):
-        gain = spectral.sea_gain((1, 16, 16), sigma, 3.0, torch.device("cpu"))
+        gain = seacache.sea_gain((1, 16, 16), sigma, 3.0, torch.device("cpu"))
         assert gain.shape == (1, 16, 16) and gain.mean().item() == pytest.approx(1.0, rel=1e-6)
-    clean = spectral.sea_gain((1, 16, 16), 0.02, 3.0, torch.device("cpu"))
-    noisy = spectral.sea_gain((1, 16, 16), 0.95, 3.0, torch.device("cpu"))
+    clean = seacache.sea_gain((1, 16, 16), 0.02, 3.0, torch.device("cpu"))
+    noisy = seacache.sea_gain((1, 16, 16), 0.95, 3.0, torch.device("cpu"))
     assert clean.max() / clean.min() < 1.1  # low noise: (nearly) no filtering
     assert noisy[0, 0, 0] > 50 * noisy[0, 8, 8]  # high noise: the zero frequency dominates the Nyquist corner
 
@@ -30,7 +34,7 @@ def test_filter_matches_diffusers_seacache():
     sea = pytest.importorskip("diffusers.hooks.sea_cache")
     x = torch.randn(2, 3, 2, 12, 10, generator=torch.Generator().manual_seed(0))  # [B, C, T, H, W]
     for sigma in (0.1, 0.7):
-        ours = spectral.sea_filter(x, sigma, 3.0)
+        ours = seacache.sea_filter(x, sigma, 3.0)
         for b in range(2):  # diffusers filters one [C, T, H, W] latent as [T, H, W, C] over its first three axes
             theirs = sea._apply_sea_filter(x[b].movedim(0, -1), sigma=sigma, power_exp=3.0).movedim(-1, 0)
             torch.testing.assert_close(ours[b], theirs, rtol=1e-5, atol=1e-6)
@@ -43,11 +47,11 @@ def test_packed_tokens_unpack_like_the_flux_pipeline(height, width):
     latents = torch.randn(2, 3, height, width)
     tokens = FluxPipeline._pack_latents(latents, 2, 3, height, width)  # [2, h*w, 12]
     ids = FluxPipeline._prepare_latent_image_ids(2, height // 2, width // 2, "cpu", torch.float32)
-    unpacked = spectral.packed_2x2_latents(tokens, ids)
+    unpacked = layouts.packed_2x2_latents(tokens, ids)
     assert unpacked.shape == (2, 3, 1, height, width)
     assert torch.equal(unpacked[:, :, 0], latents)
-    assert spectral.packed_2x2_latents(tokens, ids[:-1]) is None  # ids of another token set: no grid
-    assert spectral.packed_2x2_latents(tokens[..., :-1], ids) is None  # channels not 2x2-packed
+    assert layouts.packed_2x2_latents(tokens, ids[:-1]) is None  # ids of another token set: no grid
+    assert layouts.packed_2x2_latents(tokens[..., :-1], ids) is None  # channels not 2x2-packed
 
 
 def test_grid_is_read_once_per_ids_tensor_and_again_after_an_inplace_change():
@@ -55,35 +59,35 @@ def test_grid_is_read_once_per_ids_tensor_and_again_after_an_inplace_change():
 
     ids = FluxPipeline._prepare_latent_image_ids(1, 4, 6, "cpu", torch.float32)
     tokens = torch.randn(1, 24, 4)
-    assert spectral.packed_2x2_latents(tokens, ids).shape == (1, 1, 1, 8, 12)
-    assert spectral._GRIDS[id(ids)][2:] == (4, 6)  # cached: later calls with this tensor do not read it again
+    assert layouts.packed_2x2_latents(tokens, ids).shape == (1, 1, 1, 8, 12)
+    assert layouts._GRIDS[id(ids)][2:] == (4, 6)  # cached: later calls with this tensor do not read it again
     ids[:, 1], ids[:, 2] = torch.arange(24) // 2, torch.arange(24) % 2  # in place: now a 12 x 2 token grid
-    assert spectral.packed_2x2_latents(tokens, ids).shape == (1, 1, 1, 24, 4)
+    assert layouts.packed_2x2_latents(tokens, ids).shape == (1, 1, 1, 24, 4)
 
 
 def test_call_latents_layouts():
-    assert spectral.call_latents(torch.zeros(2, 4, 8, 8), None, None).shape == (2, 4, 1, 8, 8)
-    assert spectral.call_latents(torch.zeros(2, 4, 3, 8, 8), None, None).shape == (2, 4, 3, 8, 8)
-    assert spectral.call_latents(torch.zeros(2, 64, 16), None, None) is None  # tokens without a layout
+    assert layouts.call_latents(torch.zeros(2, 4, 8, 8), None, None).shape == (2, 4, 1, 8, 8)
+    assert layouts.call_latents(torch.zeros(2, 4, 3, 8, 8), None, None).shape == (2, 4, 3, 8, 8)
+    assert layouts.call_latents(torch.zeros(2, 64, 16), None, None) is None  # tokens without a layout
     fn = lambda args: args["hidden_states"].transpose(1, 2)  # noqa: E731  frames-first video latents
-    assert spectral.call_latents(None, fn, {"hidden_states": torch.zeros(2, 3, 4, 8, 8)}).shape == (2, 4, 3, 8, 8)
+    assert layouts.call_latents(None, fn, {"hidden_states": torch.zeros(2, 3, 4, 8, 8)}).shape == (2, 4, 3, 8, 8)
 
 
 def test_per_sample_relative_l1_is_the_mean_over_samples():
     a, b = torch.ones(2, 3), torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0]])
-    assert spectral.per_sample_rel_l1(a, b).tolist() == pytest.approx([(0.5 + 0.0) / 2])
+    assert seacache.per_sample_rel_l1(a, b).tolist() == pytest.approx([(0.5 + 0.0) / 2])
 
 
 class _Record(Schedule):
     """Always computes; keeps the SPECTRAL_REL_L1 value of every call."""
 
-    signals = frozenset({Signal.SPECTRAL_REL_L1})
+    signals = frozenset({SPECTRAL_REL_L1})
 
     def __init__(self):
         self.seen: list[float | None] = []
 
     def decide(self, ctx):
-        self.seen.append(ctx.signals.get(Signal.SPECTRAL_REL_L1))
+        self.seen.append(ctx.signals.get(SPECTRAL_REL_L1))
         return Action.COMPUTE
 
 
@@ -107,8 +111,8 @@ def test_engine_signal_equals_a_direct_computation():
             model(hidden_states=tokens, timestep=torch.full((2,), 1.0 - i / steps), **cond)
     assert record.seen[0] is None  # a branch's first call has nothing to compare with
     for i in range(1, steps):  # no scheduler: sigma = 1 - step / num_steps
-        now = spectral.sea_filter(xs[i].unsqueeze(2), 1.0 - i / steps)
-        before = spectral.sea_filter(xs[i - 1].unsqueeze(2), 1.0 - (i - 1) / steps)
+        now = seacache.sea_filter(xs[i].unsqueeze(2), 1.0 - i / steps)
+        before = seacache.sea_filter(xs[i - 1].unsqueeze(2), 1.0 - (i - 1) / steps)
         expected = sum(float((now[b] - before[b]).abs().mean() / before[b].abs().mean()) for b in range(2)) / 2
         assert record.seen[i] == pytest.approx(expected, rel=1e-5)
         assert math.isfinite(record.seen[i])

@@ -26,8 +26,9 @@ from schedule_testkit import (STEPS, call, denoise, denoise_two_branches, rel_l1
                               true_compute_ratio)
 
 import dcache
-from dcache import CallContext, GenerationInfo, Signal
+from dcache import CallContext, GenerationInfo
 from dcache.schedule import normalize_actions
+from dcache.signal_providers import resolve_signal
 from dcache.schedules import cg_taylor, delta_dit, easycache, fbcache, pab, seacache, taylorseer, teacache
 
 FLAT = (1.0,) * STEPS  # a flat MagCache curve: the skip budget is spent by max_skip_steps only
@@ -309,7 +310,7 @@ def info(units=("stack",), steps=10) -> GenerationInfo:
 
 def ctx(step, steps=10, branch="call0", timestep=None, **signals) -> CallContext:
     return CallContext(step=step, num_steps=steps, branch=branch, call_index=step, timestep=timestep,
-                       signals={Signal(k): v for k, v in signals.items()})
+                       signals={resolve_signal(k): v for k, v in signals.items()})
 
 
 def rows(schedule, steps=10, **signals):

@@ -1,62 +1,22 @@
-"""Spectral-evolution-aware (SEA) indicator of a transformer call's noisy latents (SeaCache, arXiv 2602.18993).
+"""The noisy latents of a transformer call laid out as [B, C, T, H, W] (batch, channels, frames, rows, columns).
 
-The noisy latent x_t = (1 - sigma) x_0 + sigma eps of a flow-matching sampler is filtered over its spatial (and
-temporal) frequencies with the Wiener gain of a clean signal whose power falls as |f|^-p, observed in white noise of
-level sigma:
-
-    g(f) = s P(f) / (s^2 P(f) + sigma^2),    P(f) = 1 / |f|^p,    s = 1 - sigma      (per axis, multiplied)
-
-normalised to unit mean over the frequency grid so that indicators of different steps are comparable (SeaCache
-Eq. 7). At high noise the filter keeps the low frequencies that carry the emerging image; at low noise it is nearly
-flat. The indicator of a call is this filtered latent; its relative L1 change between consecutive calls of a branch
-is `Signal.SPECTRAL_REL_L1` (the mean over samples of the per-sample relative L1, as diffusers' SeaCache does).
-
-Latents come as [B, C, T, H, W] (an adapter's `latents` function, or a 4-D / 5-D `hidden_states` argument taken as
-[B, C, H, W] / [B, C, T, H, W]); a model whose latents are neither (packed tokens without an adapter function) gets
-no filter: the indicator is then the plain relative change of its input.
+Signals that read the latents' spatial (and temporal) structure, such as a frequency-domain filter, need them on
+their grid, but transformers take them in many forms: [B, C, H, W] or [B, C, T, H, W] `hidden_states`, packed
+patch tokens (Flux, Qwen-Image, LTX), per-sample lists. An adapter's `latents` function (dcache.adapters) unpacks
+its family's form; without one a 4-D / 5-D `hidden_states` argument is taken as it is, and anything else has no
+known layout (None).
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
 from typing import Any
 
 import torch
 
-_EPS = 1e-16
-
-
-@functools.lru_cache(maxsize=512)
-def sea_gain(shape: tuple[int, ...], sigma: float, power: float, device: torch.device) -> torch.Tensor:
-    """Unit-mean Wiener gain over the frequency grid of `shape` (the filtered axes), float32; read-only.
-
-    Cached: a sampler visits the same few dozen noise levels in every generation (and both CFG branches of a step
-    share one), and building the gain costs more Python than the FFT on small latents."""
-    sigma = min(max(float(sigma), 1e-6), 1.0 - 1e-6)
-    signal, noise = 1.0 - sigma, sigma
-    gain = None
-    for axis, size in enumerate(shape):
-        freq = torch.fft.fftfreq(size, device=device, dtype=torch.float32)
-        clean = 1.0 / (freq.abs().pow(power) + _EPS)  # zero frequency: 1e16 -> gain 1 / signal
-        g = signal * clean / (signal * signal * clean + noise * noise + _EPS)
-        view = [1] * len(shape)
-        view[axis] = size
-        gain = g.reshape(view) if gain is None else gain * g.reshape(view)
-    mean = gain.mean()
-    return torch.where(torch.isfinite(mean) & (mean > 0), gain / mean, gain)  # on the device: no host sync
-
-
-def sea_filter(latents: torch.Tensor, sigma: float, power: float = 3.0) -> torch.Tensor:
-    """latents [B, C, T, H, W] -> the SEA-filtered latents, same shape, float32 (FFT over T, H, W)."""
-    x = latents.detach().float()
-    dims = (-3, -2, -1)
-    gain = sea_gain(tuple(x.shape[-3:]), sigma, power, x.device)
-    return torch.fft.ifftn(torch.fft.fftn(x, dim=dims) * gain, dim=dims).real
-
 
 def call_latents(hidden: Any, latents_fn: Any, arguments: dict[str, Any] | None) -> torch.Tensor | None:
-    """[B, C, T, H, W] latents of one transformer call, or None (then the indicator is unfiltered)."""
+    """[B, C, T, H, W] latents of one transformer call, or None (no known layout)."""
     if latents_fn is not None and arguments is not None:
         out = latents_fn(arguments)
         return out if isinstance(out, torch.Tensor) and out.ndim == 5 else None
@@ -65,14 +25,6 @@ def call_latents(hidden: Any, latents_fn: Any, arguments: dict[str, Any] | None)
     if isinstance(hidden, torch.Tensor) and hidden.ndim == 5:  # [B, C, T, H, W]
         return hidden
     return None
-
-
-def per_sample_rel_l1(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """mean over the batch of mean|x_i - ref_i| / mean|ref_i|: a [1] tensor on the device (no host sync)."""
-    b = x.shape[0]
-    num = (x - ref).abs().reshape(b, -1).mean(dim=1)
-    den = ref.abs().reshape(b, -1).mean(dim=1) + _EPS
-    return (num / den).mean().reshape(1)
 
 
 def unpack_tokens(tokens: torch.Tensor, frames: int, rows: int, cols: int, patch: int) -> torch.Tensor | None:
@@ -125,4 +77,4 @@ def _grid(key: torch.Tensor, ids: torch.Tensor) -> tuple[int, int]:
     return int(span[0]), int(span[1])
 
 
-__all__ = ["sea_gain", "sea_filter", "call_latents", "per_sample_rel_l1", "unpack_tokens", "packed_2x2_latents"]
+__all__ = ["call_latents", "unpack_tokens", "packed_2x2_latents"]

@@ -1,0 +1,54 @@
+"""What the engine keeps about each hooked block (`BlockSlot`) and about the running transformer call (`CallState`).
+
+Both are plain records: the executors (dcache.executors) and the signal meter (dcache.signal_meter) read and write
+them; nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .adapters import BlockList
+from .generation import GenerationRecord
+from .state import BranchState
+from .streams import StreamSlots
+
+
+@dataclass
+class BlockSlot:
+    """One hooked transformer block, in the engine's layout."""
+
+    index: int  # global execution order
+    list_index: int
+    block: nn.Module
+    spec: BlockList
+    slots: StreamSlots
+    role: str = "middle"  # "probe" | "middle" | "tail" (STACK granularity; always "middle" otherwise)
+    segment_first: bool = False  # STACK: first middle block of its block list
+    segment_last: bool = False  # STACK: last middle block of its block list
+    modules: tuple[str, ...] = ()  # inner modules (MODULE granularity units)
+    exit_work: bool = True  # the block's exit has more to do than FLOP accounting (set by the executor)
+
+
+@dataclass
+class CallState:
+    """One transformer call, from `Engine.begin_call` to `Engine.end_call`."""
+
+    record: GenerationRecord
+    step: int
+    branch: str
+    call_index: int
+    timestep: Any
+    bstate: BranchState
+    actions: str | None = None  # one action character per unit, set at the decision point
+    pre: dict[Any, torch.Tensor] = field(default_factory=dict)  # signal -> device tensor measured before deciding
+    stack_input: torch.Tensor | None = None  # hidden states entering the first block (call scope: the latents x)
+    stack_output: torch.Tensor | None = None  # hidden states the last block returned (call scope: the sample v)
+    unit: Any = None  # the executor's own state for this call (UnitExecutor.new_call)
+    signal_values: dict[str, float] = field(default_factory=dict)  # pre signals read at the decision, by name
+    flops_total: float = 0.0
+    flops_computed: float = 0.0

@@ -1,0 +1,134 @@
+"""The diffusers `ModelHook`s dcache registers (name "dcache", removable, signature-preserving).
+
+  * `TransformerHook` on the transformer: opens and closes every call (Engine.begin_call / end_call) and, in call
+    scope, lets the call executor serve the whole call from the cache;
+  * `UnitHook` on every block and, at module granularity, every inner module: asks its executor whether the unit
+    runs (enter), runs the original forward, and hands the output back (exit).
+
+Their `new_forward` frames stay eager under torch.compile (`torch.compiler.disable(recursive=False)`), so only the
+original forward is traced; the bookkeeping they call is the plain method in eager mode and its `_traced` twin
+(behind `torch.compiler.disable`) while dynamo traces, because the disable wrapper's frame switching costs more than
+a skipped block's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, NamedTuple
+
+import torch
+from diffusers.hooks import ModelHook
+from diffusers.hooks.hooks import StateManager
+from torch import nn
+from torch._C._dynamo.eval_frame import get_eval_frame_callback
+
+from .generation import StepTracker
+
+HOOK_NAME = "dcache"
+# Engine bookkeeping never runs inside a compiled graph (it branches on Python state every step).
+eager = torch.compiler.disable
+
+
+def traced_twins(cls: type, names: tuple[str, ...]) -> None:
+    """Give `cls` a `<name>_traced` (behind torch.compiler.disable) for each method `name` it defines or inherits."""
+    for name in names:
+        setattr(cls, f"{name}_traced", eager(getattr(cls, name)))
+
+
+class Entries(NamedTuple):
+    """A unit hook's three entry points: enter(key, forward, args, kwargs, compiling) -> (run, state or output),
+    exit(key, state, out) -> out, abort(state) (the forward raised)."""
+
+    enter: Callable[..., tuple[bool, Any]]
+    exit: Callable[..., Any]
+    abort: Callable[..., None]
+
+
+class ContextListener(StateManager):
+    """Receives diffusers' `cache_context(name)` (set on every stateful hook's StateManager)."""
+
+    def __init__(self, tracker: StepTracker):
+        super().__init__(dict)
+        self._tracker = tracker
+
+    def set_context(self, context: Any) -> None:
+        self._tracker.context_name = None if context is None else getattr(context, "name", context)
+
+
+class TransformerHook(ModelHook):
+    _is_stateful = True
+
+    def __init__(self, engine: Any):
+        super().__init__()
+        self.engine = engine
+        self.context_listener = ContextListener(engine.tracker)
+
+    @torch.compiler.disable(recursive=False)
+    def new_forward(self, module: nn.Module, *args, **kwargs):
+        engine = self.engine
+        compiling = get_eval_frame_callback() is not None
+        if compiling:
+            begin, end, abort = engine.begin_call_traced, engine.end_call_traced, engine.abort_traced
+        else:  # plain eager
+            begin, end, abort = engine.begin_call, engine.end_call, engine.abort
+        begin(args, kwargs)
+        try:
+            whole = engine.call_executor  # dcache.executors.call: the whole call may come from the cache
+            if whole is not None:
+                enter = whole.call_enter_traced if compiling else whole.call_enter
+                run, out = enter(self.fn_ref.original_forward, args, kwargs, compiling)
+                if not run:
+                    end()
+                    return out
+            out = self.fn_ref.original_forward(*args, **kwargs)
+            if whole is not None:
+                out = (whole.call_exit_traced if compiling else whole.call_exit)(out)
+        except BaseException:
+            abort(None, True)
+            raise
+        end()
+        return out
+
+    def reset_state(self, module: nn.Module) -> nn.Module:
+        return module
+
+
+class UnitHook(ModelHook):
+    """A block or an inner module: `key` is its BlockSlot or its module unit index."""
+
+    def __init__(self, key: Any, entries: Entries, traced: Entries):
+        super().__init__()
+        self.key, self.entries, self.traced = key, entries, traced
+
+    @torch.compiler.disable(recursive=False)  # this frame stays eager; the original forward below is traced
+    def new_forward(self, module: nn.Module, *args, **kwargs):
+        # Inline on purpose: a helper frame here would be traced by dynamo (only this frame is skipped).
+        compiling = get_eval_frame_callback() is not None
+        enter, exit_, abort = self.traced if compiling else self.entries
+        run, state = enter(self.key, self.fn_ref.original_forward, args, kwargs, compiling)
+        if not run:
+            return state
+        try:
+            out = self.fn_ref.original_forward(*args, **kwargs)
+        except BaseException:
+            abort(state)
+            raise
+        return exit_(self.key, state, out)
+
+
+def has_accelerate_hook(module: nn.Module) -> bool:
+    return hasattr(module, "_hf_hook") and hasattr(module, "_old_forward")
+
+
+_TIMESTEP_NAMES = ("timestep", "timesteps", "t", "time_step", "sigma", "sigmas")
+
+
+def timestep_slot(transformer: nn.Module) -> tuple[str, int | None]:
+    """(name, positional index) of the transformer forward's timestep argument, for transformer-only tracking."""
+    params = [p for p in inspect.signature(transformer.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in _TIMESTEP_NAMES:
+        for i, p in enumerate(params):
+            if p.name == name:
+                return name, i if p.kind != p.KEYWORD_ONLY else None
+    return "timestep", None

@@ -1,0 +1,54 @@
+"""Writing a unit's result into its branch cache and serving it back (shared by every unit kind).
+
+Stored per unit and branch (dcache.state.UnitHistory): the residual r = out - in of each stream (hidden, encoder)
+for stacks, blocks and the call scope's Delta = v - x; a module unit's output tensors as they are. Served:
+    REUSE     out = in + r_last                                  (residual units)
+    FORECAST  out = in + sum_k d_k (step - last_step)^k / k!     (Taylor table; or the schedule's `forecaster`)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .actions import Action
+from .call_state import BlockSlot, CallState
+from .state import UnitHistory
+
+FORECAST = Action.FORECAST.value
+
+
+def store_residuals(ops: Any, call: CallState, key: Any, order: int, outs: list, ins: list) -> None:
+    """Cache residual = out - in per stream (hidden, encoder), reusing the old buffer in place when possible."""
+    hist = call.bstate.history(key, order)
+    previous = hist.store_buffers()
+    residuals = []
+    for o, x in zip(outs, ins):
+        if o is None or x is None or not isinstance(o, torch.Tensor):
+            continue
+        if o.shape != x.shape:  # stream changed length inside the segment: keep the tail tokens (image)
+            x = x[:, -o.shape[1]:] if x.ndim >= 2 and x.shape[1] > o.shape[1] else x
+        buffer = previous[len(residuals)] if len(previous) > len(residuals) else None
+        if buffer is not None and (buffer.shape != o.shape or buffer.dtype != o.dtype):
+            buffer = None
+        residuals.append(ops.store(o, x, buffer))
+    hist.update(residuals, call.step)
+
+
+def read_cached(schedule: Any, hist: UnitHistory, action: str, step: int) -> list[torch.Tensor]:
+    """The cached tensors a REUSE / FORECAST serves at `step` (a schedule's own forecaster, e.g. learned, first)."""
+    forecast = action == FORECAST
+    forecaster = schedule.forecaster if forecast else None
+    return forecaster(hist.plain(), step) if forecaster is not None else hist.read(forecast, step)
+
+
+def apply_cached(ops: Any, schedule: Any, slot: BlockSlot, hist: UnitHistory, action: str, step: int,
+                 hidden: torch.Tensor, encoder: torch.Tensor | None) -> Any:
+    """A block's output without running it: its inputs plus the cached residuals, in the block's output format."""
+    cached = read_cached(schedule, hist, action, step)
+    out_h = ops.apply(hidden, cached[0])
+    out_e = encoder
+    if encoder is not None and len(cached) > 1:
+        out_e = ops.apply(encoder, cached[1])
+    return slot.slots.make_output(out_h, out_e)
