@@ -252,7 +252,7 @@ _BUILTINS_LOADED = False
 
 
 def _load_builtin_families() -> None:
-    # The per-family data lives in dcache/families.py; imported lazily so users can register first.
+    # The per-family data lives in dcache/families/; imported lazily so users can register first.
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True

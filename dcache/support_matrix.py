@@ -4,7 +4,7 @@
 
 Every `ModelMixin` class exported by the installed `diffusers.models.transformers` gets one row:
 
-- **supported**: a registered family adapter (dcache/families.py). tests/test_zoo.py checks every one of them against a
+- **supported**: a registered family adapter (dcache/families/). tests/test_zoo.py checks every one of them against a
   real forward of a tiny model and fails if a family has no zoo entry.
 - **generic**: no family adapter, but `adapters.discover_adapter` would find correct data. Decided statically, without
   building the model: the `ModuleList`s assigned in the class source, their block classes, the block `forward`
@@ -91,7 +91,7 @@ def render_markdown() -> str:
         f"Transformer classes of diffusers {diffusers.__version__}: {counts[SUPPORTED]} supported, "
         f"{counts[GENERIC]} generic, {counts[NOT_YET]} not yet (of {len(rows)}).",
         "",
-        "- **supported**: a family adapter in `dcache/families.py`, checked against a real forward of a tiny model "
+        "- **supported**: a family adapter in `dcache/families/`, checked against a real forward of a tiny model "
         "(`tests/zoo.py`, `tests/test_zoo.py`).",
         "- **generic**: no family adapter; generic discovery finds the blocks, and the block source shows it returns "
         "what discovery assumes (decided statically, not tested).",

@@ -1,4 +1,4 @@
-"""Every family adapter in dcache/families.py, checked against a real forward of its tiny zoo model.
+"""Every family adapter in dcache/families/, checked against a real forward of its tiny zoo model.
 
 Plain forward hooks on every block record what the block is really called with and what it returns; the adapter's
 data (argument names, returned slot order, block order, module units, modulated input) must agree with that record.
@@ -136,7 +136,7 @@ def test_every_builtin_family_has_a_zoo_entry():
     builtin = {cls for cls in registered_adapters() if hasattr(transformers, cls)}
     zoo_classes = {entry.model_class for entry in zoo.ZOO.values()}
     assert builtin - zoo_classes == set(), f"families without a tiny model in tests/zoo.py: {builtin - zoo_classes}"
-    assert zoo_classes - builtin == set(), f"zoo entries without an adapter in dcache/families.py: {zoo_classes - builtin}"
+    assert zoo_classes - builtin == set(), f"zoo entries without an adapter in dcache/families/: {zoo_classes - builtin}"
     assert len(zoo_classes) >= 22
 
 
