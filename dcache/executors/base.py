@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..actions import Action
 from ..call_state import BlockSlot, CallState
 from ..hooks import traced_twins
 from ..state import BranchState
 from ..streams import StreamSlots
 
-COMPUTE, REUSE = "C", "R"  # Action letters as plain strings: the hot path compares them per unit
+# Action letters as plain strings: the hot path compares them per unit, and Enum.value is a property lookup.
+COMPUTE, REUSE, FORECAST = Action.COMPUTE.value, Action.REUSE.value, Action.FORECAST.value
 
 
 class UnitExecutor:

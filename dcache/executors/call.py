@@ -19,10 +19,9 @@ from ..call_state import BlockSlot, CallState
 from ..decision import decide
 from ..state import BranchState
 from ..unit_store import store_residuals
-from .base import COMPUTE, UnitExecutor
+from .base import COMPUTE, FORECAST, UnitExecutor
 from .stack import assign_stack_roles
 
-FORECAST = "F"
 
 
 class CallExecutor(UnitExecutor):
