@@ -228,6 +228,9 @@ def frontier_part(frontier: dict) -> str:
                 cells[0] += f" ({'meets' if row['psnr_heldout'] >= target else 'below'} {target:g} dB)"
             lines.append(f"| {sc['name']} ({sc['steps']} steps, guidance {sc['guidance']:g}) | ~{band:g} | "
                          + " | ".join(cells) + f" | {_efficiency(sc, band)} |")
+    notes = RESULTS / "frontier_notes.md"
+    if notes.is_file():  # its summary: the text before the first "## " heading (the rest is on the linked page)
+        lines += ["", notes.read_text().split("\n## ", 1)[0].strip()]
     lines += [
         "", f"Every row (batch-1 speed-ups, SSIM, accuracy, FD as a share of the seed-to-seed FD), the searched "
             f"keyframes and the plan-replay robustness table: {_link('frontier.md')}; the reading: "
