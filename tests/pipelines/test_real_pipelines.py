@@ -98,6 +98,7 @@ ALL_COMPUTE = {
     "taylorseer": {"interval": 1}, "fora": {"interval": 1}, "fixed_interval": {"interval": 1},
     "delta_dit": {"interval": 1}, "flowcache": {"threshold": 0.0},
     "pab": {"spatial_range": 1, "temporal_range": 1, "cross_range": 1, "mlp_range": 1},
+    "keyframe": {"keyframes": tuple(i / (STEPS - 1) for i in range(STEPS))},  # every step a keyframe
 }
 
 
