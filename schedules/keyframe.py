@@ -56,7 +56,8 @@ class KeyframeConfig(MethodConfig):
 
     Use it below compute ratio 0.25, where a fixed cadence wastes computes: with `scope="call"` and the searched
     presets (`keyframe-5x`, `keyframe-8x`) it is dcache's best setting at ratios 0.196 and 0.125 on the bundled
-    model (BENCHMARKS.md, "Beyond 4x"). Keyframes searched at one guidance scale and step count replay at others.
+    model at CFG 1.5 (BENCHMARKS.md, "Beyond 4x"). Being fractions, keyframes replay at other step counts (a step
+    plan does not); another guidance scale needs its own search (`benchmarks/frontier.py --search`).
 
     Example (the bundled tiny model, 28 steps, split CFG: 6 + 5 of 56 calls computed, ratio 0.196):
         >>> import dcache
