@@ -36,8 +36,9 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VENV)/bin/dcache generate
 
+# one pytest worker per core (pytest-xdist), each test file in one worker (files share module-scoped fixtures)
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadfile
 
 test-quick: setup
 	$(PY) -m pytest -m "not slow" -k "$(QUICK_SKIP)" $(QUICK)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -249,8 +249,9 @@ class Row:
 
 
 def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None = None, batch: int = 1,
-                  dtype: str = "bfloat16", setting: Setting | None = None, scope: str | None = None) -> list[Row]:
-    """One Row per (method, expert)."""
+                  dtype: str = "bfloat16", setting: Setting | None = None, scope: str | None = None,
+                  memory_only: bool = False) -> list[Row]:
+    """One Row per (method, expert). memory_only: cache memory alone (no FLOPs, no compute-ratio range; faster)."""
     import diffusers
 
     from dcache.schedules.calibrate import MAIN_KNOBS
@@ -268,10 +269,10 @@ def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None
         for method in methods:
             over = dict(overrides or {})
             knob = MAIN_KNOBS.get(method)
-            sweep = (knob[0], knob[1]) if knob and knob[0] not in over else None
+            sweep = (knob[0], knob[1]) if knob and knob[0] not in over and not memory_only else None
             try:
                 est = estimate(model, method, inputs, branches=branches, num_steps=setting.steps, scope=scope,
-                               sweep=sweep, **over)
+                               sweep=sweep, memory_only=memory_only, **over)
                 rows.append(Row(method, expert, est))
             except CalibrationMissing as exc:
                 if len(methods) == 1:
@@ -283,7 +284,8 @@ def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None
                 if method not in PLACEHOLDERS or "coefficients" not in str(exc) and "calibrat" not in str(exc):
                     raise
                 over = {**PLACEHOLDERS[method], **over}
-                est = estimate(model, method, inputs, branches=branches, num_steps=setting.steps, scope=scope, **over)
+                est = estimate(model, method, inputs, branches=branches, num_steps=setting.steps, scope=scope,
+                               memory_only=memory_only, **over)
                 est.notes.append("calibration placeholder: memory and FLOPs hold, the compute ratio does not")
                 rows.append(Row(method, expert, est, placeholder=True))
     return rows
@@ -338,14 +340,16 @@ def format_flops(flops: float) -> str:
 TABLE_METHODS = ("magcache", "fbcache", "teacache", "easycache", "seacache", "taylorseer", "fora", "pab")
 
 
-def markdown_table(methods: tuple[str, ...] = TABLE_METHODS, dtype: str = "bfloat16") -> str:
-    """Peak cache memory per method for every shipped config at its usual settings (`dcache estimate --table`)."""
+def markdown_table(methods: tuple[str, ...] = TABLE_METHODS, dtype: str = "bfloat16",
+                   models: Sequence[str] | None = None) -> str:
+    """Peak cache memory per method for every shipped config (or `models`) at its usual settings
+    (`dcache estimate --table`; the README's table is its output)."""
     header = "| model | setting | " + " | ".join(methods) + " |"
     lines = [header, "|" + "---|" * (len(methods) + 2)]
-    for name in shipped_models():
+    for name in models or shipped_models():
         spec = resolve_model(name)
         s = spec.setting
-        rows = estimate_spec(spec, list(methods), dtype=dtype)
+        rows = estimate_spec(spec, list(methods), dtype=dtype, memory_only=True)
         cells = []
         for method in methods:
             total = sum(r.estimate.memory.peak_bytes for r in rows if r.method == method and r.estimate)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,3 +67,18 @@ def test_bad_models_get_teaching_errors(tmp_path):
     assert result.exit_code == 2 and "_class_name" in result.output
     result = runner.invoke(app, ["estimate", "--model", str(tmp_path / "nowhere")])
     assert result.exit_code == 2 and "shipped config" in result.output
+
+
+@pytest.mark.slow
+def test_the_readme_table_is_the_commands_output():
+    """README's cache-memory table is `dcache estimate --table`: its rows name every shipped config, and one row
+    (SD3.5-large: the quickest to estimate) equals a fresh estimate."""
+    from dcache.pipelines.estimate import markdown_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("<!-- begin: dcache estimate --table -->\n")[1].split("<!-- end: dcache estimate --table")[0]
+    rows = {line.split(" | ")[0].strip("| "): line for line in block.strip().splitlines()[2:]}
+    assert list(rows) == list(shipped_models())
+    fresh = markdown_table(models=["sd3.5-large"]).splitlines()
+    assert block.strip().splitlines()[0] == fresh[0]  # the same methods, in the same order
+    assert rows["sd3.5-large"] == fresh[2]
