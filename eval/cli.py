@@ -35,10 +35,10 @@ def _command_line(name: str) -> str:
 
 
 def _call_arguments(pairs: list[str]) -> dict:
-    from dcache.pipelines.runner import parse_overrides
+    from dcache.pipelines.runner import check_call_images, parse_overrides
 
     try:
-        return parse_overrides(pairs, flag="--call", example="num_frames=17")
+        return check_call_images(parse_overrides(pairs, flag="--call", example="num_frames=17"))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -91,7 +91,9 @@ def eval_command(
                                            "or float16"),
     height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
     call: list[str] = typer.Option([], "--call", help="more pipeline call arguments key=value (repeatable; JSON "
-                                                       "values), e.g. --call num_frames=17 for video pipelines"),
+                                                       "values; @FILE opens an image), e.g. --call num_frames=17 for "
+                                                       "video pipelines, --call image=@input.png for Kontext / edit "
+                                                       "pipelines, --call control_image=@edges.png for ControlNets"),
     grid_items: int = typer.Option(1, help="pipeline calls shown in the image grids"),
     classifier: Optional[str] = typer.Option(None, help="digit classifier .safetensors (tiny model fid/accuracy)"),
     clip_model: str = typer.Option("openai/clip-vit-base-patch16",

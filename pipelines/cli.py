@@ -26,10 +26,10 @@ def _parse_overrides(pairs: list[str]) -> dict:
 
 
 def _call_arguments(pairs: list[str]) -> dict:
-    from .runner import parse_overrides
+    from .runner import check_call_images, parse_overrides
 
     try:
-        return parse_overrides(pairs, flag="--call", example="num_frames=17")
+        return check_call_images(parse_overrides(pairs, flag="--call", example="num_frames=17"))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -64,7 +64,9 @@ def generate(
     height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
     set_: list[str] = typer.Option([], "--set", help="method config override key=value (repeatable)"),
     call: list[str] = typer.Option([], "--call", help="more pipeline call arguments key=value (repeatable; JSON "
-                                                       "values), e.g. --call num_frames=17 for video pipelines"),
+                                                       "values; @FILE opens an image), e.g. --call num_frames=17 for "
+                                                       "video pipelines, --call image=@input.png for Kontext / edit "
+                                                       "pipelines, --call control_image=@edges.png for ControlNets"),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: 1 for the bundled model)"),
     prompts_file: Optional[str] = typer.Option(
         None, "--prompts", help="batch mode: a prompt file (.txt one per line, .json list, .jsonl), 'builtin', or "

@@ -35,7 +35,7 @@ class GenerationJob:
     def __call__(self) -> torch.Tensor:
         """One generation with fixed seeds; returns images [N, C, H, W] float in [0, 1] on the CPU."""
         generator = torch.Generator(device="cpu").manual_seed(self.seed)
-        kwargs: dict[str, Any] = dict(self.extra)
+        kwargs: dict[str, Any] = {k: call_argument(v) for k, v in self.extra.items()}
         if self.steps is not None:
             kwargs["num_inference_steps"] = self.steps
         if self.guidance is not None:
@@ -169,6 +169,41 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     """PSNR in dB of images in [0, 1] (inf when identical)."""
     mse = torch.mean((a.double() - b.double()) ** 2).item()
     return float("inf") if mse == 0 else 10.0 * float(np.log10(1.0 / mse))
+
+
+def call_argument(value: Any) -> Any:
+    """A pipeline call argument from the command line: "@path" names an image file (a Kontext / edit input, a
+    ControlNet's control image), opened as an RGB PIL image; lists of them too; anything else as it is. The "@path"
+    text is what manifests and accelerate launches carry (JSON), the image is opened where the pipeline is called."""
+    if isinstance(value, list):
+        return [call_argument(v) for v in value]
+    if not (isinstance(value, str) and value.startswith("@")):
+        return value
+    from PIL import Image
+
+    with Image.open(value[1:]) as image:
+        return image.convert("RGB")
+
+
+def check_call_images(arguments: dict, flag: str = "--call") -> dict:
+    """Refuse a "@path" argument whose file is missing or is not an image, naming the argument and the fix."""
+    from PIL import Image, UnidentifiedImageError
+
+    for key, value in arguments.items():
+        for item in value if isinstance(value, list) else [value]:
+            if not (isinstance(item, str) and item.startswith("@")):
+                continue
+            path = Path(item[1:])
+            if not path.is_file():
+                raise ValueError(f"{flag} {key}={item}: no file {str(path)!r}; '@' names an image file to pass as "
+                                 f"{key} (e.g. {flag} {key}=@input.png).")
+            try:
+                with Image.open(path) as image:
+                    image.verify()
+            except (UnidentifiedImageError, OSError) as exc:
+                raise ValueError(f"{flag} {key}={item}: {str(path)!r} is not an image PIL can read ({exc}); pass a "
+                                 f"PNG or JPEG file.") from None
+    return arguments
 
 
 def parse_overrides(pairs: list[str], flag: str = "--set", example: str = "threshold=0.1") -> dict:
