@@ -11,12 +11,18 @@ own count, taken in the same pass. Counted once per (unit, input shape) for the 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
+
+
+class FlopsUncounted(UserWarning):
+    """A unit's forward could not run on fake tensors, so its FLOPs are not counted (stats fall back to unit counts
+    for it: the ideal speed-up then weighs that unit as the average one)."""
 
 
 class FlopBook:
@@ -40,6 +46,7 @@ class FlopBook:
         self.by_unit: dict[Any, float] = {}  # last known cost of each unit (any shape)
         self.counting = False  # True while a counting pass runs (hooks then pass through)
         self._open: list[tuple[Any, tuple, FlopCounterMode]] = []
+        self.uncounted: dict[tuple[Any, tuple], str] = {}  # (unit, shape) -> why its count failed (tried once)
 
     def known(self, unit: Any, shape: tuple) -> bool:
         return (unit, shape) in self.costs
@@ -55,7 +62,7 @@ class FlopBook:
     @torch.compiler.disable
     def count(self, unit: Any, shape: tuple, forward: Callable, args: tuple, kwargs: dict) -> None:
         """Count `forward(*args, **kwargs)` for `unit` (nested units open their own counters via `enter`)."""
-        if not self.enabled or self.known(unit, shape):
+        if not self.enabled or self.known(unit, shape) or (unit, shape) in self.uncounted:
             return
         self.counting = True
         try:
@@ -64,7 +71,13 @@ class FlopBook:
                     fake_args, fake_kwargs = tree_map(
                         lambda t: fake.from_tensor(t) if isinstance(t, torch.Tensor) else t, (args, kwargs))
                     flops = self._run(forward, fake_args, fake_kwargs)
-            except Exception:  # an op without a fake kernel, data-dependent shapes, ...: leave it uncounted
+            except Exception as exc:  # an op without a fake kernel, data-dependent shapes, ...: leave it uncounted
+                why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                self.uncounted[(unit, shape)] = why
+                warnings.warn(f"dcache: the FLOPs of unit {unit!r} (input shape {shape}) are not counted: its forward "
+                              f"cannot run on fake tensors ({why}). Stats weigh it as an average unit; the measured "
+                              f"timing is unaffected. Pass count_flops=False to dcache.apply to skip counting.",
+                              FlopsUncounted, stacklevel=2)
                 return
         finally:
             self.counting = False

@@ -103,7 +103,10 @@ SEED_SWEEPS = {
 
 
 def dynamic_seed_plans(pipe: Any, calib, names=REUSE_SEEDS) -> dict:
-    """Recorded plans of dynamic methods on the calibration set (ECAD's seeds); methods that fail are skipped."""
+    """Recorded plans of dynamic methods on the calibration set (ECAD's seeds). A method that cannot run on this
+    model (no calibration, unsupported unit kind, ...) is skipped with a SeedPlanSkipped warning naming it and why."""
+    import warnings
+
     import torch
 
     import dcache
@@ -112,20 +115,27 @@ def dynamic_seed_plans(pipe: Any, calib, names=REUSE_SEEDS) -> dict:
     for seed_name in names:
         name, sweep = SEED_SWEEPS.get(seed_name, (seed_name, [{}]))
         for overrides in sweep:
+            key = seed_name + "".join(f"-{k}{v}" for k, v in overrides.items())
             try:
                 handle = dcache.apply(pipe, name, count_flops=False, **overrides)
-            except (ValueError, TypeError, RuntimeError):
+            except (ValueError, TypeError, RuntimeError) as exc:
+                warnings.warn(f"dcache search: seed plan {key} skipped: {name} cannot be applied to this model "
+                              f"({type(exc).__name__}: {exc}).", SeedPlanSkipped, stacklevel=2)
                 continue
             try:
                 with torch.no_grad():
                     calib.generate()
-                key = seed_name + "".join(f"-{k}{v}" for k, v in overrides.items())
                 plans[key] = handle.plan()
-            except (ValueError, RuntimeError):
-                pass
+            except (ValueError, RuntimeError) as exc:
+                warnings.warn(f"dcache search: seed plan {key} skipped: its calibration run failed "
+                              f"({type(exc).__name__}: {exc}).", SeedPlanSkipped, stacklevel=2)
             finally:
                 handle.remove()
     return plans
+
+
+class SeedPlanSkipped(UserWarning):
+    """A dynamic method's plan could not be recorded as a seed of the plan search (the message says why)."""
 
 
 def search_command(

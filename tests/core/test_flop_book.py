@@ -3,6 +3,7 @@ and its compute ratio is the same as the first handle's; another layout (other m
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import dcache
@@ -37,3 +38,29 @@ def test_reapplying_reuses_the_counts_and_gives_the_same_ratio():
         assert module_level.engine.flops is not book
         generate(pipe)
     assert 0.0 < ratio < 1.0 and len(counted) == len(first.engine.blocks)
+
+
+def test_a_forward_that_cannot_run_on_fake_tensors_warns_once_and_is_not_retried():
+    """`.item()` reads a value, which fake tensors do not have: the count fails, is reported once with the reason,
+    and the unit is not counted again on later calls with the same shape."""
+    import warnings
+
+    from dcache.flops import FlopBook, FlopsUncounted
+
+    calls = []
+
+    def forward(x):
+        calls.append(1)
+        return x * x.sum().item()
+
+    book = FlopBook()
+    x = torch.ones(2, 3)
+    with pytest.warns(FlopsUncounted, match=r"unit 'b0' \(input shape \(2, 3\)\).*count_flops=False"):
+        book.count("b0", (2, 3), forward, (x,), {})
+    assert not book.known("b0", (2, 3)) and book.cost("b0", (2, 3)) is None and "b0" in str(book.uncounted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FlopsUncounted)
+        book.count("b0", (2, 3), forward, (x,), {})  # not tried again: no second warning
+    assert len(calls) == 1
+    book.count("b1", (2, 3), lambda t: t @ t.T, (x,), {})  # a countable forward is counted as before
+    assert book.cost("b1", (2, 3)) == 2 * 2 * 2 * 3

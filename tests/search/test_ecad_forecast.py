@@ -201,3 +201,12 @@ def test_seeds_beyond_the_population_are_scored_and_kept_dominated(calib, templa
         assert named[name]["quality"] == pytest.approx(measure(calib, template, plan).quality, abs=1e-9)
         assert any(p["compute_ratio"] <= named[name]["compute_ratio"] + 1e-12
                    and p["quality"] >= named[name]["quality"] - 1e-12 for p in front["points"])
+
+
+def test_a_seed_method_that_cannot_run_is_reported_not_dropped_silently(tiny_pipe):
+    from dcache.pipelines.search_cli import SeedPlanSkipped, dynamic_seed_plans
+
+    calib = make_calibration(tiny_pipe, steps=STEPS)
+    with pytest.warns(SeedPlanSkipped, match=r"seed plan no-such-method skipped: no-such-method cannot be applied"):
+        seeds = dynamic_seed_plans(tiny_pipe, calib, ("no-such-method", "fora"))
+    assert list(seeds) and all(k.startswith("fora") for k in seeds)  # the others are still recorded
