@@ -204,7 +204,7 @@ def run_analyze(cfg: AnalyzeConfig, *, progress: bool = True) -> AnalyzeResult:
     from tqdm.auto import tqdm
 
     from dcache.pipelines.runner import GenerationJob, load_pipeline
-    from dcache.schedules._profiling import ProfileSession, residual
+    from dcache.schedules.tuning.profiling import ProfileSession, residual
 
     from .prompts import load_prompts
     from .runner import _process_device, _quiet_load, environment, make_items, process_state

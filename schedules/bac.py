@@ -64,7 +64,7 @@ class BACConfig(MethodConfig):
                                    " a plan, or a calibration file holding this method's plan for the model")
 
     def check(self) -> None:
-        from ._profiling import check_finite
+        from .tuning.profiling import check_finite
 
         check_finite(self)
         if self.bubble_depth == 0:
@@ -150,7 +150,7 @@ def bubbling_union(schedules: list[set[int]], errors: Sequence[float], targets: 
 def calibrate_bac(target: Any, run_fn: Callable[[], Any] | Sequence[Callable[[], Any]],
                   config: BACConfig | None = None, *, num_steps: int | None = None, **overrides: Any) -> Plan:
     """Profile unit similarities, run the per-unit DP and the bubbling union, return the Plan."""
-    from . import _profiling as prof
+    from .tuning import profiling as prof
 
     config = config if config is not None else BACConfig()
     if overrides:

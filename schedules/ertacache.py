@@ -98,7 +98,7 @@ class ERTACacheConfig(MethodConfig):
                                    " a plan, or a calibration file holding this method's plan for the model")
 
     def check(self) -> None:
-        from ._profiling import check_finite
+        from .tuning.profiling import check_finite
 
         check_finite(self)
 
@@ -219,7 +219,7 @@ def rows_from_schedule(num_steps: int, computed: Sequence[int], forecast: set[in
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Calibration (profiling lives in _profiling.py; this only wires it to the math above)
+# Calibration (profiling lives in tuning/profiling.py; this only wires it to the math above)
 # ----------------------------------------------------------------------------------------------------------------
 
 def calibrate_ertacache(target: Any, run_fn: Callable[[], Any] | Sequence[Callable[[], Any]],
@@ -230,7 +230,7 @@ def calibrate_ertacache(target: Any, run_fn: Callable[[], Any] | Sequence[Callab
     target: a pipeline (or a bare transformer with `num_steps`). run_fn: one callable per calibration input, each
     deterministic (fixed generator seeds), since the phi pass replays the same inputs.
     """
-    from . import _profiling as prof
+    from .tuning import profiling as prof
 
     config = config if config is not None else ERTACacheConfig()
     if overrides:
@@ -302,7 +302,7 @@ def calibrate_ertacache(target: Any, run_fn: Callable[[], Any] | Sequence[Callab
     provenance = {"method": "ertacache", "config": config.to_dict(),
                   "calibration": {"generations": generations, "runs": len(runs)}, "quality": {}}
 
-    from ._profiling import make_plan
+    from .tuning.profiling import make_plan
 
     plan = make_plan(header, granularity=Granularity.STACK, units=["stack"], num_steps=n, actions=actions,
                      forecast_order=1 if uses_forecast else 0, extras=extras, provenance=provenance)
@@ -321,7 +321,7 @@ def _rectified_error(collector, branch: str, jp: int, j: int, i: int) -> float:
 
 
 def _fit_phi(target: Any, runs, plan: Plan, ref_updates: dict, reused: list[int], n: int) -> list[float]:
-    from . import _profiling as prof
+    from .tuning import profiling as prof
 
     num = [0.0] * n
     den = [0.0] * n
@@ -366,7 +366,7 @@ def apply_timestep_adjustment(pipe: Any, plan: Plan) -> Callable[[], None]:
 
     @functools.wraps(prev)  # keeps the scheduler's own signature for inspect (diffusers reads it)
     def step(*args, **kwargs):
-        from ._profiling import step_arguments
+        from .tuning.profiling import step_arguments
 
         sample = step_arguments(args, kwargs)[1]
         index = getattr(scheduler, "step_index", None)

@@ -75,7 +75,7 @@ class FlowCacheConfig(MethodConfig):
     max_consecutive: int = knob(3, low=1, high=100_000, doc="most consecutive reused calls of a branch")
 
     def check(self) -> None:
-        from ._profiling import check_finite
+        from .tuning.profiling import check_finite
 
         check_finite(self)
 
@@ -212,7 +212,7 @@ class FlowCacheSchedule(Schedule):
 
 def attach_chunk_signals(handle: Any, frames_per_chunk: int):
     """Per-chunk signals for a FlowCache handle (forward hooks); returns an object with `.remove()`."""
-    from ._profiling import ChunkSignalTap
+    from .tuning.profiling import ChunkSignalTap
 
     schedule = handle.engine.schedule
     if not isinstance(schedule, FlowCacheSchedule):

@@ -72,7 +72,7 @@ class InvarDiffConfig(MethodConfig):
                                    " a plan, or a calibration file holding this method's plan for the model")
 
     def check(self) -> None:
-        from ._profiling import check_finite
+        from .tuning.profiling import check_finite
 
         check_finite(self)
         for name, q in self.module_quantiles.items():
@@ -146,7 +146,7 @@ def calibrate_invardiff(target: Any, run_fn: Callable[[], Any] | Sequence[Callab
                         config: InvarDiffConfig | None = None, *, num_steps: int | None = None,
                         **overrides: Any) -> Plan:
     """Profile the uncached run(s), threshold the invariance statistics, correct, and return the MODULE Plan."""
-    from . import _profiling as prof
+    from .tuning import profiling as prof
 
     config = config if config is not None else InvarDiffConfig()
     if overrides:
@@ -191,7 +191,7 @@ def calibrate_invardiff(target: Any, run_fn: Callable[[], Any] | Sequence[Callab
 
 def _correct(target: Any, runs, actions: dict[str, list[str]], tol: float, num_steps: int | None) -> int:
     """Replay the plan with every module computed alongside; reuses that drift > tol become computes (in place)."""
-    from . import _profiling as prof
+    from .tuning import profiling as prof
 
     cache: dict[tuple[int, str, int], Any] = {}
     flipped = 0

@@ -69,7 +69,7 @@ class ProfilingDiTConfig(MethodConfig):
                                    " a plan, or a calibration file holding this method's plan for the model")
 
     def check(self) -> None:
-        from ._profiling import check_finite
+        from .tuning.profiling import check_finite
 
         check_finite(self)
         if self.step_end < self.step_start:
@@ -129,7 +129,7 @@ def calibrate_profilingdit(target: Any, run_fn: Callable[[], Any] | Sequence[Cal
                            config: ProfilingDiTConfig | None = None, *, num_steps: int | None = None,
                            **overrides: Any) -> Plan:
     """Profile (unless background_blocks is given and num_steps known), classify blocks, return the BLOCK Plan."""
-    from . import _profiling as prof
+    from .tuning import profiling as prof
 
     config = config if config is not None else ProfilingDiTConfig()
     if overrides:

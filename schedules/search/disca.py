@@ -40,7 +40,7 @@ from dcache.state_file import StateFileError, load_state, refuse_legacy, save_st
 from dcache.schedule import CallContext, Schedule
 from dcache.state import UnitHistory
 
-from .._profiling import ProfileSession
+from ..tuning.profiling import ProfileSession
 from ..disca import DisCaPredictor, as_tokens, stream_name, taylor_terms, time_features
 from .core import (Calibration, FrontPoint, Template, first_output, make_template, measure,
                    replace_first_output, run_plan, write_front)

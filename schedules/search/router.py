@@ -39,7 +39,7 @@ Where this departs from the papers, and why (measured on the bundled tiny model,
   generation (tests/search/test_router.py checks this); it trains worse here (MSE has no gradient at a computed
   unit whose step computes everything, so the budget term drops whole steps), hence "soft" is the default.
 
-The hooks below are the only place in the search package that touches modules (like schedules/_profiling.py);
+The hooks below are the only place in the search package that touches modules (like schedules/tuning/profiling.py);
 training state (theta, optimiser, iteration, lambda, beta, finished targets) is saved after every iteration and
 `resume=True` continues.
 """

@@ -39,7 +39,7 @@ def test_retrieve_timesteps_accepts_custom_sigmas_and_timesteps_through_the_wrap
 
 
 def test_profiling_and_timestep_adjustment_wrappers_keep_the_step_signature():
-    from dcache.schedules._profiling import ProfileSession
+    from dcache.schedules.tuning.profiling import ProfileSession
     from dcache.schedules.ertacache import apply_timestep_adjustment
 
     pipe = make_pipeline()

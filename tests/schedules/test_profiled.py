@@ -18,7 +18,7 @@ import dcache
 from dcache import Action, Plan
 from dcache.pipelines.label_encoder import LabelEncoder
 from dcache.pipelines.tiny_pipeline import DigitFlowPipeline
-from dcache.schedules import _profiling as prof
+from dcache.schedules.tuning import profiling as prof
 from dcache.schedules.bac import BACConfig, bubbling_union, calibrate_bac, caching_error, update_steps
 from dcache.schedules.ertacache import (ERTACacheConfig, apply_timestep_adjustment, calibrate_ertacache,
                                         select_compute_steps)
