@@ -261,10 +261,8 @@ def dcache_contenders(bench: Bench) -> list[Contender]:
     state: dict[str, Any] = {}
     tune_run = lambda pipe: (lambda: bench.tune(pipe, "split"))  # noqa: E731
 
-    def applied_from(handle, extra_remove: Callable[[], None] | None = None) -> Applied:
+    def applied_from(handle) -> Applied:
         def remove():
-            if extra_remove is not None:
-                extra_remove()
             handle.remove()
 
         def ratio():
@@ -306,11 +304,7 @@ def dcache_contenders(bench: Bench) -> list[Contender]:
             if key not in state:
                 state[key] = calibrate(pipe, [tune_run(pipe)], **s)
             plan = state[key]
-            handle = dcache.apply(pipe, plan)
-            undo = None
-            if method == "ertacache" and len(plan.extras.get("ertacache", {}).get("phi", [])) == plan.num_steps:
-                undo = module.apply_timestep_adjustment(pipe, plan)
-            return applied_from(handle, undo)
+            return applied_from(dcache.apply(pipe, plan))  # a plan's step action (ERTACache's phi) runs in the engine
 
         return enable
 

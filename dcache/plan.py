@@ -258,6 +258,10 @@ class PlanSchedule(Schedule):
         from .forecast import forecaster_from_plan
 
         self.forecaster = forecaster_from_plan(plan)  # None: FORECAST cells extrapolate with Taylor
+        from .step_actions import step_action_from_plan
+
+        self.step_action = step_action_from_plan(plan)  # None: the scheduler's updates are kept as they are
+        self.acts_on_steps = self.step_action is not None
         self.name = f"plan:{plan.provenance.get('method', 'static')}"
         self._reused_units: dict[str, set[int]] = {
             b: {i for row in rows for i, c in enumerate(row) if c != Action.COMPUTE.value}
@@ -269,9 +273,14 @@ class PlanSchedule(Schedule):
             self.plan.row(0, next(iter(self.plan.actions)), generation.num_steps)  # raises the teaching error
         if self.forecaster is not None:
             self.forecaster.reset(generation)
+        if self.step_action is not None:
+            self.step_action.reset(generation)
 
     def decide(self, ctx: CallContext) -> str:
         return self.plan.row(ctx.step, ctx.branch, ctx.num_steps)
+
+    def after_step(self, step):
+        return self.step_action(step) if self.step_action is not None else None
 
     def may_reuse(self, branch: str, unit: int) -> bool:
         reused = self._reused_units.get(branch)

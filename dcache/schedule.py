@@ -7,9 +7,14 @@ A schedule sees numbers, never modules: the engine tells it where the generation
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .actions import ACTION_CHARS, Action, Granularity, Signal
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from .step_actions import SchedulerStep
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class Schedule:
                       and Taylor FORECAST (linear in the residuals); a learned forecaster is trained per list, so
                       by default a schedule with one keeps the lists apart (and so must the recordings that train
                       it).
+      acts_on_steps:  True if `after_step` may change the scheduler's update (dcache.step_actions); the engine
+                      reads the step's latents only for such schedules.
     """
 
     granularity: Granularity = Granularity.STACK
@@ -61,6 +68,7 @@ class Schedule:
     tail_blocks: int = 0
     forecast_order: int = 0
     forecaster = None
+    acts_on_steps: bool = False
     name: str = "schedule"
 
     @property
@@ -76,6 +84,11 @@ class Schedule:
     def decide(self, ctx: CallContext) -> str | Action | Sequence[Action]:
         """Actions for the units of this call: a string of action characters, one Action for all, or a sequence."""
         raise NotImplementedError
+
+    def after_step(self, step: "SchedulerStep") -> "torch.Tensor | None":
+        """After every scheduler step (only when `acts_on_steps`): a replacement for the step's result x_{i+1},
+        or None to keep it."""
+        return None
 
     def may_reuse(self, branch: str, unit: int) -> bool:
         """False if this unit is never reused/forecast in this branch (the engine then keeps no cache for it)."""

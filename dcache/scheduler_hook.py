@@ -5,6 +5,9 @@ The wrappers are methods bound to the instance, so a deep copy of the scheduler 
 wrappers bound to the copy, which run the copy's own state and do not drive the engine. In a two-transformer pipeline
 (Wan 2.2's transformer_2) the first transformer's engine hooks the scheduler and hands every generation and step on
 to its followers.
+
+The same wrapper runs the per-step actions of schedules that set `acts_on_steps` (dcache.step_actions): after the
+scheduler computed x_{i+1}, before the step index advances.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import torch
 
 from .generation import calling_pipeline
+from .step_actions import SchedulerStep, scheduler_step_sample, updated_sample, with_updated_sample
 
 
 class SchedulerHook:
@@ -52,7 +56,10 @@ class SchedulerHook:
         def wrapped_step(sched, *args, **kwargs):
             out = step(sched, *args, **kwargs)
             if sched is hook.hooked:
-                for eng in (engine, *engine.followers):
+                engines = (engine, *engine.followers)
+                if any(eng.schedule.acts_on_steps for eng in engines):
+                    out = run_step_actions(engines, sched, args, kwargs, out)
+                for eng in engines:
                     if eng.tracker.on_scheduler_step():
                         eng.finish_generation()
             return out
@@ -81,3 +88,34 @@ class SchedulerHook:
         self.hook()
         if isinstance(getattr(self.hooked, "timesteps", None), torch.Tensor):
             engine.on_set_timesteps(self.hooked)
+
+
+def run_step_actions(engines: tuple, scheduler: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+    """Hand the step that just ran to every engine whose schedule acts on steps and whose transformer ran in it (in a
+    two-expert pipeline only the expert of this step); each may replace x_{i+1}. Returns the scheduler's output,
+    updated in place of x_{i+1}."""
+    sample, updated = scheduler_step_sample(args, kwargs), updated_sample(out)
+    if not isinstance(sample, torch.Tensor) or not isinstance(updated, torch.Tensor):
+        return out
+    for eng in engines:
+        rec = eng.tracker.record
+        if not eng.schedule.acts_on_steps or rec is None or rec.finished:
+            continue
+        actions = {}
+        for call in reversed(rec.calls):  # the calls of this step are the last ones recorded
+            if call.step != rec.step:
+                break
+            actions.setdefault(call.branch, call.actions)
+        if not actions:
+            continue
+        event = SchedulerStep(rec.step, rec.num_steps, sample, updated, scheduler, actions)
+        replaced = eng.schedule.after_step(event)
+        if replaced is None:
+            continue
+        if not isinstance(replaced, torch.Tensor) or replaced.shape != updated.shape:
+            raise ValueError(f"{type(eng.schedule).__name__}.after_step returned "
+                             f"{getattr(replaced, 'shape', type(replaced).__name__)} for a step whose latent has "
+                             f"shape {tuple(updated.shape)}; return a tensor of the latent's shape, or None.")
+        updated = replaced.to(updated.dtype)
+        out = with_updated_sample(out, updated)
+    return out

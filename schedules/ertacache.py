@@ -3,8 +3,7 @@ residual rectification and timestep adjustment, exported as a Plan.
 
     plan = calibrate_ertacache(pipe, lambda: pipe(labels=[0, 1, 2], generator=torch.Generator().manual_seed(0)),
                                threshold=0.1)
-    handle = dcache.apply(pipe, plan)                      # static replay: reuse / rectified forecast
-    undo = apply_timestep_adjustment(pipe, plan)           # optional: phi_i on reused steps (scheduler wrapper)
+    handle = dcache.apply(pipe, plan)   # static replay: reuse / rectified forecast, phi_i on the reused steps
 
 1. Offline residual profiling -> static schedule. One uncached pass over the calibration inputs records, per branch
    and step i, the feature F_i (`metric="residual"`: the stack residual R_i = h_out - h_in that the engine caches;
@@ -19,20 +18,21 @@ residual rectification and timestep adjustment, exported as a Plan.
    extras say `delta_met: false`.
 2. Closed-form residual rectification. For a reused step i with source j and the computed step j' before j:
        k_i = <F_i - F_j, F_j - F_j'> / |F_j - F_j'|^2          (least squares over the calibration inputs)
-   is stored per branch and step. The engine can apply one rectification coefficient only: FORECAST with
-   forecast_order=1 evaluates R_j + c_i (R_j - R_j') with c_i = (i - j) / (j - j') (linear extrapolation of the
-   cached residual history). So the plan uses FORECAST at step i where the profiled error of that rectification is
-   lower than plain reuse (REUSE, c_i = 0), i.e. the fitted k_i is *quantized* to {0, c_i}; the applied coefficient
-   is stored as `k_applied`. Exact k_i needs an engine hook (see `ENGINE_GAP` below).
+   is stored per branch and step. The plan applies it quantized to two values: FORECAST with forecast_order=1
+   evaluates R_j + c_i (R_j - R_j') with c_i = (i - j) / (j - j') (linear extrapolation of the cached residual
+   history), REUSE is c_i = 0; the plan uses FORECAST at step i where the profiled error of that rectification is
+   lower than plain reuse. The fitted k_i and the applied coefficient (`k_applied`) are both kept in the plan's
+   extras.
 3. Trajectory-aware timestep adjustment. A second calibration pass replays the plan and records the scheduler
    update of every step, Delta x~_i = x_{i+1} - x_i (= Delta t_i * v~_i for a first-order solver); with the uncached
    update Delta x_i from the first pass,
        phi_i = <Delta x_i, Delta x~_i> / |Delta x~_i|^2     on steps where a branch reuses (1 elsewhere),
    i.e. the spec's least squares for x_i + phi_i Delta t_i v~ ~ x^ref_{i+1}, with v~ the output the cached run
-   really produces (the engine re-runs norm_out/proj_out on h_in(i) + cached residual, so v~ != v_j). The engine
-   cannot scale the integration interval, so phi is applied by `apply_timestep_adjustment`, a wrapper on the
-   pipeline's scheduler instance (x_{i+1} <- x_i + phi_i (x_{i+1} - x_i)); valid for first-order solvers
-   (FlowMatchEulerDiscreteScheduler), where this equals Delta t_i' = phi_i Delta t_i.
+   really produces (the engine re-runs norm_out/proj_out on h_in(i) + cached residual, so v~ != v_j). The plan
+   carries phi as its step action (`extras["step_action"]`, dcache.step_actions): after every scheduler step the
+   engine sets x_{i+1} <- x_i + phi_i (x_{i+1} - x_i), which for a first-order solver
+   (FlowMatchEulerDiscreteScheduler) is the update with Delta t_i' = phi_i Delta t_i. With a higher-order
+   scheduler the adjustment is skipped with a warning (TimestepAdjustmentSkipped).
 
 Profiling memory: the features of the last 2 * max_consecutive + 2 steps per branch; the second pass keeps one
 latent-sized update per step.
@@ -40,9 +40,8 @@ latent-sized update per step.
 
 from __future__ import annotations
 
-import functools
-
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -50,15 +49,9 @@ import torch
 from torch import nn
 
 from dcache import Action, Granularity, MethodConfig, Plan, Schedule, knob, register_method
-from dcache.plan import PlanSchedule
-
-ENGINE_GAP = (
-    "ERTACache needs two runtime hooks the engine does not have: (1) a per-(branch, step, unit) forecast "
-    "coefficient, e.g. plan.extras['forecast_scale'][branch][step] read by the engine so that FORECAST evaluates "
-    "d0 + k * (d0 - d0_prev) instead of the Taylor step distance (i - j)/(j - j'); (2) a per-step scale of the "
-    "scheduler update (Delta t_i' = phi_i * Delta t_i), e.g. plan.extras['timestep_scale'][step] applied by the "
-    "engine's scheduler.step wrapper as x_{i+1} = x_i + phi_i * (step(...) - x_i).")
-
+from dcache.plan import PlanError, PlanSchedule, nearest_interp
+from dcache.schedule import GenerationInfo
+from dcache.step_actions import SchedulerStep, StepAction, register_step_action
 
 @register_method
 @dataclass(frozen=True)
@@ -298,7 +291,7 @@ def calibrate_ertacache(target: Any, run_fn: Callable[[], Any] | Sequence[Callab
     errors = {b: [finite(v) for v in row] for b, row in errors.items()}
     extras = {"ertacache": {"threshold": config.threshold, "delta_met": delta_met, "error_cap": finite(max(caps)),
                             "metric": config.metric, "k": k_fit, "k_applied": k_applied, "error": errors,
-                            "phi": [1.0] * n, "phi_fitted": False, "engine_gap": ENGINE_GAP}}
+                            "phi": [1.0] * n, "phi_fitted": False}}
     provenance = {"method": "ertacache", "config": config.to_dict(),
                   "calibration": {"generations": generations, "runs": len(runs)}, "quality": {}}
 
@@ -309,8 +302,10 @@ def calibrate_ertacache(target: Any, run_fn: Callable[[], Any] | Sequence[Callab
     if fit_phi:
         reused = [i for i in range(n) if any(rows[i] != Action.COMPUTE.value for rows in actions.values())]
         if reused:
-            plan.extras["ertacache"]["phi"] = _fit_phi(target, runs, plan, ref_updates, reused, n)
+            phi = _fit_phi(target, runs, plan, ref_updates, reused, n)
+            plan.extras["ertacache"]["phi"] = phi
             plan.extras["ertacache"]["phi_fitted"] = True
+            plan.extras["step_action"] = TimestepScale(phi).to_extras()
     return plan
 
 
@@ -342,57 +337,62 @@ def _fit_phi(target: Any, runs, plan: Plan, ref_updates: dict, reused: list[int]
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Runtime timestep adjustment (stop-gap until the engine can scale scheduler updates; see ENGINE_GAP)
+# Timestep adjustment at run time: the plan's step action (dcache.step_actions)
 # ----------------------------------------------------------------------------------------------------------------
 
-def apply_timestep_adjustment(pipe: Any, plan: Plan) -> Callable[[], None]:
-    """Scale the scheduler update of reused steps by phi_i: x_{i+1} <- x_i + phi_i (x_{i+1} - x_i).
-
-    Wraps the pipeline's scheduler *instance* `step` (after `dcache.apply`, so it composes with the engine's
-    wrapper). Returns a function that undoes it. Only first-order solvers are supported, where scaling the update
-    is scaling Delta t (FlowMatchEulerDiscreteScheduler and other Euler-type flow schedulers).
-    """
-    phi = list(plan.extras.get("ertacache", {}).get("phi", []))
-    scheduler = getattr(pipe, "scheduler", None)
-    if scheduler is None:
-        raise ValueError("timestep adjustment needs a pipeline with a scheduler.")
-    if getattr(scheduler, "order", 1) != 1:
-        raise ValueError(f"timestep adjustment scales a first-order update; {type(scheduler).__name__} has order "
-                         f"{scheduler.order}. Use a first-order (Euler) scheduler or skip the adjustment.")
-    if len(phi) != plan.num_steps:
-        raise ValueError("this plan has no fitted phi (extras['ertacache']['phi']); calibrate with "
-                         "timestep_adjustment=True on a pipeline.")
-    prev = scheduler.step
-
-    @functools.wraps(prev)  # keeps the scheduler's own signature for inspect (diffusers reads it)
-    def step(*args, **kwargs):
-        from .tuning.profiling import step_arguments
-
-        sample = step_arguments(args, kwargs)[1]
-        index = getattr(scheduler, "step_index", None)
-        index = index if index is not None else (getattr(scheduler, "begin_index", None) or 0)
-        out = prev(*args, **kwargs)
-        scale = phi[index] if 0 <= index < len(phi) else 1.0
-        if scale == 1.0:
-            return out
-        if isinstance(out, tuple):
-            x1 = out[0]
-            adjusted = (sample + scale * (x1 - sample)).to(x1.dtype)
-            return (adjusted, *out[1:])
-        out.prev_sample = (sample + scale * (out.prev_sample - sample)).to(out.prev_sample.dtype)
-        return out
-
-    scheduler.step = step
-
-    def undo() -> None:
-        if scheduler.__dict__.get("step") is step:
-            if getattr(prev, "__self__", None) is scheduler and getattr(prev, "__func__", None) is not None:
-                del scheduler.__dict__["step"]
-            else:
-                scheduler.step = prev
-
-    return undo
+class TimestepAdjustmentSkipped(UserWarning):
+    """A plan's timestep adjustment was not applied (the scheduler is not first-order)."""
 
 
-__all__ = ["ERTACacheConfig", "ERTACacheSchedule", "calibrate_ertacache", "apply_timestep_adjustment",
-           "select_compute_steps", "ENGINE_GAP"]
+class TimestepScale(StepAction):
+    """x_{i+1} <- x_i + phi_i (x_{i+1} - x_i) after scheduler step i: the update of a first-order solver with its
+    interval scaled, Delta t_i' = phi_i Delta t_i. phi has one entry per calibrated step; a generation with another
+    step count reads it at the nearest calibrated step (as the plan's rows are read)."""
+
+    name = "timestep_scale"
+
+    def __init__(self, scale: Sequence[float]):
+        self.scale = [float(v) for v in scale]
+        self._num_steps: int | None = None
+        self._warned = False
+
+    def reset(self, generation: GenerationInfo) -> None:
+        self._num_steps = generation.num_steps
+        self._warned = False
+
+    def __call__(self, step: SchedulerStep) -> torch.Tensor | None:
+        order = getattr(step.scheduler, "order", 1)
+        if order != 1:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"the plan's timestep adjustment scales a first-order update; "
+                              f"{type(step.scheduler).__name__} has order {order}, so the steps run unadjusted. Use a "
+                              f"first-order (Euler) scheduler for the calibrated result.", TimestepAdjustmentSkipped,
+                              stacklevel=2)
+            return None
+        n = step.num_steps if step.num_steps is not None else len(self.scale)
+        scale = self.scale if n == len(self.scale) else nearest_interp(self.scale, n)
+        phi = scale[step.step] if 0 <= step.step < len(scale) else 1.0
+        if phi == 1.0:
+            return None
+        return step.sample + phi * (step.updated - step.sample)
+
+    def to_extras(self) -> dict:
+        return {"name": self.name, "scale": list(self.scale)}
+
+
+def _load_timestep_scale(spec: dict, plan: Plan) -> TimestepScale:
+    scale = spec.get("scale")
+    if not isinstance(scale, list) or len(scale) != plan.num_steps or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in scale):
+        raise PlanError(f"plan field 'extras.step_action.scale' must list {plan.num_steps} finite positive numbers "
+                        f"(phi per step), got {str(scale)[:80]}; recalibrate with `dcache calibrate --method "
+                        f"ertacache`, or remove 'extras.step_action' to replay without the timestep adjustment.")
+    return TimestepScale(scale)
+
+
+register_step_action(TimestepScale.name, _load_timestep_scale)
+
+
+__all__ = ["ERTACacheConfig", "ERTACacheSchedule", "calibrate_ertacache", "TimestepScale",
+           "TimestepAdjustmentSkipped", "select_compute_steps"]

@@ -38,9 +38,8 @@ def test_retrieve_timesteps_accepts_custom_sigmas_and_timesteps_through_the_wrap
         assert handle.engine.record is not None and handle.engine.record.num_steps == 4  # the engine saw it
 
 
-def test_profiling_and_timestep_adjustment_wrappers_keep_the_step_signature():
+def test_profiling_wrapper_keeps_the_step_signature():
     from dcache.schedules.tuning.profiling import ProfileSession
-    from dcache.schedules.ertacache import apply_timestep_adjustment
 
     pipe = make_pipeline()
     seen = _introspection(pipe.scheduler.step)
@@ -48,9 +47,4 @@ def test_profiling_and_timestep_adjustment_wrappers_keep_the_step_signature():
     session.on_scheduler_step(lambda *a: None)
     assert _introspection(pipe.scheduler.step) == seen
     pipe(labels=[1], num_inference_steps=4)
-    plan = session.handle.plan()
-    plan.extras["ertacache"] = {"phi": [1.0] * plan.num_steps}
-    undo = apply_timestep_adjustment(pipe, plan)
-    assert _introspection(pipe.scheduler.step) == seen
-    undo()
     session.close()

@@ -20,8 +20,7 @@ from dcache.pipelines.label_encoder import LabelEncoder
 from dcache.pipelines.tiny_pipeline import DigitFlowPipeline
 from dcache.schedules.tuning import profiling as prof
 from dcache.schedules.bac import BACConfig, bubbling_union, calibrate_bac, caching_error, update_steps
-from dcache.schedules.ertacache import (ERTACacheConfig, apply_timestep_adjustment, calibrate_ertacache,
-                                        select_compute_steps)
+from dcache.schedules.ertacache import ERTACacheConfig, ERTACacheSchedule, calibrate_ertacache, select_compute_steps
 from dcache.schedules.flowcache import (ChunkObservation, FlowCacheConfig, FlowCachePolicy, FlowCacheSchedule,
                                         attach_chunk_signals)
 from dcache.schedules.invardiff import InvarDiffConfig, calibrate_invardiff
@@ -250,22 +249,71 @@ def test_ertacache_plan_carries_coefficients_and_forecast_rows(plans):
     assert all(extras["phi"][i] == 1.0 for i in range(STEPS) if i not in reused)
 
 
-def test_ertacache_timestep_adjustment_scales_the_update_and_undoes(pipe, plans):
+def _scaled_by_hand(pipe, phi):
+    """The reference: scheduler.step of the pipeline instance wrapped by hand, x_{i+1} <- x_i + phi_i (x_{i+1} - x_i)."""
+    scheduler = pipe.scheduler
+    step = scheduler.step
+
+    def scaled(model_output, timestep, sample, *args, **kwargs):
+        index = scheduler.step_index if scheduler.step_index is not None else 0
+        out = step(model_output, timestep, sample, *args, **kwargs)
+        x1 = out[0] if isinstance(out, tuple) else out.prev_sample
+        adjusted = (sample + phi[index] * (x1 - sample)).to(x1.dtype) if phi[index] != 1.0 else x1
+        if isinstance(out, tuple):
+            return (adjusted, *out[1:])
+        out.prev_sample = adjusted
+        return out
+
+    scheduler.step = scaled
+    return lambda: scheduler.__dict__.pop("step", None)
+
+
+def test_ertacache_plan_applies_its_timestep_adjustment_through_the_engine(pipe, plans):
     plan = plans["ertacache"]
     phi = plan.extras["ertacache"]["phi"]
-    scheduler = pipe.scheduler
-    scheduler.set_timesteps(sigmas=[1.0 - i / STEPS for i in range(STEPS)])
-    scheduler.set_begin_index(0)
-    x, v = torch.randn(1, 4, 4), torch.randn(1, 4, 4)
-    plain = [scheduler.step(v, t, x, return_dict=False)[0] for t in scheduler.timesteps]
-    undo = apply_timestep_adjustment(pipe, plan)
-    scheduler.set_timesteps(sigmas=[1.0 - i / STEPS for i in range(STEPS)])
-    scheduler.set_begin_index(0)
-    adjusted = [scheduler.step(v, t, x, return_dict=False)[0] for t in scheduler.timesteps]
-    undo()
-    assert "step" not in scheduler.__dict__
-    for i in range(STEPS):
-        torch.testing.assert_close(adjusted[i], x + phi[i] * (plain[i] - x), rtol=1e-6, atol=1e-6)
+    assert plan.extras["step_action"] == {"name": "timestep_scale", "scale": phi}
+    assert any(v != 1.0 for v in phi)
+    with dcache.apply(pipe, plan):  # the engine scales the reused steps' updates
+        engine_adjusted = generate(pipe, EVAL_LABELS, EVAL_SEED)
+    bare = Plan.from_dict({**plan.to_dict(), "extras": {k: v for k, v in plan.extras.items() if k != "step_action"}})
+    with dcache.apply(pipe, bare):
+        unadjusted = generate(pipe, EVAL_LABELS, EVAL_SEED)
+    with dcache.apply(pipe, bare):
+        undo = _scaled_by_hand(pipe, phi)
+        try:
+            by_hand = generate(pipe, EVAL_LABELS, EVAL_SEED)
+        finally:
+            undo()
+    assert torch.equal(engine_adjusted, by_hand)
+    assert not torch.equal(engine_adjusted, unadjusted)  # phi != 1 on reused steps changes the result
+    assert "step" not in pipe.scheduler.__dict__  # remove() left the scheduler's own method
+
+
+def test_ertacache_timestep_adjustment_is_skipped_with_a_warning_on_higher_order_schedulers(pipe, plans):
+    from dcache.schedules.ertacache import TimestepAdjustmentSkipped
+
+    plan = plans["ertacache"]
+    bare = Plan.from_dict({**plan.to_dict(), "extras": {k: v for k, v in plan.extras.items() if k != "step_action"}})
+    pipe.scheduler.order = 2  # the adjustment scales a first-order update only (e.g. not Heun's two-stage step)
+    try:
+        with dcache.apply(pipe, bare):
+            unadjusted = generate(pipe, EVAL_LABELS, EVAL_SEED)
+        with pytest.warns(TimestepAdjustmentSkipped, match="order 2"):
+            with dcache.apply(pipe, plan):
+                skipped = generate(pipe, EVAL_LABELS, EVAL_SEED)
+    finally:
+        del pipe.scheduler.order
+    assert torch.equal(skipped, unadjusted)
+
+
+def test_a_plan_with_a_bad_step_action_is_refused_with_the_field(plans):
+    plan = plans["ertacache"].to_dict()
+    bad_scale = {**plan, "extras": {**plan["extras"], "step_action": {"name": "timestep_scale", "scale": [1.0]}}}
+    with pytest.raises(dcache.PlanError, match="extras.step_action.scale"):
+        ERTACacheSchedule(Plan.from_dict(bad_scale))
+    unknown = {**plan, "extras": {**plan["extras"], "step_action": {"name": "timestep_scal"}}}
+    with pytest.raises(dcache.PlanError, match="Did you mean 'timestep_scale'"):
+        ERTACacheSchedule(Plan.from_dict(unknown))
 
 
 def test_ertacache_output_metric_and_budget(pipe):
