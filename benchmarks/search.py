@@ -13,7 +13,7 @@ Protocol (the held-out set is the one of benchmarks/methods.py, so its dynamic r
   * Held-out: seeds 1000..1000+H-1 x labels 0..9 (H = --heldout-seeds, default 10 = 100 samples). Every plan is
     scored there: PSNR over all pixels vs the uncached images of the same seeds, the digit classifier's accuracy on
     the requested labels, and the compute ratio = block FLOPs computed / uncached (counted from shapes,
-    dcache.schedules.search.Template; the DisCa rows also give the predictor's own FLOPs).
+    dcache.schedules.tuning.search.Template; the DisCa rows also give the predictor's own FLOPs).
   * Dynamic schedules: the held-out rows of benchmarks/results/methods.json (dcache, diffusers, cache-dit; same
     seeds, labels, steps, guidance and weights: checked) or, when they do not match, dcache's dynamic methods swept
     here on the held-out set.
@@ -93,7 +93,7 @@ from dcache.actions import Granularity
 from dcache.pipelines.runner import GenerationJob, psnr
 from dcache.pipelines.search_cli import FORECAST_SEEDS, REUSE_SEEDS, dynamic_seed_plans, make_calibration
 from dcache.plan import Plan
-from dcache.schedules import search
+from dcache.schedules.tuning import search
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -226,7 +226,7 @@ def main(argv=None) -> str:
     torch.set_num_threads(1)
     t0 = time.time()
     from dcache.pipelines.bundled import load_digit_classifier, load_tiny_pipeline
-    from dcache.schedules.search import disca, router
+    from dcache.schedules.tuning.search import disca, router
 
     pipe = load_tiny_pipeline()
     classifier = load_digit_classifier()

@@ -5,7 +5,7 @@ Triton or torch. In the engine's hot path the inputs are tensors the engine itse
 cached from an earlier one, so that validation re-proves the same facts a dozen times per call; on a small model at
 batch 1 it costs as much as the arithmetic. The engine therefore resolves the backend once per call:
 
-  * grad enabled (e.g. a learned forecaster trained through the engine, `schedules/search/disca.py`): plain
+  * grad enabled (e.g. a learned forecaster trained through the engine, `schedules/tuning/search/disca.py`): plain
     differentiable torch compositions (the kernels write into out= buffers and are inference-only);
   * Triton (CUDA): the public, validated ops;
   * torch otherwise: the `*_reference` implementations directly, which are what the public ops run on this

@@ -13,7 +13,7 @@ calibration runs and writes each base plan with FORECAST cells served by it (the
 Writes `<out>/plans/*.plan.json`, `<out>/front.json` (measured quality and compute ratio of every plan),
 `<out>/front.png` and `<out>/summary.md`. Quality objective: PSNR of the cached images against the uncached ones
 on the calibration set; for the bundled digit model the classifier's accuracy on the requested labels is reported
-beside it. This is the wiring layer: the search code (`dcache.schedules.search`) takes the calibration as callables.
+beside it. This is the wiring layer: the search code (`dcache.schedules.tuning.search`) takes the calibration as callables.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def tiny_metrics(labels: list[int]):
 
 def make_calibration(pipe: Any, is_tiny: bool, prompts: list[str], *, steps: int | None, seed: int,
                      guidance: float | None = None):
-    from dcache.schedules.search import Calibration
+    from dcache.schedules.tuning.search import Calibration
 
     from .runner import GenerationJob
 
@@ -209,7 +209,7 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                on_generation=None, base_plans: str = "", train_seeds: int = 2,
                online_iterations: int | None = None, forecast_order: int = 0, granularity: str = "module") -> dict:
     """The search behind `dcache search`, on an already loaded pipeline; returns the front (as in front.json)."""
-    from dcache.schedules import search
+    from dcache.schedules.tuning import search
 
     if method not in METHODS:
         raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}.")
@@ -238,7 +238,7 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
         return _run_disca(pipe, is_tiny, calib, template, out=out, steps=steps, prompts=prompt_list, seed=seed,
                           counts=counts, base_plans=base_plans, train_seeds=train_seeds, iterations=iterations,
                           online_iterations=online_iterations, resume=resume, progress=progress)
-    from dcache.schedules.search import router
+    from dcache.schedules.tuning.search import router
 
     cfg = router.RouterConfig(objective=method, iterations=60 if iterations is None else iterations, seed=seed,
                               target_ratios=tuple(ratios))
@@ -249,8 +249,8 @@ def _run_disca(pipe: Any, is_tiny: bool, calib, template, *, out: str, steps: in
                counts: tuple[int, ...], base_plans: str, train_seeds: int, iterations: int | None,
                online_iterations: int | None, resume: bool, progress: bool) -> dict:
     from dcache.plan import Plan
-    from dcache.schedules import search
-    from dcache.schedules.search import disca
+    from dcache.schedules.tuning import search
+    from dcache.schedules.tuning.search import disca
 
     from .runner import GenerationJob
 

@@ -4,7 +4,8 @@ that forecasts a skipped unit's cached output (a stack/block residual or a modul
 It is used through a Plan: the FORECAST cells of the plan are served by the predictor instead of the Taylor
 extrapolation (`dcache.forecast`), so a DisCa plan and its Taylor twin differ only in how F cells are filled and
 cost the same block FLOPs (plus the predictor's own, reported by `DisCaPredictor.flops_per_token`). Training lives
-in `dcache.schedules.search.disca`; this file holds the network, its plan serialisation and the runtime forecaster.
+in `dcache.schedules.tuning.search.disca`; this file holds the network, its plan serialisation and the runtime
+forecaster.
 
 Inputs of one forecast of a cached tensor (shape [B, ..., C]) at step t, from the unit's Taylor table of order K
 (d_0 = value at the last computed step s, d_k = k-th finite difference / step distance, `filled` valid rows):

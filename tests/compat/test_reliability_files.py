@@ -25,7 +25,7 @@ def write_everything(out) -> list:
     from dcache.eval.plots import heatmap
     from dcache.pipelines.images import save_grid, save_video
     from dcache.schedules.calibrate import CalibrationEntry, save_calibration
-    from dcache.schedules.search.core import FrontPoint, Measured, write_front
+    from dcache.schedules.tuning.search.core import FrontPoint, Measured, write_front
     from dcache.state_file import save_state
 
     files = [plan().save(out / "plan.json"), atomic_write_text(out / "stats.json", "{}"),

@@ -31,7 +31,7 @@ def psnr(images, reference):
 
 
 def make_calibration(pipe, steps=STEPS, labels=(1, 7), seed=0):
-    from dcache.schedules.search import Calibration
+    from dcache.schedules.tuning.search import Calibration
 
     def generate():
         return pipe(labels=list(labels), num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),

@@ -11,8 +11,8 @@ import torch
 import dcache
 from dcache.actions import Granularity
 from dcache.plan import Plan, PlanError
-from dcache.schedules.search import make_template, run_plan
-from dcache.schedules.search import disca as D
+from dcache.schedules.tuning.search import make_template, run_plan
+from dcache.schedules.tuning.search import disca as D
 
 STEPS = 6  # the calibration of tests/search (labels 1, 7) at 6 steps
 COMPUTED = (0, 1, 3, 5)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from dcache.plan import Plan
-from dcache.schedules.search import ECADConfig, ecad_search, make_template, measure, run_plan
-from dcache.schedules.search.disca import taylor_plan
-from dcache.schedules.search.ecad import genome_plan, heuristic_seeds, rows_to_genome, seed_rows, shift_moves
+from dcache.schedules.tuning.search import ECADConfig, ecad_search, make_template, measure, run_plan
+from dcache.schedules.tuning.search.disca import taylor_plan
+from dcache.schedules.tuning.search.ecad import genome_plan, heuristic_seeds, rows_to_genome, seed_rows, shift_moves
 
 from search_testkit import STEPS, make_calibration
 

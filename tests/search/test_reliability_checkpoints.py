@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from dcache.schedules.disca import N_TIME_FEATURES
-from dcache.schedules.search import disca as D
-from dcache.schedules.search import ecad as E
-from dcache.schedules.search import router as R
-from dcache.schedules.search.core import make_template
+from dcache.schedules.tuning.search import disca as D
+from dcache.schedules.tuning.search import ecad as E
+from dcache.schedules.tuning.search import router as R
+from dcache.schedules.tuning.search.core import make_template
 from dcache.state_file import StateFileError
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from dcache.plan import Plan
-from dcache.schedules.search import make_template, run_plan
-from dcache.schedules.search.router import (RouterConfig, _Router, _train_generation, hard_rows, router_search,
+from dcache.schedules.tuning.search import make_template, run_plan
+from dcache.schedules.tuning.search.router import (RouterConfig, _Router, _train_generation, hard_rows, router_search,
                                             threshold_for, train_routers)
 
 

@@ -1,6 +1,6 @@
 """Offline plan search: every search writes replayable Plans and a Pareto front (JSON + plot + Markdown).
 
-    from dcache.schedules.search import Calibration, ecad_search, lemica_search, dp_search
+    from dcache.schedules.tuning.search import Calibration, ecad_search, lemica_search, dp_search
     calib = Calibration(pipe, generate=lambda: pipe(...).images, quality_fn=psnr)
 
 Methods: ECAD (NSGA-II over module genomes, checkpoint/resume), LeMiCa (lexicographic-minimax path on the step DAG),

@@ -40,8 +40,8 @@ from dcache.state_file import StateFileError, load_state, refuse_legacy, save_st
 from dcache.schedule import CallContext, Schedule
 from dcache.state import UnitHistory
 
-from ..tuning.profiling import ProfileSession
-from ..disca import DisCaPredictor, as_tokens, stream_name, taylor_terms, time_features
+from ..profiling import ProfileSession
+from ...disca import DisCaPredictor, as_tokens, stream_name, taylor_terms, time_features
 from .core import (Calibration, FrontPoint, Template, first_output, make_template, measure,
                    replace_first_output, run_plan, write_front)
 
@@ -566,7 +566,7 @@ def online_loss(pipe: Any, plan: Plan, predictor: DisCaPredictor, run: Callable[
     from dcache.plan import PlanSchedule
     from diffusers.hooks import HookRegistry
 
-    from ..disca import DisCaForecaster, sigma_of
+    from ...disca import DisCaForecaster, sigma_of
 
     schedule = PlanSchedule(dataclasses.replace(plan, extras={k: v for k, v in plan.extras.items()
                                                                 if k != "forecaster"}))

@@ -26,7 +26,7 @@ import torch
 from dcache.actions import Granularity
 from dcache.plan import Plan
 
-from ..tuning.profiling import ProfileSession, stack_residual_tap
+from ..profiling import ProfileSession, stack_residual_tap
 from .core import Calibration, FrontPoint, Template, make_template, measure, write_front, write_json
 
 
