@@ -18,7 +18,7 @@ def register_bundled_calibration() -> bool:
     """Register the shipped tables; False when the file is absent (e.g. before the first calibration)."""
     if not BUNDLED_CALIBRATION.is_file():
         return False
-    from dcache.schedules.calibrate import load_calibration
+    from dcache.schedules.calibration_file import load_calibration
 
     load_calibration(BUNDLED_CALIBRATION, register=True)
     return True

@@ -1,6 +1,7 @@
 """Calibration users can run: MagCache magnitude ratios, TeaCache polynomial coefficients, and target resolution.
 
-    from dcache.schedules.calibrate import calibrate_magcache, calibrate_teacache, load_calibration
+    from dcache.schedules.calibrate import calibrate_magcache, calibrate_teacache
+    from dcache.schedules.calibration_file import load_calibration
     run = lambda: pipe(labels=[0, 1, 2, 3], num_inference_steps=28)       # any callable running ONE generation
     ratios = calibrate_magcache(pipe, run, path="cal.json")           # {"cond": [1.0, g1, ...], "uncond": [...]}
     coeffs = calibrate_teacache(pipe, [run_a, run_b, run_c], path="cal.json")
@@ -14,25 +15,15 @@ the engine records (`handle.engine.record.calls[i].signals`):
     y_i = relL1 of the stack output vs the previous call = OUTPUT_DELTA_i / OUTPUT_MEAN_{i-1}; the coefficients are
     numpy.polyfit(x, y, 4) over every (x, y) of every run and branch (§2e).
 
-Calibration file (JSON, written atomically, merged with what the file already holds):
-{
-  "format": "dcache.calibration", "version": 1,
-  "entries": [{"method": "magcache", "model_identity": "FluxTransformer2DModel(num_layers=2,...)",
-               "model_class": "FluxTransformer2DModel", "scheduler": "FlowMatchEulerDiscreteScheduler",
-               "num_steps": 28, "resolution": [64, 32], "table": {...}, "runs": 1, "provenance": {...}}]
-}
-An entry is keyed by (method, model identity, scheduler, steps, resolution = the [tokens, width] entering the first
-block); saving an entry with the same key replaces it.
+The calibration file they write is described in schedules/calibration_file.py.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -42,120 +33,11 @@ from torch import nn
 import dcache
 from dcache import Action, CallContext, Granularity, Schedule, Signal
 from dcache.methods import register_target_resolver
-from dcache.plan import atomic_write_text
 
+from .calibration_file import CalibrationEntry, save_calibration
 from .tables import model_identity, register_table
 
-CALIBRATION_FORMAT = "dcache.calibration"
-CALIBRATION_VERSION = 1
-
 RunFn = Callable[[], Any]
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# The file
-# ------------------------------------------------------------------------------------------------------------------
-
-@dataclass
-class CalibrationEntry:
-    method: str  # the table kind: "magcache" | "teacache"
-    model_identity: str
-    model_class: str
-    table: Any
-    num_steps: int | None = None
-    scheduler: str | None = None
-    resolution: list[int] | None = None
-    runs: int = 1
-    provenance: dict[str, Any] = field(default_factory=dict)
-
-    def key(self) -> tuple:
-        return (self.method, self.model_identity, self.scheduler, self.num_steps,
-                tuple(self.resolution) if self.resolution else None)
-
-
-@dataclass
-class CalibrationFile:
-    entries: list[CalibrationEntry] = field(default_factory=list)
-    source: str = "calibration"
-
-    def find(self, method: str, *, model: nn.Module | None = None, identity: str | None = None,
-             num_steps: int | None = None, resolution: Sequence[int] | None = None) -> CalibrationEntry | None:
-        """The entry for (method, model); among several, the one matching num_steps / resolution best, else the one
-        with the most steps (nearest-step interpolation loses least from the longest table)."""
-        if identity is None and model is not None:
-            identity = model_identity(model)
-        found = [e for e in self.entries if e.method == method and (identity is None or e.model_identity == identity)]
-        if not found:
-            return None
-
-        def score(e: CalibrationEntry) -> tuple:
-            return (num_steps is not None and e.num_steps == num_steps,
-                    resolution is not None and e.resolution is not None and list(e.resolution) == list(resolution),
-                    -abs((e.num_steps or 0) - num_steps) if num_steps is not None else 0,
-                    e.num_steps or 0)
-
-        return max(found, key=score)
-
-    def register(self, *, variant: str = "default") -> list[tuple[str, str]]:
-        """Register every entry's table with `register_table(method, identity, table)`; returns (method, identity)."""
-        done = []
-        for e in sorted(self.entries, key=lambda e: e.num_steps or 0):  # the longest table ends up registered
-            register_table(e.method, e.model_identity, e.table, variant=variant)
-            done.append((e.method, e.model_identity))
-        return done
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": CALIBRATION_FORMAT, "version": CALIBRATION_VERSION,
-                "entries": [asdict(e) for e in self.entries]}
-
-    def save(self, path: str | os.PathLike) -> Path:
-        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
-
-    @classmethod
-    def from_dict(cls, data: Any, source: str = "calibration") -> "CalibrationFile":
-        if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
-            raise ValueError(f"{source} is not a dcache calibration file (missing \"format\": "
-                             f"\"{CALIBRATION_FORMAT}\"); write one with calibrate_magcache / calibrate_teacache.")
-        if data.get("version") != CALIBRATION_VERSION:
-            raise ValueError(f"{source} has calibration version {data.get('version')!r}; this dcache reads version "
-                             f"{CALIBRATION_VERSION}. Recalibrate or upgrade dcache.")
-        entries = []
-        known = set(CalibrationEntry.__dataclass_fields__)
-        for i, raw in enumerate(data.get("entries", [])):
-            if not isinstance(raw, dict) or not {"method", "model_identity", "model_class", "table"} <= set(raw):
-                raise ValueError(f"{source}: entry {i} lacks method / model_identity / model_class / table; the file "
-                                 f"is corrupted or hand-edited. Recalibrate.")
-            unknown = set(raw) - known
-            if unknown:
-                raise ValueError(f"{source}: entry {i} has unknown fields {sorted(unknown)}; it was written by "
-                                 f"another version.")
-            entries.append(CalibrationEntry(**raw))
-        return cls(entries, source)
-
-
-def load_calibration(path: str | os.PathLike, *, register: bool = False) -> CalibrationFile:
-    """Read a calibration file; with register=True also register its tables for their model identities."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"calibration file {str(path)!r} does not exist; write one with calibrate_magcache(...) or "
-                         f"calibrate_teacache(..., path={str(path)!r}).")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"calibration file {str(path)!r} is not valid JSON ({exc}); it is corrupted or truncated, "
-                         f"recalibrate.") from None
-    cal = CalibrationFile.from_dict(data, source=f"calibration file {str(path)!r}")
-    if register:
-        cal.register()
-    return cal
-
-
-def save_calibration(path: str | os.PathLike, entry: CalibrationEntry) -> Path:
-    """Add `entry` to the file at `path` (replacing an entry with the same key), atomically."""
-    path = Path(path)
-    cal = load_calibration(path) if path.is_file() else CalibrationFile(source=str(path))
-    cal.entries = [e for e in cal.entries if e.key() != entry.key()] + [entry]
-    return cal.save(path)
 
 
 # ------------------------------------------------------------------------------------------------------------------

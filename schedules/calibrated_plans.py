@@ -30,7 +30,7 @@ from torch import nn
 import dcache
 from dcache.plan import PLAN_FORMAT, Plan
 
-from .calibrate import CALIBRATION_FORMAT, CalibrationEntry, CalibrationFile, save_calibration
+from .calibration_file import CALIBRATION_FORMAT, CalibrationEntry, CalibrationFile, save_calibration
 from .tables import known_identities, lookup_table, model_identity
 
 # method name -> the name messages use; each method file defines calibrate_<method>(target, run_fn, ...)

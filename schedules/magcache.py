@@ -78,7 +78,7 @@ class MagCacheConfig(MethodConfig):
     def build(self, model: nn.Module) -> Schedule:
         ratios, uncond = self.ratios, self.ratios_uncond
         if ratios is None and self.calibration is not None:
-            from .calibrate import load_calibration
+            from .calibration_file import load_calibration
 
             cal = load_calibration(self.calibration)
             identity = model_identity(model)

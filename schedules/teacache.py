@@ -140,7 +140,7 @@ def resolve_entry(config: TeaCacheConfig, model: nn.Module) -> dict:
     identity = model_identity(model)
     entry = table_entry(model, config.variant) or {}
     if config.calibration is not None:
-        from .calibrate import load_calibration
+        from .calibration_file import load_calibration
 
         found = load_calibration(config.calibration).find("teacache", identity=identity)
         if found is None:

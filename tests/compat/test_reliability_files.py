@@ -24,7 +24,7 @@ def write_everything(out) -> list:
     """Every writer of the project, once, into `out`; returns the files written."""
     from dcache.eval.plots import heatmap
     from dcache.pipelines.images import save_grid, save_video
-    from dcache.schedules.calibrate import CalibrationEntry, save_calibration
+    from dcache.schedules.calibration_file import CalibrationEntry, save_calibration
     from dcache.schedules.tuning.search.core import FrontPoint, Measured, write_front
     from dcache.state_file import save_state
 

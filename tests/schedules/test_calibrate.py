@@ -14,7 +14,7 @@ import torch
 from schedule_testkit import STEPS, denoise, denoise_two_branches, run_with, saved_tables, tiny_flux
 
 import dcache
-from dcache.schedules import calibrate
+from dcache.schedules import calibrate, calibration_file
 from dcache.schedules.tables import lookup_table, model_identity
 
 
@@ -72,7 +72,7 @@ def test_magcache_uses_a_calibration_file_like_explicit_ratios(model, tmp_path):
         assert h1.stats().per_step == h2.stats().per_step
         assert h1.stats().compute_ratio < 1.0
         # registering the file makes "magcache" work on this model with no arguments
-        calibrate.load_calibration(path, register=True)
+        calibration_file.load_calibration(path, register=True)
         registered, h3 = run_with(model, "magcache", threshold=0.1)
         assert torch.equal(registered, explicit)
 
@@ -94,7 +94,7 @@ def test_teacache_points_are_modulated_and_output_rel_l1(model, tmp_path):
     assert y == pytest.approx(expected_y, rel=1e-4)
     assert np.all(x > 0)
     # the file holds a TeaCache entry keyed by this model; a config can point at it
-    cal = calibrate.load_calibration(path)
+    cal = calibration_file.load_calibration(path)
     entry = cal.find("teacache", model=model)
     assert entry is not None and entry.num_steps == STEPS and entry.resolution == [16, 32]
     out, handle = run_with(model, "teacache", calibration=str(path))
@@ -114,13 +114,13 @@ def test_teacache_suggests_a_threshold_for_a_target_compute_ratio(model):
 
 def test_calibration_file_merges_entries_by_key_and_is_written_atomically(tmp_path, model):
     path = tmp_path / "cal.json"
-    make = lambda steps, table: calibrate.CalibrationEntry(
+    make = lambda steps, table: calibration_file.CalibrationEntry(
         method="magcache", model_identity=model_identity(model), model_class="FluxTransformer2DModel",
         table=table, num_steps=steps, scheduler="S", resolution=[16, 32])
-    calibrate.save_calibration(path, make(20, {"cond": [1.0] * 20}))
-    calibrate.save_calibration(path, make(28, {"cond": [1.0] * 28}))
-    calibrate.save_calibration(path, make(20, {"cond": [0.5] * 20}))  # same key: replaces
-    cal = calibrate.load_calibration(path)
+    calibration_file.save_calibration(path, make(20, {"cond": [1.0] * 20}))
+    calibration_file.save_calibration(path, make(28, {"cond": [1.0] * 28}))
+    calibration_file.save_calibration(path, make(20, {"cond": [0.5] * 20}))  # same key: replaces
+    cal = calibration_file.load_calibration(path)
     assert sorted(e.num_steps for e in cal.entries) == [20, 28]
     assert cal.find("magcache", model=model, num_steps=20).table == {"cond": [0.5] * 20}
     assert cal.find("magcache", model=model).num_steps == 28  # no step count asked: the longest table
@@ -141,7 +141,7 @@ def test_bad_calibration_files_teach_the_fix(tmp_path, content, message):
     if content is not None:
         path.write_text(content)
     with pytest.raises(ValueError, match=message):
-        calibrate.load_calibration(path)
+        calibration_file.load_calibration(path)
 
 
 def test_run_fn_must_run_one_generation(model):

@@ -21,7 +21,7 @@ from dcache.pipelines.cli import app
 from dcache.pipelines.label_encoder import LabelEncoder
 from dcache.pipelines.presets import BUNDLED_CALIBRATION
 from dcache.pipelines.tiny_pipeline import DigitFlowPipeline
-from dcache.schedules.calibrate import load_calibration
+from dcache.schedules.calibration_file import load_calibration
 from dcache.schedules.calibrated_plans import PLAN_METHODS, CalibrationMissing, model_source
 from dcache.schedules.tables import model_identity
 

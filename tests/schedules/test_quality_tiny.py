@@ -24,7 +24,7 @@ import torch
 from schedule_testkit import true_compute_ratio
 
 import dcache
-from dcache.schedules import calibrate
+from dcache.schedules import calibrate, calibration_file
 from dcache.schedules.tables import lookup_table
 
 bundled = pytest.importorskip("dcache.pipelines.bundled")
@@ -173,7 +173,7 @@ def test_shipped_calibration_matches_a_fresh_calibration(pipe):
     presets = pytest.importorskip("dcache.pipelines.presets")
     if not presets.BUNDLED_CALIBRATION.is_file():
         pytest.skip("no calibration shipped for the bundled model yet")
-    shipped = calibrate.load_calibration(presets.BUNDLED_CALIBRATION)
+    shipped = calibration_file.load_calibration(presets.BUNDLED_CALIBRATION)
     magcache = shipped.find("magcache", model=pipe.transformer, num_steps=STEPS)
     teacache = shipped.find("teacache", model=pipe.transformer, num_steps=STEPS)
     assert magcache is not None and teacache is not None
