@@ -14,6 +14,7 @@ from .adapters import adapter_for
 from .budget import Budget
 from .cache_codec import cache_codec
 from .config import MethodConfig
+from .controlnet import attach_controlnets, check_controlnet_option
 from .engine import Engine
 from .experts import check_expert_names, expert_method, extra_experts
 from .handle import Handle
@@ -28,7 +29,7 @@ DEFAULT_METHOD = "magcache"
 def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLike = DEFAULT_METHOD, *,
           num_steps: int | None = None, count_flops: bool = True, memoize: bool = True, scope: str | None = None,
           speed: str | float | None = None, quality: str | None = None, calibration_run: Any = None,
-          experts: dict[str, Any] | None = None, max_cache_memory: str | int | None = None,
+          experts: dict[str, Any] | None = None, controlnet: Any = None, max_cache_memory: str | int | None = None,
           cache_dtype: str | None = None, cache_scale: str | None = None, cache_device: str | None = None,
           fit: str | None = None, **overrides: Any) -> Handle:
     """Hook a caching method into a diffusers pipeline (or a bare transformer) and return its Handle.
@@ -53,6 +54,12 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                2}} (overrides on top), {"transformer_2": "fbcache"} (another method, config, Plan or plan file) or
                {"transformer_2": None} (uncached). handle.stats() sums the experts (per expert in .experts);
                handle.plan(expert="transformer_2") is one expert's plan.
+    controlnet: ControlNet pipelines: cache the ControlNet model (`pipe.controlnet`, each net of a multi-ControlNet)
+               too, with its own state (dcache.controlnet; off by default): "follow" (the transformer's schedule
+               decides, for schedules that decide from the step alone), or its own schedule: a method name or
+               {"method": "fixed_interval", "interval": 3}. Reused calls serve the cached per-block samples
+               (rescaled to the call's conditioning scale). handle.stats() counts its calls and FLOPs per model
+               (.experts["controlnet"]) and in the total; the plan holds the transformer's decisions only.
     max_cache_memory: a budget for the cached tensors, e.g. "4GiB" (also `--set max_cache_memory=4GiB`): checked at
                a generation's first call against its real shapes, before anything is cached; over budget the call
                raises dcache.budget.MemoryBudgetError with the numbers and the config changes that fit.
@@ -78,6 +85,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
         raise ValueError("fit='auto' chooses among cache storages that fit max_cache_memory; give the budget too, e.g. "
                          "dcache.apply(pipe, 'taylorseer', max_cache_memory='8GiB', fit='auto').")
     expert_settings = check_expert_names(pipeline, experts)
+    controlnet_setting = check_controlnet_option(pipeline, controlnet)
     for module in [transformer, *(m for _, m in extra_experts(pipeline))]:
         if getattr(module, "_dcache_engine", None) is not None:
             raise RuntimeError(f"dcache is already applied to this {type(module).__name__}; call handle.remove() "
@@ -113,6 +121,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                 _check_plan_fits(sub_schedule.plan, sub)
             module._dcache_engine = sub
             handle.experts[expert_name] = Handle(sub, sub_name, sub_config)
+        handle.controlnets = attach_controlnets(pipeline, engine, controlnet_setting, _resolve_schedule, count_flops)
     except BaseException:
         handle.remove()  # nothing half-applied
         raise

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers.hooks import HookRegistry
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -31,7 +30,7 @@ from .call_state import BlockSlot, CallState
 from .executors import EXECUTORS, executor_kind
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
-from .hooks import HOOK_NAME, TransformerHook, has_accelerate_hook, timestep_slot, traced_twins
+from .hooks import HOOK_NAME, TransformerHook, install_outer_hook, remove_outer_hook, timestep_slot, traced_twins
 from .memo import install_memos
 from .memory import branch_breakdown
 from .schedule import GenerationInfo, Schedule
@@ -97,15 +96,7 @@ class Engine:
     # ------------------------------------------------------------------------------------------------ lifetime
     def _install(self) -> None:
         t = self.transformer
-        # accelerate's offload hook (enable_model_cpu_offload) wraps `forward` and restores `_old_forward` when it
-        # is removed after every pipeline call: dcache goes *under* it, as the forward accelerate calls.
-        accelerate_forward = t.forward if has_accelerate_hook(t) else None
-        if accelerate_forward is not None:
-            t.forward = t._old_forward
-        HookRegistry.check_if_exists_or_initialize(t).register_hook(TransformerHook(self), HOOK_NAME)
-        self._installed_forward = t.forward
-        if accelerate_forward is not None:
-            t._old_forward, t.forward = t.forward, accelerate_forward
+        self._installed_forward = install_outer_hook(t, TransformerHook(self))  # under accelerate's offload hook
         if self.memoize:
             self.memos = install_memos(t, self.adapter.invariants, HOOK_NAME, self.call_arguments)
         self.executor.install()  # block hooks (call scope: none, the call is the unit) and module hooks
@@ -115,15 +106,8 @@ class Engine:
         if self._removed:
             return
         self.finish_generation()
-        t = self.transformer
-        outer = t.forward
-        HookRegistry.check_if_exists_or_initialize(t).remove_hook(HOOK_NAME, recurse=True)
+        remove_outer_hook(self.transformer, self._installed_forward, recurse=True)
         self.executor.remove()
-        restored = t.forward
-        if outer is not self._installed_forward:  # someone (accelerate) wrapped dcache: keep their wrapper
-            t.forward = outer
-        if getattr(t, "_old_forward", None) is self._installed_forward:
-            t._old_forward = restored
         self.scheduler_hook.unhook()
         if self.leader is not None and self in self.leader.followers:
             self.leader.followers.remove(self)

@@ -19,6 +19,7 @@ class Handle:
         self.config = config
         self.target = target  # dcache.apply(speed= / quality=): the sweep that chose the config (TargetResult)
         self.experts: dict[str, Handle] = {}  # the pipeline's other denoising transformers (dcache.experts)
+        self.controlnets: dict[str, Any] = {}  # its cached ControlNet models (dcache.controlnet_cache.ControlNetCache)
         self.fit_choice: str | None = None  # max_cache_memory with fit="auto": the cache storage it switched to
         self._removed = False
 
@@ -39,12 +40,16 @@ class Handle:
 
     def stats(self, expert: str | None = None) -> Stats:
         """Stats of the last generation (units, ideal speed-up, cache memory). With several experts (Wan 2.2's
-        transformer_2): their sum, each expert's own in `.experts`; stats(expert=name) is one expert's."""
+        transformer_2) or a cached ControlNet (dcache.controlnet): their sum, each model's own in `.experts`;
+        stats(expert=name) is one model's ("transformer", "transformer_2", "controlnet", "controlnet.nets.0")."""
         if expert is not None:
+            if expert in self.controlnets:
+                return self.controlnets[expert].stats()
             return self._expert(expert)._own_stats()
-        if not self.experts:
+        if not self.experts and not self.controlnets:
             return self._own_stats()
-        parts = {"transformer": self._own_stats(), **{n: h._own_stats() for n, h in self.experts.items()}}
+        parts = {"transformer": self._own_stats(), **{n: h._own_stats() for n, h in self.experts.items()},
+                 **{n: c.stats() for n, c in self.controlnets.items()}}
         return combine_stats(parts)
 
     def _expert(self, name: str) -> "Handle":
@@ -133,6 +138,8 @@ class Handle:
         if self._removed:
             raise RuntimeError("this dcache handle was already removed; call dcache.apply(...) again to re-enable "
                                "caching.")
+        for cached in self.controlnets.values():  # their forwards are their own again
+            cached.remove()
         for sub in self.experts.values():  # followers first: they leave the leader's scheduler hook
             if not sub.removed:
                 sub.remove()

@@ -17,7 +17,7 @@ import inspect
 from typing import Any, Callable, NamedTuple
 
 import torch
-from diffusers.hooks import ModelHook
+from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.hooks.hooks import StateManager
 from torch import nn
 from torch._C._dynamo.eval_frame import get_eval_frame_callback
@@ -118,6 +118,32 @@ class UnitHook(ModelHook):
 
 def has_accelerate_hook(module: nn.Module) -> bool:
     return hasattr(module, "_hf_hook") and hasattr(module, "_old_forward")
+
+
+def install_outer_hook(module: nn.Module, hook: ModelHook) -> Callable:
+    """Register `hook` as dcache's hook on `module`; returns the forward it installed (for `remove_outer_hook`).
+    accelerate's offload hook (enable_model_cpu_offload) wraps `forward` and restores `_old_forward` when it is
+    removed after every pipeline call: dcache goes *under* it, as the forward accelerate calls."""
+    accelerate_forward = module.forward if has_accelerate_hook(module) else None
+    if accelerate_forward is not None:
+        module.forward = module._old_forward
+    HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, HOOK_NAME)
+    installed = module.forward
+    if accelerate_forward is not None:
+        module._old_forward, module.forward = module.forward, accelerate_forward
+    return installed
+
+
+def remove_outer_hook(module: nn.Module, installed: Callable, recurse: bool) -> None:
+    """Remove dcache's hook from `module` (recurse: from its submodules too); a wrapper put around dcache's forward
+    since (accelerate) is kept."""
+    outer = module.forward
+    HookRegistry.check_if_exists_or_initialize(module).remove_hook(HOOK_NAME, recurse=recurse)
+    restored = module.forward
+    if outer is not installed:  # someone (accelerate) wrapped dcache: keep their wrapper
+        module.forward = outer
+    if getattr(module, "_old_forward", None) is installed:
+        module._old_forward = restored
 
 
 _TIMESTEP_NAMES = ("timestep", "timesteps", "t", "time_step", "sigma", "sigmas")

@@ -34,6 +34,17 @@ def _call_arguments(pairs: list[str]) -> dict:
         raise typer.BadParameter(str(exc)) from None
 
 
+def _controlnet_setting(value: Optional[str]) -> object:
+    """--controlnet: 'follow', a method name, or a JSON object ({"method": ..., knobs}); checked by dcache.apply."""
+    if value is None or not value.lstrip().startswith("{"):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"--controlnet {value!r} is not a JSON object ({exc.msg}); e.g. --controlnet "
+                                 f"'{{\"method\": \"fixed_interval\", \"interval\": 3}}' or --controlnet follow.")
+
+
 def _fail(exc: Exception) -> None:
     # an error that also has a command-line wording (e.g. the `dcache calibrate` command instead of Python) uses it
     typer.secho(f"error: {getattr(exc, 'cli_message', None) or exc}", fg=typer.colors.RED, err=True)
@@ -67,6 +78,10 @@ def generate(
                                                        "values; @FILE opens an image), e.g. --call num_frames=17 for "
                                                        "video pipelines, --call image=@input.png for Kontext / edit "
                                                        "pipelines, --call control_image=@edges.png for ControlNets"),
+    controlnet: Optional[str] = typer.Option(None, help="ControlNet pipelines: cache the ControlNet model too: "
+                                                        "'follow' (the --cache schedule decides), a method name "
+                                                        "(its own schedule), or a JSON object such as "
+                                                        "'{\"method\": \"fixed_interval\", \"interval\": 3}'"),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: 1 for the bundled model)"),
     prompts_file: Optional[str] = typer.Option(
         None, "--prompts", help="batch mode: a prompt file (.txt one per line, .json list, .jsonl), 'builtin', or "
@@ -82,10 +97,13 @@ def generate(
 ) -> None:
     """Run uncached and cached on the same seeds; write a grid and stats; print the speed-up and PSNR.
     With --prompts FILE: generate every prompt x seed with the cache (batch mode, resumable)."""
-    if prompts_file is not None:
+    controlnet_setting = _controlnet_setting(controlnet)
+    if prompts_file is not None:  # batch mode hands every apply option over with the --set ones
+        extra = [] if controlnet is None else [f"controlnet={json.dumps(controlnet_setting)}"]
         _generate_batch(prompts_file, prompt, model=model, cache=cache, seeds=seeds, seed=seed,
                         num_prompts=num_prompts, steps=steps, guidance=guidance, batch_size=batch_size,
-                        device=device, dtype=dtype, height=height, width=width, overrides=set_, threads=threads,
+                        device=device, dtype=dtype, height=height, width=width, overrides=[*set_, *extra],
+                        threads=threads,
                         pipeline_kwargs=_call_arguments(call), out=out, progress=progress)
         return
     from .generate import format_summary, generate as run
@@ -97,7 +115,8 @@ def generate(
         result = run(model=model, prompts=prompts, cache=cache, steps=steps, seed=seed, guidance=guidance, out=out,
                      repeats=repeats, device=device, dtype=dtype, height=height, width=width,
                      overrides=_parse_overrides(set_), threads=threads, pipeline_kwargs=_call_arguments(call),
-                     scope=scope, speed=speed, quality=quality, progress=Progress(enabled=progress))
+                     scope=scope, speed=speed, quality=quality, controlnet=controlnet_setting,
+                     progress=Progress(enabled=progress))
     except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
         _fail(exc)
         return

@@ -35,8 +35,9 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
              width: int | None = None, overrides: dict[str, Any] | None = None,
              threads: int | None = None, pipeline_kwargs: dict[str, Any] | None = None,
              scope: str | None = None, speed: str | None = None, quality: str | None = None,
-             progress: Progress | None = None) -> GenerateResult:
+             controlnet: Any = None, progress: Progress | None = None) -> GenerateResult:
     """device / dtype "auto": CUDA (bfloat16), else MPS, else the CPU (float32), see `devices.resolve_device`.
+    controlnet: dcache.apply's (cache the pipeline's ControlNet too: "follow", a method, {"method": ..., knobs}).
     progress: bars or one line per stage (default: silent)."""
     if repeats < 1:
         raise ValueError(f"--repeats {repeats} must be >= 1.")
@@ -80,7 +81,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         handles: list = []  # the last cached run's handle reports its cache memory after removal
 
         def enable():
-            handles.append(dcache.apply(pipe, method, scope=scope, **(overrides or {})))
+            handles.append(dcache.apply(pipe, method, scope=scope, controlnet=controlnet, **(overrides or {})))
             return handles[-1]
 
         timing = interleaved_runs(job, enable, repeats, on_run=bar.step)
@@ -99,6 +100,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         "dtype": dtype,
         "device_description": describe(device, dtype),
         "cache": cache,
+        "controlnet": controlnet,
         "target": None if target is None else {
             "speed": speed, "quality": quality, "calibration_seed": seed + 1, "knob": target.knob,
             "value": target.value, "sweep": target.sweep},
@@ -188,7 +190,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{_seconds(s['uncached_seconds_spread'])}, cached {_seconds(s['cached_seconds_spread'])}",
         f"quality      PSNR cached vs uncached {s['psnr_db']:.2f} dB, max |error| {s['max_abs_error']:.4f}",
     ]
-    for name, e in (s.get("stats") or {}).get("experts", {}).items():  # Wan 2.2: transformer + transformer_2
+    # each cached model: Wan 2.2's transformer + transformer_2, a ControlNet (controlnet, controlnet.nets.<i>)
+    for name, e in (s.get("stats") or {}).get("experts", {}).items():
         lines.append(f"  {name}: {e['calls_fully_computed']}/{e['calls']} calls fully computed, units computed "
                      f"{e['units_computed']}, reused {e['units_reused']}, forecast {e['units_forecast']}, compute "
                      f"ratio {e['compute_ratio']:.3f}")

@@ -301,6 +301,35 @@ def _qwen_image():
                              transformer=_qwen_transformer())
 
 
+@_register("qwen_image_controlnet", {"prompt": PROMPT, "negative_prompt": NEGATIVE, "true_cfg_scale": 4.0,
+                                     "height": 32, "width": 32, "max_sequence_length": 16, "output_type": "latent",
+                                     "control_image": _image(32), "controlnet_conditioning_scale": 0.7},
+           custom=FLOW_SIGMAS,
+           notes="one ControlNet call per step, shared by the cond and uncond transformer calls (split true CFG); "
+                 "the control image is VAE-encoded and packed like the latents")
+def _qwen_image_controlnet():
+    from diffusers import QwenImageControlNetModel, QwenImageControlNetPipeline
+
+    controlnet = QwenImageControlNetModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=16,
+                                          axes_dims_rope=(8, 4, 4))
+    return QwenImageControlNetPipeline(scheduler=_flow_match(use_dynamic_shifting=True), vae=_qwen_vae(2),
+                                       text_encoder=_qwen_vl_text_encoder(), tokenizer=_qwen_tokenizer(),
+                                       transformer=_qwen_transformer(), controlnet=controlnet)
+
+
+def wake_controlnet(controlnet: torch.nn.Module, std: float = 0.1, seed: int = 1) -> torch.nn.Module:
+    """Redraw the ControlNet's zero-initialised parameters (its input embedder and per-block output projections,
+    `zero_module` in diffusers) from N(0, std^2), seeded: a freshly built ControlNet returns all-zero samples, which
+    no test of the samples' effect can see."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in controlnet.parameters():
+            if not param.any():
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+    return controlnet
+
+
 class QwenVLProcessor:
     """Offline stand-in for transformers' Qwen2VLProcessor, whose constructor needs a video processor and so
     torchvision (not a dependency here): the real Qwen2-VL image processor (PIL backend) and the word-level

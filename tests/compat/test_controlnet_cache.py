@@ -1,0 +1,225 @@
+"""dcache.apply(pipe, method, controlnet=...): the ControlNet model cached too, with its own state (dcache.controlnet).
+
+Tiny real FluxControlNetPipeline (one ControlNet call per step, embedded guidance) and QwenImageControlNetPipeline
+(one ControlNet call per step shared by the cond and uncond transformer calls) from tests/real_pipelines.py, their
+zero-initialised ControlNet projections redrawn (`wake_controlnet`) so that the samples move the output. Reference:
+the uncached pipeline. The ControlNet's real forwards are counted on its first block (the hook on the model itself
+sees every call, served or not). fixed_interval at 4 steps computes steps 0, 2, 3 and reuses step 1.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from real_pipelines import REAL_PIPELINES, STEPS, wake_controlnet
+
+import dcache
+from dcache.controlnet import ControlNetNotFollowed
+
+PIPELINES = ["flux_controlnet", "qwen_image_controlnet"]
+
+
+class Forwards:
+    """Counts the ControlNet's real forwards (a pre-hook on its first block)."""
+
+    def __init__(self, controlnet: torch.nn.Module):
+        self.n = 0
+        controlnet.transformer_blocks[0].register_forward_pre_hook(self._seen)
+
+    def _seen(self, module, args):
+        self.n += 1
+
+    def during(self, fn):
+        self.n = 0
+        out = fn()
+        return out, self.n
+
+
+def _build(name: str):
+    spec = REAL_PIPELINES[name]
+    pipe = spec.build()
+    wake_controlnet(pipe.controlnet)
+    return spec, pipe, Forwards(pipe.controlnet)
+
+
+@pytest.fixture(scope="module", params=PIPELINES)
+def case(request):
+    return _build(request.param)
+
+
+@pytest.fixture(scope="module")
+def flux():
+    return _build("flux_controlnet")
+
+
+def _run(spec, pipe, seed: int = 0, **extra) -> torch.Tensor:
+    return pipe(**spec.call(seed=seed, **extra)).images
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def test_follow_caches_the_controlnet_exactly_where_the_transformer_reuses(case):
+    spec, pipe, forwards = case
+    reference, uncached_forwards = forwards.during(lambda: _run(spec, pipe))
+    assert uncached_forwards == STEPS
+    with dcache.apply(pipe, "fixed_interval", interval=1, controlnet="follow") as handle:  # all compute
+        out, n = forwards.during(lambda: _run(spec, pipe))
+        assert torch.equal(out, reference) and n == STEPS
+        assert handle.stats(expert="controlnet").units_reused == 0
+    with dcache.apply(pipe, "fixed_interval") as handle:  # the transformer alone
+        transformer_only = _run(spec, pipe)
+    handle = dcache.apply(pipe, "fixed_interval", controlnet="follow")
+    cached, n = forwards.during(lambda: _run(spec, pipe))
+    stats = handle.stats()
+    assert n == STEPS - 1  # step 1 serves the samples of step 0
+    cn, tr = stats.experts["controlnet"], stats.experts["transformer"]
+    assert (cn.calls, cn.units_computed, cn.units_reused) == (STEPS, STEPS - 1, 1)
+    assert [sorted(row) for row in cn.per_step] == [["call0"]] * STEPS and cn.per_step[1] == {"call0": "R"}
+    assert cn.block_flops_total > 0 and cn.block_flops_computed == pytest.approx(cn.block_flops_total * 3 / 4)
+    assert stats.calls == tr.calls + cn.calls  # counted separately and in the total
+    assert stats.compute_ratio == pytest.approx((tr.block_flops_computed + cn.block_flops_computed)
+                                                / (tr.block_flops_total + cn.block_flops_total))
+    assert "controlnet:" in str(stats)
+    # the reused samples cost about as much accuracy as the reused transformer stack (measured: x1.7 - x2.0)
+    err, err_transformer_only = _rel(cached, reference), _rel(transformer_only, reference)
+    assert 0.0 < err_transformer_only < err < 3 * err_transformer_only and err < 0.05
+    with torch.inference_mode():  # bit-identical to the same call under no_grad (the pipeline's own mode)
+        assert torch.equal(_run(spec, pipe), cached)
+    handle.remove()
+    assert torch.equal(_run(spec, pipe), reference)
+    assert getattr(pipe.controlnet, "_dcache_controlnet", None) is None
+
+
+def test_own_schedule_with_its_own_knobs(flux):
+    spec, pipe, forwards = flux
+    reference = _run(spec, pipe)
+    own = {"method": "fixed_interval", "interval": 3, "cutoff_steps": 0}  # C R R C
+    with dcache.apply(pipe, "fixed_interval", interval=1, controlnet=own) as handle:
+        cached, n = forwards.during(lambda: _run(spec, pipe))
+        cn = handle.stats(expert="controlnet")
+    assert n == 2 and "".join(row["call0"] for row in cn.per_step) == "CRRC"
+    assert handle.stats().experts["transformer"].units_reused == 0
+    assert 0.0 < _rel(cached, reference) < 0.05
+
+
+def test_a_new_generation_never_reads_the_last_ones_samples(flux):
+    spec, pipe, forwards = flux
+    with dcache.apply(pipe, "fixed_interval", controlnet="follow"):
+        fresh = _run(spec, pipe, seed=1)
+    with dcache.apply(pipe, "fixed_interval", controlnet="follow") as handle:
+        _run(spec, pipe, seed=0)
+        second, n = forwards.during(lambda: _run(spec, pipe, seed=1))
+        assert handle.stats(expert="controlnet").generations == 2
+    assert n == STEPS - 1 and torch.equal(second, fresh)
+
+
+def test_a_changed_conditioning_scale_rescales_or_computes(flux):
+    """control_guidance_end=0.5 switches the ControlNet off at steps 2-3 (scale 0.7 -> 0): a reused step 2 serves
+    the step-0 samples times 0/0.7 = 0, exactly the zeros the ControlNet returns there. control_guidance_start=0.5
+    switches it on at step 2: samples cached at scale 0 cannot be rescaled, so step 2 computes."""
+    spec, pipe, forwards = flux
+    reuse_1_2 = {"method": "fixed_interval", "interval": 3, "cutoff_steps": 0}  # C R R C
+    reuse_1 = {"method": "fixed_interval"}  # C R C C
+
+    def run(own, **call):
+        with dcache.apply(pipe, "fixed_interval", interval=1, controlnet=own):
+            return forwards.during(lambda: _run(spec, pipe, **call))
+
+    (a, n_a), (b, n_b) = run(reuse_1_2, control_guidance_end=0.5), run(reuse_1, control_guidance_end=0.5)
+    assert (n_a, n_b) == (2, 3) and torch.equal(a, b)
+    off_first = _run(spec, pipe, control_guidance_start=0.5)
+    out, n = run(reuse_1_2, control_guidance_start=0.5)
+    assert n == 3 and torch.equal(out, off_first)  # step 1 served zeros at scale 0; step 2 computed
+
+
+def test_each_net_of_a_multi_controlnet_has_its_own_cache():
+    from diffusers import FluxControlNetModel, FluxControlNetPipeline
+
+    spec, single, _ = _build("flux_controlnet")
+    torch.manual_seed(3)
+    second = wake_controlnet(FluxControlNetModel.from_config(single.controlnet.config), seed=2).eval()
+    pipe = FluxControlNetPipeline(**{**single.components, "controlnet": [single.controlnet, second]})
+    pipe.set_progress_bar_config(disable=True)
+    image = spec.kwargs["control_image"]
+    call = dict(control_image=[image, image], controlnet_conditioning_scale=[0.7, 0.4])
+    counts = [Forwards(net) for net in pipe.controlnet.nets]
+    reference = _run(spec, pipe, **call)
+    with dcache.apply(pipe, "fixed_interval", interval=1, controlnet="follow"):
+        assert torch.equal(_run(spec, pipe, **call), reference)
+    with dcache.apply(pipe, "fixed_interval", controlnet="follow") as handle:
+        for c in counts:
+            c.n = 0
+        cached = _run(spec, pipe, **call)
+        stats = handle.stats()
+    assert [c.n for c in counts] == [STEPS - 1] * 2
+    assert {n: s.units_reused for n, s in stats.experts.items()} == {
+        "transformer": 1, "controlnet.nets.0": 1, "controlnet.nets.1": 1}
+    assert 0.0 < _rel(cached, reference) < 0.05
+    assert torch.equal(_run(spec, pipe, **call), reference)
+
+
+def test_follow_under_a_schedule_that_reads_signals_computes_the_controlnet_and_says_so(flux):
+    spec, pipe, forwards = flux
+    with dcache.apply(pipe, "fbcache", threshold=0.5, controlnet="follow") as handle:
+        with pytest.warns(ControlNetNotFollowed, match="probe_rel_l1"):
+            _, n = forwards.during(lambda: _run(spec, pipe))
+        assert n == STEPS and handle.stats(expert="controlnet").units_reused == 0
+
+
+BAD = [
+    (True, ValueError, ["controlnet=True", "controlnet='follow'"]),
+    ("sometimes", ValueError, ["controlnet='sometimes'", "sometimes"]),
+    ({"interval": 2}, ValueError, ["'method'", "fixed_interval"]),
+    ({"method": "follow", "interval": 2}, ValueError, ["takes no knobs", "interval"]),
+    ({"method": "fbcache"}, ValueError, ["'method': 'fbcache'", "block layout", "controlnet='follow'"]),
+    ({"method": "teacache", "coefficients": [0.0, 0.0, 0.0, 1.0, 0.0]}, ValueError,
+     ["modulated_rel_l1", "controlnet='follow'"]),
+    ({"method": "taylorseer"}, ValueError, ["granularity", "'stack'"]),
+    ({"method": "fixed_interval", "interval": 0}, ValueError, ["controlnet=", "interval"]),
+    ({"method": "fixed_interval", "intervall": 2}, ValueError, ["intervall", "interval"]),
+    (3, TypeError, ["controlnet=3", "controlnet='follow'"]),
+]
+
+
+@pytest.mark.parametrize("setting,error,words", BAD, ids=[repr(b[0]) for b in BAD])
+def test_bad_settings_are_refused_by_name_and_leave_nothing_behind(flux, setting, error, words):
+    spec, pipe, _ = flux
+    with pytest.raises(error) as info:
+        dcache.apply(pipe, "fixed_interval", controlnet=setting)
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert getattr(pipe.transformer, "_dcache_engine", None) is None
+    assert getattr(pipe.controlnet, "_dcache_controlnet", None) is None
+
+
+def test_controlnet_needs_a_pipeline_that_has_one(flux):
+    spec, pipe, _ = flux
+    with pytest.raises(ValueError, match="apply dcache to the pipeline"):
+        dcache.apply(pipe.transformer, "fixed_interval", controlnet="follow")
+    plain = REAL_PIPELINES["flux"].build()
+    with pytest.raises(ValueError, match="FluxPipeline has no ControlNet"):
+        dcache.apply(plain, "fixed_interval", controlnet="follow")
+
+
+def test_generate_cli_caches_the_controlnet(flux, tmp_path):
+    from typer.testing import CliRunner
+
+    from dcache.pipelines.cli import app
+
+    spec, pipe, _ = flux
+    folder, image = tmp_path / "flux_controlnet", tmp_path / "edges.png"
+    pipe.save_pretrained(folder)
+    spec.kwargs["control_image"].save(image)
+    result = CliRunner().invoke(app, [
+        "generate", "--model", str(folder), "--prompt", "a red fox", "--cache", "fixed_interval", "--controlnet",
+        "follow", "--steps", str(STEPS), "--repeats", "1", "--device", "cpu", "--dtype", "float32", "--height", "16",
+        "--width", "16", "--call", f"control_image=@{image}", "--call", "max_sequence_length=8",
+        "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    cn = stats["stats"]["experts"]["controlnet"]
+    assert (cn["calls"], cn["units_reused"]) == (STEPS, 1)
+    assert "controlnet: 3/4 calls fully computed" in result.output
