@@ -196,9 +196,9 @@ class Engine:
         """Close the call: its actions and signals go into the generation record; a computed call measures the post
         signals (delivered with the branch's next decision)."""
         call, self.call = self.call, None
-        self._call_inputs = None
         self.executor.end_call(call)
         if call is None or call.actions is None:
+            self._call_inputs = None
             return
         rec = call.record
         signals = dict(call.signal_values, flops_total=call.flops_total, flops_computed=call.flops_computed)
@@ -206,8 +206,9 @@ class Engine:
         rec.calls.append(entry)
         if call.actions == _COMPUTE * len(call.actions):
             call.bstate.last_compute_step = call.step
-            self.meter.measure_post(call)
+            self.meter.measure_post(call)  # "computed" providers read the call's arguments: cleared after
             call.bstate.pending_call = entry
+        self._call_inputs = None
         self._update_peak_bytes()
 
     def abort(self, state: Any, whole_call: bool = False) -> None:

@@ -1,9 +1,10 @@
 """Measuring the signals a schedule reads, and bringing them to the host once per call.
 
-Pre signals are measured on this call before the decision: the provider signals from the call's arguments
-(`measure_providers`, dcache.signal_providers), MODULATED_REL_L1 / INPUT_DELTA on the stack input
-(`on_stack_input`), PROBE_REL_L1 / FORECAST_ERROR on the probe blocks' output (`on_probe_output`). Post signals are
-measured after a computed call (`measure_post`) and delivered with the branch's next decision. Every value stays a
+Pre signals are measured on this call before the decision: the "call" providers from the call's arguments
+(`measure_providers`, dcache.signal_providers), MODULATED_REL_L1 / INPUT_DELTA and the "stack_input" providers on
+the stack input (`on_stack_input`), PROBE_REL_L1 / FORECAST_ERROR on the probe blocks' output (`on_probe_output`).
+Post signals (built-in, and the "computed" providers) are measured after a computed call (`measure_post`) and
+delivered with the branch's next decision. Every value stays a
 device tensor ([1], or [2] = numerator and denominator) until `read`, which moves all of them in one transfer
 (`flush` does the same for the post signals still pending when a generation ends).
 """
@@ -35,23 +36,33 @@ class SignalMeter:
         """Read the schedule's `signals` (a schedule may change them between generations: MagCache stops measuring
         once calibrated)."""
         self.wanted = frozenset(resolve_signal(s) for s in self.engine.schedule.signals)
-        self.providers = tuple(p for s in sorted(s for s in self.wanted if not isinstance(s, Signal))
-                               if (p := provider(s)) is not None)
-        self.pre = PRE_SIGNALS | frozenset(p.name for p in self.providers)  # recorded with the call's decision
+        listed = tuple(p for s in sorted(s for s in self.wanted if not isinstance(s, Signal))
+                       if (p := provider(s)) is not None)
+        self.providers = tuple(p for p in listed if p.phase == "call")  # before the call
+        self.stack_providers = tuple(p for p in listed if p.phase == "stack_input")
+        self.post_providers = tuple(p for p in listed if p.phase == "computed")
+        self.vectors = frozenset(p.name for p in listed if p.vector)  # values read as tuples of floats
+        # recorded with the call's decision
+        self.pre = PRE_SIGNALS | frozenset(p.name for p in self.providers + self.stack_providers)
 
     # ------------------------------------------------------------------------------------------------ pre signals
     def measure_providers(self, call: CallState, args: tuple, kwargs: dict) -> None:
-        """The registered providers the schedule lists, on the call's arguments (before any block runs)."""
+        """The "call" providers the schedule lists, on the call's arguments (before any block runs)."""
+        self._measure(self.providers, call, call.pre)
+
+    def _measure(self, providers: tuple, call: CallState, into: dict, hidden: torch.Tensor | None = None,
+                 output: torch.Tensor | None = None) -> None:
         engine = self.engine
+        args, kwargs = engine._call_inputs or ((), {})
         arguments = bind_arguments(engine.transformer, args, kwargs)
         record = call.record
-        for p in self.providers:
+        for p in providers:
             memory = call.bstate.provided.setdefault(p.name, {})
             view = ProviderView(arguments, args, engine.adapter, engine.schedule, call.step, record.num_steps,
-                                record.timesteps, memory)
+                                record.timesteps, memory, engine.transformer, hidden, output)
             value = p.measure(view)
             if value is not None:
-                call.pre[p.name] = value
+                into[p.name] = value
 
     def on_stack_input(self, call: CallState, slot: BlockSlot, hidden: torch.Tensor, args: tuple,
                        kwargs: dict) -> None:
@@ -75,6 +86,8 @@ class SignalMeter:
             bstate.prev_modulated = mod.detach()
         if Signal.INPUT_DELTA in self.wanted:
             self.input_delta(call, hidden.detach())
+        if self.stack_providers:
+            self._measure(self.stack_providers, call, call.pre, hidden=hidden.detach())
 
     def input_delta(self, call: CallState, x: torch.Tensor) -> None:
         """INPUT_DELTA = mean|x - x of the branch's previous call| (x: the stack input, or the latents in call
@@ -119,7 +132,7 @@ class SignalMeter:
         """After a computed call: x = stack input, v = stack output, R = v - x, against the last computed call's."""
         wanted = self.wanted & POST_SIGNALS
         x, v = call.stack_input, call.stack_output
-        if not wanted or x is None or v is None:
+        if not (wanted or self.post_providers) or x is None or v is None:
             return
         bstate = call.bstate
         if v.shape != x.shape:  # hidden stream changed length across lists: compare the image (tail) tokens
@@ -145,6 +158,8 @@ class SignalMeter:
             pending[Signal.INPUT_DELTA_COMPUTED.value] = (x - bstate.input_at_compute).abs().mean().reshape(1)
         if Signal.OUTPUT_MEAN in wanted:
             pending[Signal.OUTPUT_MEAN.value] = v.abs().mean().reshape(1)
+        if self.post_providers:
+            self._measure(self.post_providers, call, pending, hidden=x.detach(), output=v.detach())
         bstate.residual_at_compute = residual.detach()
         bstate.input_at_compute = x.detach()
         bstate.output_at_compute = v.detach()
@@ -176,8 +191,9 @@ class SignalMeter:
             names = list(bstate.pending_post)
             self._deliver_post(bstate, self._to_host(names, [bstate.pending_post[k] for k in names]))
 
-    def _to_host(self, names: list[str], tensors: list[torch.Tensor]) -> dict[str, float]:
-        """{name: value}; a [2] tensor is (numerator, denominator). Context parallel: the ranks' global values."""
+    def _to_host(self, names: list[str], tensors: list[torch.Tensor]) -> dict[str, Any]:
+        """{name: value}; a [2] tensor is (numerator, denominator), a vector provider's value a tuple of floats.
+        Context parallel: the ranks' global values."""
         tensors = [t.reshape(-1).float() for t in tensors]
         flat = torch.cat([t.to(tensors[0].device) for t in tensors])
         flat = sync_signals(flat, tensors, self.engine.transformer).tolist()
@@ -187,7 +203,10 @@ class SignalMeter:
             n = t.numel()
             chunk = flat[i:i + n]
             i += n
-            values[name] = chunk[0] / max(chunk[1], _EPS) if n == 2 else chunk[0]
+            if name in self.vectors:
+                values[name] = tuple(chunk)
+            else:
+                values[name] = chunk[0] / max(chunk[1], _EPS) if n == 2 else chunk[0]
         return values
 
     @staticmethod

@@ -2,10 +2,9 @@
 diffusion-forcing video generation (SkyReels-V2 DF, MAGI-1), where the chunks of one call sit at different
 denoising stages.
 
-    handle = dcache.apply(pipe.transformer, "flowcache", threshold=0.1)
-    tap = attach_chunk_signals(handle, frames_per_chunk=causal_block_size)   # per-chunk signals (hooks)
+    handle = dcache.apply(pipe.transformer, "flowcache", threshold=0.1, frames_per_chunk=causal_block_size)
     video = pipe(...)
-    tap.remove(); handle.remove()
+    handle.remove()
 
 Policy (per branch b and chunk c, state reset with every generation; dcache's formulation of "each chunk
 accumulates the relative change of its own input and output", EasyCache-style):
@@ -17,16 +16,25 @@ accumulates the relative change of its own input and output", EasyCache-style):
 x_c are the chunk's tokens entering the first block, v_c leaving the last block; inactive chunks (not started, or
 finished) neither accumulate nor vote. The first `warmup_calls` calls of a branch always compute.
 
-What the engine can execute: a transformer call is computed or reused *as a whole* (STACK granularity): chunks
-attend to each other inside one call, so reusing one chunk while computing another needs token-range execution
-plus cached K/V of the reused chunks (FlowCache's KV-cache, not in the engine). So the call is REUSED only when every
-active chunk votes REUSE; on every computed call all chunks are refreshed. The per-chunk votes are recorded: the
-`plan_extras()["flowcache"]["chunk_reuse_ratio"]` is the share of active chunk-calls the per-chunk policy would
-skip with token-range execution, next to the whole-call reuse actually achieved.
+What the engine executes: a transformer call is computed or reused *as a whole* (STACK granularity). Chunks attend
+to each other inside one call, so reusing one chunk while computing another would need token-range execution plus
+cached K/V of the reused chunks (FlowCache's KV cache), which dcache does not do. So the call is REUSED only when
+every active chunk votes REUSE; on every computed call all chunks are refreshed. The per-chunk votes are recorded:
+`plan_extras()["flowcache"]["chunk_reuse_ratio"]` is the share of active chunk-calls the per-chunk policy would skip
+with token-range execution, next to the whole-call reuse actually achieved (`call_reuse_ratio`).
 
-Signals: `attach_chunk_signals` (profiling helpers; forward hooks, one host sync per call) measures the per-chunk
-statistics; without it the schedule runs the same policy on one chunk (the whole call) from the engine's
-INPUT_DELTA / OUTPUT_DELTA / INPUT_DELTA_COMPUTED / OUTPUT_MEAN signals, i.e. EasyCache on the stack.
+Signals: with `frames_per_chunk > 0` the engine measures the per-chunk statistics through two signal providers of
+this file (dcache.signal_providers): `flowcache_chunk_input` at the stack input before the decision (per chunk
+mean|x_c - x_c,prev call| and active) and `flowcache_chunk_computed` after every computed call (per chunk the output
+and input changes since the previous compute, and mean|v_c|), one vector each in the call's single host transfer.
+Chunks are frame ranges of the frame-major tokens: frames = the latent's frames after temporal patching (the
+transformer's `patch_size[0]`), per-frame timesteps from a 2-D `timestep` argument [B, F] (diffusion forcing). With
+`frames_per_chunk = 0` (the default) the schedule runs the same policy on one chunk (the whole call) from the
+engine's INPUT_DELTA / OUTPUT_DELTA / INPUT_DELTA_COMPUTED / OUTPUT_MEAN signals, i.e. EasyCache on the stack.
+
+Diffusion-forcing pipelines (SkyReelsV2DiffusionForcingPipeline) deep-copy their scheduler per frame, so apply
+FlowCache to the transformer (`dcache.apply(pipe.transformer, ...)`): steps are then tracked from the timestep
+argument.
 """
 
 from __future__ import annotations
@@ -35,19 +43,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob
 from dcache import register_method
-
-ENGINE_GAP = (
-    "FlowCache needs (1) token-range units: COMPUTE for some chunks' tokens and REUSE for others within one call, "
-    "with the K/V of reused chunks cached for the computed chunks' attention; (2) per-token-range signals (relL1 / "
-    "mean|delta| of a chunk's tokens) from the engine; (3) step tracking for pipelines that deep-copy their "
-    "scheduler per frame (SkyReelsV2DiffusionForcingPipeline: the copies' set_timesteps/step run the original "
-    "scheduler's bound methods through the engine's instance wrappers), so today FlowCache is applied to the "
-    "transformer (dcache.apply(pipe.transformer, ...)), where steps are tracked from the timestep argument.")
-
+from dcache.parallel import token_group
+from dcache.signal_providers import ProviderView, SignalProvider, register_signal
 
 @register_method
 @dataclass(frozen=True)
@@ -73,6 +75,9 @@ class FlowCacheConfig(MethodConfig):
     warmup_calls: int = knob(2, low=2, high=100_000, doc="first calls of each branch always computed (>= 2: the "
                                                           "output/input ratio k needs two computes)")
     max_consecutive: int = knob(3, low=1, high=100_000, doc="most consecutive reused calls of a branch")
+    frames_per_chunk: int = knob(0, low=0, high=100_000, doc="latent frames per chunk (after temporal patching; "
+                                                              "e.g. the pipeline's causal_block_size); 0: the whole "
+                                                              "call is one chunk")
 
     def check(self) -> None:
         from .tuning.profiling import check_finite
@@ -80,6 +85,11 @@ class FlowCacheConfig(MethodConfig):
         check_finite(self)
 
     def build(self, model: nn.Module) -> Schedule:
+        if self.frames_per_chunk and token_group(model) is not None:
+            raise ValueError("FlowCache's frames_per_chunk measures chunks as frame ranges of the whole token "
+                             "sequence, but this transformer runs context parallel (each rank holds a shard of the "
+                             "tokens). Use frames_per_chunk=0 (one chunk: the whole call, signals synced across "
+                             "ranks), or apply FlowCache without context parallelism.")
         return FlowCacheSchedule(self)
 
 
@@ -94,7 +104,7 @@ class ChunkState:
 
 @dataclass
 class ChunkObservation:
-    """What the signal tap measured for one chunk at one call (before the decision)."""
+    """What was measured for one chunk at one call (before the decision)."""
 
     input_delta: float | None  # mean|x_c - x_c,prev call|
     active: bool
@@ -158,37 +168,48 @@ class FlowCacheSchedule(Schedule):
         self.config = config
         self.name = config.method
         self.policy = FlowCachePolicy(config)
-        self._pending: dict[str, dict[Any, ChunkObservation]] = {}  # set by the chunk tap before each decision
-        self.chunked = False  # True once a chunk tap feeds observations
+        self.chunked = config.frames_per_chunk > 0
+        if self.chunked:  # the per-chunk providers instead of the whole-call signals
+            self.signals = frozenset({CHUNK_INPUT, CHUNK_COMPUTED})
+        self._fed: dict[str, int | None] = {}  # branch -> the computed step whose chunk statistics were applied
         self.calls_reused = 0
         self.calls_total = 0
         self._history: list[float] = []  # chunk_reuse_ratio of finished generations
 
-    # -- chunk tap interface (numbers only) ---------------------------------------------------------------------
-    def observe(self, branch: str, observed: dict[Any, ChunkObservation]) -> None:
-        self.chunked = True
-        self._pending[branch] = observed
-
-    def observe_compute(self, branch: str, per_chunk: dict[Any, tuple[float | None, float | None]]) -> None:
-        for chunk, (k, out_mean) in per_chunk.items():
-            self.policy.computed(branch, chunk, k, out_mean)
-
-    # -- Schedule ---------------------------------------------------------------------------------------------
     def reset(self, generation: GenerationInfo) -> None:
         if self.policy.chunks:
             self._history.append(self.policy.chunk_reuse_ratio())
         self.policy.reset()
-        self._pending = {}
+        self._fed = {}
 
     def decide(self, ctx: CallContext) -> Action:
-        observed = self._pending.pop(ctx.branch, None)
-        if observed is None:
+        if self.chunked:
+            observed = self._chunk_feedback(ctx)
+        else:
             observed = {"all": ChunkObservation(ctx.signals.get(Signal.INPUT_DELTA), True)}
             self._engine_feedback(ctx)
         reuse, _ = self.policy.decide(ctx.branch, observed)
         self.calls_total += 1
         self.calls_reused += reuse
         return Action.REUSE if reuse else Action.COMPUTE
+
+    def _chunk_feedback(self, ctx: CallContext) -> dict[Any, ChunkObservation]:
+        """Chunk mode: the last computed call's per-chunk statistics (once per computed call: they stay in the
+        signals until the next compute), then this call's per-chunk observations."""
+        computed = ctx.signals.get(CHUNK_COMPUTED)
+        if computed is not None and self._fed.get(ctx.branch) != ctx.last_compute_step:
+            self._fed[ctx.branch] = ctx.last_compute_step
+            n = len(computed) // 3  # [output changes, input changes, output means]
+            for chunk in range(n):
+                d_out, d_in = computed[chunk], computed[n + chunk]
+                k = d_out / d_in if not math.isnan(d_in) and d_in > 0 else None
+                self.policy.computed(ctx.branch, chunk, k, computed[2 * n + chunk])
+        observed = ctx.signals.get(CHUNK_INPUT)
+        if observed is None:  # no stack input seen (never in blocks scope): one active chunk, no change known
+            return {0: ChunkObservation(None, True)}
+        n = len(observed) // 2
+        return {chunk: ChunkObservation(None if math.isnan(observed[chunk]) else observed[chunk],
+                                        observed[n + chunk] > 0.5) for chunk in range(n)}
 
     def _engine_feedback(self, ctx: CallContext) -> None:
         """Single-chunk mode: the post signals of the last computed call of this branch (delivered now)."""
@@ -204,21 +225,78 @@ class FlowCacheSchedule(Schedule):
         ratios = self._history + ([self.policy.chunk_reuse_ratio()] if self.policy.chunks else [])
         return {"flowcache": {"chunk_reuse_ratio": ratios[-1] if ratios else 0.0,
                               "call_reuse_ratio": self.calls_reused / self.calls_total if self.calls_total else 0.0,
-                              "chunked": self.chunked, "engine_gap": ENGINE_GAP}}
+                              "chunked": self.chunked}}
 
     def config_dict(self) -> dict:
         return self.config.to_dict()
 
 
-def attach_chunk_signals(handle: Any, frames_per_chunk: int):
-    """Per-chunk signals for a FlowCache handle (forward hooks); returns an object with `.remove()`."""
-    from .tuning.profiling import ChunkSignalTap
+# ----------------------------------------------------------------------------------------------------------------
+# Per-chunk signals: two providers the engine measures (dcache.signal_providers)
+# ----------------------------------------------------------------------------------------------------------------
 
-    schedule = handle.engine.schedule
-    if not isinstance(schedule, FlowCacheSchedule):
-        raise TypeError(f"attach_chunk_signals needs a FlowCache handle, got {type(schedule).__name__}.")
-    return ChunkSignalTap(handle.engine, schedule, frames_per_chunk)
+def _chunk_layout(view: ProviderView, tokens: int) -> tuple[list[slice], list[float] | None]:
+    """Token slices of the chunks ([B, L, D] tokens frame-major) and each chunk's timestep (None: unknown)."""
+    fpc = view.schedule.config.frames_per_chunk
+    hidden, timestep = view.arguments.get("hidden_states"), view.arguments.get("timestep")
+    patch = getattr(getattr(view.model, "config", None), "patch_size", None)
+    p_t = patch[0] if isinstance(patch, (tuple, list)) else 1
+    frames = hidden.shape[2] // p_t if isinstance(hidden, torch.Tensor) and hidden.ndim == 5 else None
+    if isinstance(timestep, torch.Tensor) and timestep.ndim == 2:
+        per_frame = [float(t) for t in timestep[0, ::p_t].tolist()]
+    elif isinstance(timestep, torch.Tensor) and timestep.numel():
+        per_frame = [float(timestep.reshape(-1)[0])]
+    else:
+        per_frame = None
+    frames = frames or 1
+    per_token = tokens // frames
+    n = math.ceil(frames / fpc)
+    chunks = [slice(c * fpc * per_token, min(frames, (c + 1) * fpc) * per_token) for c in range(n)]
+    if per_frame is None:
+        return chunks, None
+    if len(per_frame) == 1:
+        return chunks, per_frame * n
+    return chunks, [per_frame[min(c * fpc, len(per_frame) - 1)] for c in range(n)]
 
 
-__all__ = ["FlowCacheConfig", "FlowCacheSchedule", "FlowCachePolicy", "ChunkObservation", "attach_chunk_signals",
-           "ENGINE_GAP"]
+def _measure_chunk_input(view: ProviderView) -> torch.Tensor | None:
+    """[2n]: per chunk mean|x_c - x_c,prev call| (NaN on the branch's first call), then active (1.0 / 0.0: the
+    chunk's timestep changed since the branch's previous call)."""
+    x = view.hidden
+    chunks, ts = _chunk_layout(view, x.shape[1])
+    prev = view.memory.get("previous")  # (x, chunk timesteps) of the branch's previous call
+    view.memory["previous"] = (x, ts)
+    if prev is not None and prev[0].shape == x.shape:
+        deltas = torch.stack([(x[:, c] - prev[0][:, c]).abs().float().mean() for c in chunks])
+    else:
+        deltas = torch.full((len(chunks),), math.nan, device=x.device)
+    active = [prev is None or ts is None or prev[1] is None or ts[i] != prev[1][i] for i in range(len(chunks))]
+    return torch.cat([deltas, torch.tensor(active, dtype=torch.float32, device=x.device)])
+
+
+def _measure_chunk_computed(view: ProviderView) -> torch.Tensor | None:
+    """[3n] after a computed call: per chunk mean|v_c - v_c,prev compute|, mean|x_c - x_c,prev compute| (NaN until
+    two computes), then mean|v_c|. The schedule divides on the host: k = output change / input change."""
+    x, v = view.hidden, view.output
+    chunks, _ = _chunk_layout(view, v.shape[1])
+    out_mean = torch.stack([v[:, c].abs().float().mean() for c in chunks])
+    prev = view.memory.get("at_compute")  # (x, v) of the branch's previous computed call
+    view.memory["at_compute"] = (x, v)
+    if prev is not None and prev[1].shape == v.shape and prev[0].shape == x.shape:
+        d_out = torch.stack([(v[:, c] - prev[1][:, c]).abs().float().mean() for c in chunks])
+        d_in = torch.stack([(x[:, c] - prev[0][:, c]).abs().float().mean() for c in chunks])
+    else:
+        d_out = d_in = torch.full_like(out_mean, math.nan)
+    return torch.cat([d_out, d_in, out_mean])
+
+
+CHUNK_INPUT = register_signal(SignalProvider(
+    "flowcache_chunk_input", _measure_chunk_input, phase="stack_input", vector=True,
+    doc="FlowCache: per chunk of frames, mean|x_c - x_c,prev call| and whether the chunk is active"))
+CHUNK_COMPUTED = register_signal(SignalProvider(
+    "flowcache_chunk_computed", _measure_chunk_computed, phase="computed", vector=True,
+    doc="FlowCache: per chunk of frames, the output/input change ratio k and mean|v_c| after a computed call"))
+
+
+__all__ = ["FlowCacheConfig", "FlowCacheSchedule", "FlowCachePolicy", "ChunkObservation", "CHUNK_INPUT",
+           "CHUNK_COMPUTED"]

@@ -468,110 +468,6 @@ class AdjacentCollector:
         return self.sums[(branch, unit, step)] / n if n else math.nan
 
 
-class ChunkSignalTap:
-    """Per-chunk signals for FlowCache (arXiv 2602.10825) on Wan-style video transformers (tokens frame-major).
-
-    Before the decision of every call (pre-hook of the first block): per chunk c (frames_per_chunk latent frames,
-    after temporal patching), input_delta = mean|x_c - x_c,prev call| and active = its timestep changed since the
-    previous call of the branch. After a computed call (hook of the last block): out_mean = mean|v_c| and
-    k = mean|v_c - v_c,prev compute| / mean|x_c - x_c,prev compute|. One host sync per call each.
-    """
-
-    def __init__(self, engine: Any, schedule: Any, frames_per_chunk: int):
-        if frames_per_chunk < 1:
-            raise ValueError(f"frames_per_chunk={frames_per_chunk} must be >= 1 (latent frames per chunk).")
-        self.engine, self.schedule, self.fpc = engine, schedule, int(frames_per_chunk)
-        self._frames: int | None = None  # latent frames after temporal patching
-        self._timesteps: list[float] | None = None  # per frame (first sample)
-        self._prev: dict[str, tuple[torch.Tensor, list[float] | None]] = {}  # branch -> (x, chunk timesteps)
-        self._at_compute: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # branch -> (x, v) at last compute
-        self._x: torch.Tensor | None = None
-        transformer = engine.transformer
-        first, last = engine.blocks[0], engine.blocks[-1]
-        self._hooks = [
-            transformer.register_forward_pre_hook(self._on_transformer, with_kwargs=True),
-            first.block.register_forward_pre_hook(lambda m, a, k: self._on_input(first, a, k), with_kwargs=True),
-            last.block.register_forward_hook(lambda m, a, k, o: self._on_output(last, o), with_kwargs=True),
-        ]
-
-    def remove(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-
-    def _on_transformer(self, module, args, kwargs) -> None:
-        hidden = kwargs.get("hidden_states", args[0] if args else None)
-        timestep = kwargs.get("timestep", args[1] if len(args) > 1 else None)
-        patch = getattr(getattr(module, "config", None), "patch_size", None)
-        p_t = patch[0] if isinstance(patch, (tuple, list)) else 1
-        self._frames = hidden.shape[2] // p_t if isinstance(hidden, torch.Tensor) and hidden.ndim == 5 else None
-        if isinstance(timestep, torch.Tensor) and timestep.ndim == 2:
-            self._timesteps = [float(t) for t in timestep[0, ::p_t].tolist()]
-        elif isinstance(timestep, torch.Tensor):
-            self._timesteps = None if timestep.numel() == 0 else [float(timestep.reshape(-1)[0])]
-        else:
-            self._timesteps = None
-
-    def _chunks(self, tokens: int) -> list[slice]:
-        frames = self._frames or 1
-        per_frame = tokens // frames
-        n = math.ceil(frames / self.fpc)
-        return [slice(c * self.fpc * per_frame, min(frames, (c + 1) * self.fpc) * per_frame) for c in range(n)]
-
-    def _chunk_timesteps(self, n: int) -> list[float] | None:
-        ts = self._timesteps
-        if ts is None:
-            return None
-        if len(ts) == 1:
-            return ts * n
-        return [ts[min(c * self.fpc, len(ts) - 1)] for c in range(n)]
-
-    def _on_input(self, slot, args, kwargs) -> None:
-        call = self.engine.call
-        if call is None or call.actions is not None:
-            return
-        x, _ = slot.slots.read(args, kwargs)
-        x = x.detach()
-        chunks = self._chunks(x.shape[1])
-        ts = self._chunk_timesteps(len(chunks))
-        prev = self._prev.get(call.branch)
-        deltas = None
-        if prev is not None and prev[0].shape == x.shape:
-            deltas = torch.stack([(x[:, c] - prev[0][:, c]).abs().float().mean() for c in chunks]).tolist()
-        from dcache.schedules.flowcache import ChunkObservation
-
-        observed = {}
-        for i in range(len(chunks)):
-            active = prev is None or ts is None or prev[1] is None or ts[i] != prev[1][i]
-            observed[i] = ChunkObservation(deltas[i] if deltas is not None else None, active)
-        self._prev[call.branch] = (x, ts)
-        self._x = x
-        self.schedule.observe(call.branch, observed)
-
-    def _on_output(self, slot, output) -> None:
-        call = self.engine.call
-        if call is None or call.actions is None or set(call.actions) != {Action.COMPUTE.value} or self._x is None:
-            return
-        v, _ = slot.slots.split_output(output)
-        v, x = v.detach(), self._x
-        chunks = self._chunks(v.shape[1])
-        stats = [v[:, c].abs().float().mean() for c in chunks]
-        prev = self._at_compute.get(call.branch)
-        if prev is not None and prev[1].shape == v.shape and prev[0].shape == x.shape:
-            stats += [(v[:, c] - prev[1][:, c]).abs().float().mean() for c in chunks]
-            stats += [(x[:, c] - prev[0][:, c]).abs().float().mean() for c in chunks]
-        values = torch.stack(stats).tolist()
-        n = len(chunks)
-        per_chunk = {}
-        for i in range(n):
-            k = None
-            if len(values) == 3 * n and values[2 * n + i] > 0:
-                k = values[n + i] / values[2 * n + i]
-            per_chunk[i] = (k, values[i])
-        self._at_compute[call.branch] = (x, v)
-        self.schedule.observe_compute(call.branch, per_chunk)
-
-
 def quantile(values: Iterable[float], q: float) -> float:
     """Linear-interpolation quantile of finite values (numpy's default); nan if none."""
     v = sorted(x for x in values if math.isfinite(x))
@@ -585,4 +481,4 @@ def quantile(values: Iterable[float], q: float) -> float:
 
 __all__ = ["Where", "TrackSchedule", "ProfileSession", "make_plan", "PairwiseCollector", "AdjacentCollector",
            "stack_residual_tap", "stack_output_tap", "block_residual_tap", "token_change_quantile", "quantile",
-           "FFN_MODULES", "ChunkSignalTap", "as_runs", "residual", "detach", "abs_sum", "diff_abs_sum", "dot"]
+           "FFN_MODULES", "as_runs", "residual", "detach", "abs_sum", "diff_abs_sum", "dot"]

@@ -21,8 +21,7 @@ from dcache.pipelines.tiny_pipeline import DigitFlowPipeline
 from dcache.schedules.tuning import profiling as prof
 from dcache.schedules.bac import BACConfig, bubbling_union, calibrate_bac, caching_error, update_steps
 from dcache.schedules.ertacache import ERTACacheConfig, ERTACacheSchedule, calibrate_ertacache, select_compute_steps
-from dcache.schedules.flowcache import (ChunkObservation, FlowCacheConfig, FlowCachePolicy, FlowCacheSchedule,
-                                        attach_chunk_signals)
+from dcache.schedules.flowcache import ChunkObservation, FlowCacheConfig, FlowCachePolicy, FlowCacheSchedule
 from dcache.schedules.invardiff import InvarDiffConfig, calibrate_invardiff
 from dcache.schedules.profilingdit import ProfilingDiTConfig, calibrate_profilingdit, classify_blocks
 
@@ -513,35 +512,63 @@ def df_reference(df_pipe):
 
 @pytest.mark.parametrize("chunked", [True, False])
 def test_flowcache_on_skyreels_diffusion_forcing(df_pipe, df_reference, chunked):
-    # Transformer-only apply: the pipeline deep-copies its scheduler per frame (see the engine-gap test below).
-    handle = dcache.apply(df_pipe.transformer, "flowcache", threshold=0.1)
-    tap = attach_chunk_signals(handle, frames_per_chunk=2) if chunked else None
-    try:
+    # Transformer-only apply: the pipeline deep-copies its scheduler per frame (steps tracked from the timestep).
+    # Chunk mode: the engine measures the per-chunk signals (FlowCache's providers); no hook of its own on the model.
+    chunks = {"frames_per_chunk": 2} if chunked else {}
+    with dcache.apply(df_pipe.transformer, "flowcache", threshold=0.1, **chunks) as handle:
         out = run_df(df_pipe)
         stats = handle.stats()
         extras = handle.engine.schedule.plan_extras()["flowcache"]
-    finally:
-        if tap is not None:
-            tap.remove()
-        handle.remove()
+        hooked = [m for m in df_pipe.transformer.modules() if m._forward_pre_hooks or m._forward_hooks]
+    assert not hooked  # everything runs through the engine's diffusers hooks
     rel = float((out - df_reference).abs().mean() / df_reference.abs().mean())
     assert stats.units_reused > 0 and stats.compute_ratio < 0.8
     assert rel < 0.02
-    assert extras["chunked"] is chunked
+    assert extras["chunked"] is chunked and "engine_gap" not in extras
     # Per-chunk votes reuse at least as often as whole calls do (a call reuses only if all active chunks vote so).
     assert extras["chunk_reuse_ratio"] >= extras["call_reuse_ratio"] - 1e-9
+    if chunked:  # 3 chunks of 2 frames at different timesteps: the chunk votes differ from the whole-call decision
+        assert extras["chunk_reuse_ratio"] > extras["call_reuse_ratio"] + 0.05
     assert torch.equal(run_df(df_pipe), df_reference)  # removed: bit-identical again
 
 
+def test_flowcache_chunk_signals_match_a_direct_measurement(df_pipe):
+    """The providers' per-chunk values against the same statistics computed here from the stack's tokens."""
+    from dcache.schedules.flowcache import CHUNK_COMPUTED, CHUNK_INPUT
+
+    seen = []
+    with dcache.apply(df_pipe.transformer, "flowcache", threshold=0.0, frames_per_chunk=2) as handle:
+        schedule = handle.engine.schedule
+        decide = schedule.decide
+        schedule.decide = lambda ctx: seen.append(dict(ctx.signals)) or decide(ctx)
+        first = df_pipe.transformer.blocks[0]
+        inputs = []
+        hook = first.register_forward_pre_hook(lambda m, a, k: inputs.append(
+            (k.get("hidden_states", a[0] if a else None)).detach().clone()), with_kwargs=True)
+        try:
+            run_df(df_pipe, steps=4)
+        finally:
+            hook.remove()
+    calls = [s for s in seen if CHUNK_INPUT in s]
+    assert len(calls) >= 4
+    # Calls alternate cond / uncond (CFG); each branch compares with its own previous call. The cond branch's second
+    # call (call 2) against its first (call 0): 6 frames, patch_size[0] = 1, chunks of 2 frames over the tokens.
+    x0, x2 = inputs[0], inputs[2]
+    per_chunk = x2.shape[1] // 3
+    expected = [float((x2[:, c * per_chunk:(c + 1) * per_chunk] - x0[:, c * per_chunk:(c + 1) * per_chunk])
+                      .abs().float().mean()) for c in range(3)]
+    got = calls[2][CHUNK_INPUT]
+    assert len(got) == 6 and all(math.isnan(v) for v in calls[0][CHUNK_INPUT][:3] + calls[1][CHUNK_INPUT][:3])
+    assert got[:3] == pytest.approx(expected, rel=1e-6) and max(expected) > 0
+    # After the branch's first computed call: output changes unknown (NaN) until a second compute, mean|v_c| > 0.
+    computed = calls[2][CHUNK_COMPUTED]
+    assert len(computed) == 9 and all(math.isnan(v) for v in computed[:6]) and min(computed[6:]) > 0
+
+
 def test_flowcache_threshold_zero_is_bit_identical(df_pipe, df_reference):
-    handle = dcache.apply(df_pipe.transformer, "flowcache", threshold=0.0)
-    tap = attach_chunk_signals(handle, frames_per_chunk=2)
-    try:
+    with dcache.apply(df_pipe.transformer, "flowcache", threshold=0.0, frames_per_chunk=2) as handle:
         out = run_df(df_pipe)
         assert handle.stats().units_reused == 0
-    finally:
-        tap.remove()
-        handle.remove()
     assert torch.equal(out, df_reference)
 
 
