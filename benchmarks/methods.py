@@ -256,7 +256,7 @@ def resolve_setting(setting: dict) -> dict:
 
 def dcache_contenders(bench: Bench) -> list[Contender]:
     import dcache
-    from dcache.schedules import calibrate as cal
+    from dcache.schedules.tuning import calibrate as cal
 
     state: dict[str, Any] = {}
     tune_run = lambda pipe: (lambda: bench.tune(pipe, "split"))  # noqa: E731
@@ -312,7 +312,7 @@ def dcache_contenders(bench: Bench) -> list[Contender]:
         "magcache": dict(search=Search("threshold", "log", 0.005, 2.0), enable=calibrated("magcache"),
                          families=[{"max_skip_steps": 3, "retention_ratio": 0.2},
                                    {"max_skip_steps": 8, "retention_ratio": 0.1}],
-                         note="ratios from dcache.schedules.calibrate.calibrate_magcache on the tuning run"),
+                         note="ratios from dcache.schedules.tuning.calibrate.calibrate_magcache on the tuning run"),
         "teacache": dict(search=Search("threshold", "log", 0.01, 8.0), enable=calibrated("teacache"),
                          families=[{}, {"ret_ratio": 0.1}],
                          note="coefficients from calibrate_teacache on the tuning run"),

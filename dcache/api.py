@@ -46,8 +46,8 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                is reused too. Only for schedules that decide before the call runs (no probe blocks).
     speed / quality: a target instead of a raw threshold: speed="2x" picks, among the settings of the method's main
                knob whose ideal speed-up reaches 2, the one with the best PSNR on `calibration_run`; quality=
-               "psnr>=30" the fastest setting that keeps 30 dB there (schedules.calibrate.resolve_target; the sweep
-               is `handle.target`). calibration_run() runs one uncached-comparable generation (e.g.
+               "psnr>=30" the fastest setting that keeps 30 dB there (schedules.tuning.targets.resolve_target; the
+               sweep is `handle.target`). calibration_run() runs one uncached-comparable generation (e.g.
                lambda: pipe(prompt, num_inference_steps=28, generator=torch.Generator().manual_seed(1))).
     experts:   pipelines with a second denoising transformer (Wan 2.2's `transformer_2`, dcache.experts) cache it
                too, with its own state and the same method by default; per expert: {"transformer_2": {"warmup_steps":

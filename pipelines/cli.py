@@ -183,7 +183,7 @@ def calibrate(
     """Calibrate a method for a model and print how to generate with the file it writes."""
     import shlex
 
-    from dcache.schedules.calibrate import calibrate_magcache, calibrate_teacache
+    from dcache.schedules.tuning.calibrate import calibrate_magcache, calibrate_teacache
     from dcache.schedules.calibrated_plans import PLAN_METHODS
 
     from .runner import GenerationJob, load_pipeline

@@ -254,7 +254,7 @@ def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None
     """One Row per (method, expert). memory_only: cache memory alone (no FLOPs, no compute-ratio range; faster)."""
     import diffusers
 
-    from dcache.schedules.calibrate import MAIN_KNOBS
+    from dcache.schedules.tuning.targets import MAIN_KNOBS
 
     setting = setting or spec.setting
     torch_dtype = _dtype(dtype)

@@ -66,7 +66,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
     method: Any = cache
     target = None
     if speed is not None or quality is not None:  # resolve the target on the same prompts with the next seed
-        from dcache.schedules.calibrate import resolve_for_apply
+        from dcache.schedules.tuning.targets import resolve_for_apply
 
         calibration = GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=guidance,
                                     seed=seed + 1, height=height, width=width, extra=dict(pipeline_kwargs or {}))

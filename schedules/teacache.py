@@ -8,7 +8,7 @@ Per branch s (cond / uncond keep separate accumulators; the engine keeps their r
 The first `ret_steps` and the last `cutoff_steps` steps always compute (and reset acc).
 
 Coefficients, in order of precedence: the `coefficients` knob; a calibration file (`calibration="cal.json"`,
-written by `dcache.schedules.calibrate.calibrate_teacache`); the table registered for the model's identity
+written by `dcache.schedules.tuning.calibrate.calibrate_teacache`); the table registered for the model's identity
 (`register_table("teacache", identity, entry)`; the published sets below). A table entry is either a list of 5
 coefficients or a dict {"coefficients": [...], "threshold": t, "ret_steps": n, "ret_ratio": r, "cutoff_steps": m,
 "source": "..."} whose optional fields give the model's recommended defaults; where one identity covers several
@@ -157,7 +157,7 @@ def resolve_entry(config: TeaCacheConfig, model: nn.Module) -> dict:
             f"TeaCache needs polynomial coefficients for {identity}, and none is registered"
             f"{' under variant ' + repr(config.variant) if config.variant != 'default' else ''}.{hint} Known models: "
             f"{len(known_identities('teacache'))} (see dcache.schedules.teacache). Fit them once with "
-            f"dcache.schedules.calibrate.calibrate_teacache(pipe, run_fn, path='cal.json') and pass "
+            f"dcache.schedules.tuning.calibrate.calibrate_teacache(pipe, run_fn, path='cal.json') and pass "
             f"calibration='cal.json', or pass coefficients=[c0, c1, c2, c3, c4] (highest power first; "
             f"[0, 0, 0, 1, 0] accumulates the raw modulated-input change).")
     entry["coefficients"] = tuple(float(c) for c in entry["coefficients"])

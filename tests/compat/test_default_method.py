@@ -14,7 +14,7 @@ import torch
 from compat_kit import make_pipeline
 
 import dcache
-from dcache.schedules.calibrate import calibrate_magcache
+from dcache.schedules.tuning.calibrate import calibrate_magcache
 from dcache.schedules.magcache import MagCacheSelfCalibration
 
 STEPS = 10

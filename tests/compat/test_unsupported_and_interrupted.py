@@ -8,7 +8,7 @@ from diffusers import UNet2DConditionModel
 
 import dcache
 from dcache.adapters import UnsupportedModelError
-from dcache.schedules.calibrate import calibrate_magcache
+from dcache.schedules.tuning.calibrate import calibrate_magcache
 
 from .compat_kit import make_pipeline, seeded
 

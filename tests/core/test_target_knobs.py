@@ -1,5 +1,5 @@
 """`dcache.apply(pipe, method, speed="2x" | quality="psnr>=30", calibration_run=...)`: the setting is chosen by a sweep
-of the method's main knob on the calibration run (schedules.calibrate.resolve_target), checked here against the
+of the method's main knob on the calibration run (schedules.tuning.targets.resolve_target), checked here against the
 sweep itself; bad use is refused with the fix."""
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def test_files_and_shapes(analysis):
 
 def test_magnitude_curve_equals_dcache_magcache_calibration(analysis, tiny_dir):
     from dcache.pipelines.runner import GenerationJob, load_pipeline
-    from dcache.schedules.calibrate import calibrate_magcache
+    from dcache.schedules.tuning.calibrate import calibrate_magcache
 
     pipe, _ = load_pipeline(str(tiny_dir))
     pipe.set_progress_bar_config(disable=True)

@@ -107,7 +107,7 @@ def _calibrate(pipe, spec, tmp_path) -> dict[str, dict]:
     TeaCache coefficients are registered for the model (the coefficients also under the variants presets name);
     the profiled methods' plans are saved and passed by path. Returns per method the overrides its name needs."""
     from dcache.schedules.bac import calibrate_bac
-    from dcache.schedules.calibrate import calibrate_magcache, calibrate_teacache
+    from dcache.schedules.tuning.calibrate import calibrate_magcache, calibrate_teacache
     from dcache.schedules.ertacache import calibrate_ertacache
     from dcache.schedules.invardiff import calibrate_invardiff
     from dcache.schedules.profilingdit import calibrate_profilingdit

@@ -14,7 +14,8 @@ import torch
 from schedule_testkit import STEPS, denoise, denoise_two_branches, run_with, saved_tables, tiny_flux
 
 import dcache
-from dcache.schedules import calibrate, calibration_file
+from dcache.schedules import calibration_file
+from dcache.schedules.tuning import calibrate, targets
 from dcache.schedules.tables import lookup_table, model_identity
 
 
@@ -156,34 +157,34 @@ def test_run_fn_must_run_one_generation(model):
 
 def test_resolve_target_speed_and_quality(model):
     run = lambda: denoise(model)
-    fast = calibrate.resolve_target("fixed_interval", target=model, run_fn=run, speed="2x", num_steps=STEPS,
+    fast = targets.resolve_target("fixed_interval", target=model, run_fn=run, speed="2x", num_steps=STEPS,
                                     grid=(2, 3, 4))
     assert fast.met and fast.knob == "interval"
     chosen = next(r for r in fast.sweep if r["value"] == fast.value)
     assert chosen["compute_ratio"] <= 0.5  # block FLOPs counted from shapes ("2x" ideal), not wall clock
     # the least lossy setting among those fast enough
     assert chosen["psnr"] == max(r["psnr"] for r in fast.sweep if r["compute_ratio"] <= 0.5)
-    good = calibrate.resolve_target("fbcache", target=model, run_fn=run, quality="psnr>=40", num_steps=STEPS,
+    good = targets.resolve_target("fbcache", target=model, run_fn=run, quality="psnr>=40", num_steps=STEPS,
                                     grid=(0.02, 0.08, 0.3))
     assert good.met
     chosen = next(r for r in good.sweep if r["value"] == good.value)
     assert chosen["psnr"] >= 40.0
     cheapest = min(r["compute_ratio"] for r in good.sweep if r["psnr"] >= 40.0)
     assert chosen["compute_ratio"] == cheapest
-    impossible = calibrate.resolve_target("fixed_interval", target=model, run_fn=run, speed="50x",
+    impossible = targets.resolve_target("fixed_interval", target=model, run_fn=run, speed="50x",
                                           num_steps=STEPS, grid=(2,))
     assert not impossible.met and impossible.config is None
-    custom = calibrate.resolve_target("fbcache-fast", target=model, run_fn=run, speed="1.2x", num_steps=STEPS,
+    custom = targets.resolve_target("fbcache-fast", target=model, run_fn=run, speed="1.2x", num_steps=STEPS,
                                       knob="warmup_steps", grid=(2, 12))  # a preset and another knob
     assert custom.met and custom.config.threshold == 0.12 and custom.value in (2, 12)
     assert [r["value"] for r in custom.sweep] == [2, 12]
     with pytest.raises(ValueError, match="exactly one target"):
-        calibrate.resolve_target("fbcache", target=model, run_fn=run)
+        targets.resolve_target("fbcache", target=model, run_fn=run)
     with pytest.raises(ValueError, match="psnr>="):
-        calibrate.resolve_target("fbcache", target=model, run_fn=run, quality="ssim>0.9")
+        targets.resolve_target("fbcache", target=model, run_fn=run, quality="ssim>0.9")
 
 
 def test_psnr():
     a = torch.zeros(4)
-    assert calibrate.psnr(a, a) == float("inf")
-    assert calibrate.psnr(a + 0.1, a) == pytest.approx(20.0)  # [0, 1] data: range 1, mse 0.01
+    assert targets.psnr(a, a) == float("inf")
+    assert targets.psnr(a + 0.1, a) == pytest.approx(20.0)  # [0, 1] data: range 1, mse 0.01

@@ -24,7 +24,8 @@ import torch
 from schedule_testkit import true_compute_ratio
 
 import dcache
-from dcache.schedules import calibrate, calibration_file
+from dcache.schedules import calibration_file
+from dcache.schedules.tuning import calibrate, targets
 from dcache.schedules.tables import lookup_table
 
 bundled = pytest.importorskip("dcache.pipelines.bundled")
@@ -148,7 +149,7 @@ def reference(pipe):
 
 def calibrated_tables(pipe) -> dict[str, Any]:
     """MagCache ratios (one uncached run) and TeaCache coefficients (three runs on other seeds) of this model, made
-    the way the tables registered in dcache.schedules.calibrate were made."""
+    the way the tables registered in dcache.schedules.tuning.calibrate were made."""
     magcache = calibrate.calibrate_magcache(pipe, lambda: generate(pipe), register=False)
     teacache = calibrate.calibrate_teacache(
         pipe, [lambda s=s: generate(pipe, list(range(10)), s) for s in (11, 12, 13)], register=False)
@@ -159,7 +160,7 @@ def measure(pipe, classifier, reference, method, overrides):
     with dcache.apply(pipe, method, **overrides) as handle:
         images = generate(pipe)
         ratio = true_compute_ratio(handle)
-    return ratio, calibrate.psnr(images, reference), accuracy(classifier, images), images
+    return ratio, targets.psnr(images, reference), accuracy(classifier, images), images
 
 
 def test_uncached_reference_is_recognised(classifier, reference):
