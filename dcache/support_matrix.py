@@ -131,7 +131,12 @@ def _controlnet_section() -> list[str]:
              "A ControlNet model runs every step and hands its samples to the transformer, which adds them to the "
              "stream between its blocks. dcache keeps those additions out of a cached stack residual (each reused "
              "call adds its own samples, exactly as an uncached call does); block and module units never contain "
-             "them. The ControlNet model itself is not cached.", "",
+             "them. The ControlNet model itself runs every step unless `dcache.apply(pipe, method, controlnet=...)` "
+             "caches it too, as one unit per call with its own state: `controlnet='follow'` (the transformer's "
+             "schedule decides, for schedules that decide from the step alone) or its own schedule "
+             "(`controlnet={'method': 'fixed_interval', 'interval': 3}`); a reused call serves the cached per-block "
+             "samples, rescaled to its conditioning scale; each net of a multi-ControlNet has its own cache "
+             "(docs/pipelines.md, tests/compat/test_controlnet_cache.py on Flux and Qwen-Image).", "",
              "| transformer | between-block additions |", "|---|---|"]
     lines += [f"| `{name}` | {status} |" for name, status in _BETWEEN_BLOCKS.items()]
     lines += ["", "ControlNet models of this diffusers: " + ", ".join(f"`{n}`" for n in controlnets) + "."]

@@ -204,22 +204,33 @@ def test_controlnet_needs_a_pipeline_that_has_one(flux):
         dcache.apply(plain, "fixed_interval", controlnet="follow")
 
 
-def test_generate_cli_caches_the_controlnet(flux, tmp_path):
+@pytest.mark.slow  # ~8 s: a saved folder loaded twice, generate's and eval's uncached and cached runs
+def test_generate_and_eval_cache_the_controlnet_from_the_command_line(flux, tmp_path):
+    """`dcache generate --controlnet follow` and the eval method spec `fixed_interval:controlnet=follow` on a saved
+    FluxControlNetPipeline folder."""
     from typer.testing import CliRunner
 
     from dcache.pipelines.cli import app
 
     spec, pipe, _ = flux
-    folder, image = tmp_path / "flux_controlnet", tmp_path / "edges.png"
+    folder, image, prompts = tmp_path / "flux_controlnet", tmp_path / "edges.png", tmp_path / "prompts.txt"
     pipe.save_pretrained(folder)
     spec.kwargs["control_image"].save(image)
-    result = CliRunner().invoke(app, [
-        "generate", "--model", str(folder), "--prompt", "a red fox", "--cache", "fixed_interval", "--controlnet",
-        "follow", "--steps", str(STEPS), "--repeats", "1", "--device", "cpu", "--dtype", "float32", "--height", "16",
-        "--width", "16", "--call", f"control_image=@{image}", "--call", "max_sequence_length=8",
-        "--out", str(tmp_path / "out")])
+    prompts.write_text("a red fox\n")
+    common = ["--model", str(folder), "--steps", str(STEPS), "--repeats", "1", "--device", "cpu", "--dtype",
+              "float32", "--height", "16", "--width", "16", "--call", f"control_image=@{image}", "--call",
+              "max_sequence_length=8"]
+    result = CliRunner().invoke(app, ["generate", "--prompt", "a red fox", "--cache", "fixed_interval",
+                                      "--controlnet", "follow", "--out", str(tmp_path / "out"), *common])
     assert result.exit_code == 0, result.output
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())
     cn = stats["stats"]["experts"]["controlnet"]
-    assert (cn["calls"], cn["units_reused"]) == (STEPS, 1)
+    assert (cn["calls"], cn["units_reused"]) == (STEPS, 1) and stats["controlnet"] == "follow"
     assert "controlnet: 3/4 calls fully computed" in result.output
+    result = CliRunner().invoke(app, ["eval", "--methods", "fixed_interval,fixed_interval:controlnet=follow",
+                                      "--prompts", str(prompts), "--seeds", "1", "--warmup", "0", "--metrics",
+                                      "psnr,max_abs", "--no-progress", "--out", str(tmp_path / "report"), *common])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "report" / "results.json").read_text())["variants"]
+    alone, both = rows["fixed_interval"], rows["fixed_interval(controlnet=follow)"]
+    assert both["compute_ratio"] < 1.0 and 0.0 < alone["max_abs"] < both["max_abs"]

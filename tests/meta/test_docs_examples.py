@@ -48,6 +48,8 @@ SKIPPED = {
     "my_lpips": "a fragment naming the reader's own networks; tests/eval/test_networks.py injects stand-ins",
     "transformer_2": "needs a pipeline with two denoising transformers (Wan 2.2); tests/compat/test_two_experts.py "
                      "runs the same calls on a tiny two-expert WanPipeline",
+    "controlnet": "needs a ControlNet pipeline; tests/compat/test_controlnet_cache.py runs the same calls (Python, "
+                  "`dcache generate --controlnet`, an eval method spec) on tiny Flux / Qwen-Image ControlNets",
     "dcache estimate --model org/repo": "downloads a config from the hub; tests/memory/test_estimate_cli.py runs "
                                         "the shipped and folder forms",
     "dcache estimate --model path/to/pipeline": "names the reader's own folder; tests/memory/test_estimate_cli.py "
