@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from ..adapters import ENCODER, HIDDEN, Adapter, BlockList, register_adapter
-from .inputs import (FLUX_LIKE_MODULES, IDS_ROPE, SHAPE_ROPE, SINGLE_BLOCK_COMPOSED, adaln_zero,
+from .inputs import (SHAPE_ROPE, SINGLE_BLOCK_COMPOSED, adaln_zero, flux_like,
                      allegro_modulated_input, channels_last_latents, cosmos_modulated_input, frames_first_latents,
                      hunyuan_dit_modulated_input, hunyuan_video_modulated_input, image_shapes_latents,
                      joy_image_modulated_input, kandinsky5_modulated_input, ltx_latents, nucleus_moe_modulated_input,
-                     packed_latents, per_token_table, prx_modulated_input, rms_norm_zero_modulated_input,
+                     per_token_table, prx_modulated_input, rms_norm_zero_modulated_input,
                      text_image_norm_modulated_input, time_embedding)
 
 
@@ -19,31 +19,14 @@ register_adapter(Adapter(
     notes="encoder_hidden_states is cross-attention context.",
 ))
 
-register_adapter(Adapter(
-    model_class="BriaTransformer2DModel",
-    block_lists=(
-        BlockList("transformer_blocks", outputs=(ENCODER, HIDDEN)),
-        # ControlNet single-block samples are written in place (as Chroma's)
-        BlockList("single_transformer_blocks", outputs=(ENCODER, HIDDEN), adds_in_place=True),
-    ),
-    modules=FLUX_LIKE_MODULES,
-    composed=SINGLE_BLOCK_COMPOSED,
-    latents=packed_latents,
-    modulated_input=adaln_zero(),
-    invariants=IDS_ROPE,
-))
+# ControlNet single-block samples are written in place (as Chroma's)
+register_adapter(flux_like("BriaTransformer2DModel", single=BlockList(
+    "single_transformer_blocks", outputs=(ENCODER, HIDDEN), adds_in_place=True)))
 
-register_adapter(Adapter(
-    model_class="BriaFiboTransformer2DModel",
-    block_lists=(
-        BlockList("transformer_blocks", outputs=(ENCODER, HIDDEN)),
-        # Single blocks: hidden = [txt ; img] [B, L_txt + L_img, D].
-        BlockList("single_transformer_blocks", encoder=None, outputs=(HIDDEN,)),
-    ),
-    modules=FLUX_LIKE_MODULES,
-    composed=SINGLE_BLOCK_COMPOSED,
-    latents=packed_latents,
-    modulated_input=adaln_zero(),
+# Single blocks: hidden = [txt ; img] [B, L_txt + L_img, D].
+register_adapter(flux_like(
+    "BriaFiboTransformer2DModel", single=BlockList("single_transformer_blocks", encoder=None, outputs=(HIDDEN,)),
+    invariants=(),
     notes="each block reads its own slice of the text-encoder layers (mixed into the text stream outside blocks).",
 ))
 
@@ -134,17 +117,7 @@ register_adapter(Adapter(
           "text_transformer_blocks (text tokens only) run before the visual blocks.",
 ))
 
-register_adapter(Adapter(
-    model_class="LongCatImageTransformer2DModel",
-    block_lists=(
-        BlockList("transformer_blocks", outputs=(ENCODER, HIDDEN)),
-        BlockList("single_transformer_blocks", outputs=(ENCODER, HIDDEN)),
-    ),
-    modules=FLUX_LIKE_MODULES,
-    composed=SINGLE_BLOCK_COMPOSED,
-    latents=packed_latents,
-    modulated_input=adaln_zero(),
-))
+register_adapter(flux_like("LongCatImageTransformer2DModel", invariants=()))
 
 register_adapter(Adapter(
     model_class="LuminaNextDiT2DModel",
@@ -164,17 +137,7 @@ register_adapter(Adapter(
           "AdaLN, so no modulated input.",
 ))
 
-register_adapter(Adapter(
-    model_class="OvisImageTransformer2DModel",
-    block_lists=(
-        BlockList("transformer_blocks", outputs=(ENCODER, HIDDEN)),
-        BlockList("single_transformer_blocks", outputs=(ENCODER, HIDDEN)),
-    ),
-    modules=FLUX_LIKE_MODULES,
-    composed=SINGLE_BLOCK_COMPOSED,
-    latents=packed_latents,
-    modulated_input=adaln_zero(),
-))
+register_adapter(flux_like("OvisImageTransformer2DModel", invariants=()))
 
 register_adapter(Adapter(
     model_class="SanaVideoTransformer3DModel",

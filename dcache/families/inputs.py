@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapters import ENCODER, HIDDEN, Invariant
+from ..adapters import ENCODER, HIDDEN, Adapter, BlockList, Invariant
 from ..latents import packed_2x2_latents, unpack_tokens
 
 Args = dict[str, Any]  # the first block's bound forward arguments: name -> value
@@ -222,3 +222,22 @@ IDS_ROPE = (Invariant("pos_embed", depends_on=("img_ids", "txt_ids")),)
 SHAPE_ROPE = (Invariant("rope", key="shapes"),)
 FLUX_LIKE_MODULES = ("attn", "ff", "ff_context", "proj_mlp", "proj_out")
 SINGLE_BLOCK_COMPOSED = (("proj_out", ("attn", "proj_mlp")),)
+
+
+def flux_like(model_class: str, *, single: BlockList | None = None, modulated_input: Any = None,
+              invariants: tuple = IDS_ROPE, notes: str = "") -> Adapter:
+    """The adapter of a Flux-style MMDiT: double-stream `transformer_blocks` returning (encoder, hidden), then
+    `single_transformer_blocks` (by default also returning (encoder, hidden); pass `single` for a variant, e.g. one
+    that runs over the concatenated [txt ; img] stream), Flux's inner modules with the single block's proj_out
+    composed of attn and proj_mlp, 2x2-packed latents and an AdaLN-zero modulated input."""
+    single = single or BlockList("single_transformer_blocks", outputs=(ENCODER, HIDDEN))
+    return Adapter(
+        model_class=model_class,
+        block_lists=(BlockList("transformer_blocks", outputs=(ENCODER, HIDDEN)), single),
+        modules=FLUX_LIKE_MODULES,
+        composed=SINGLE_BLOCK_COMPOSED,
+        latents=packed_latents,
+        modulated_input=modulated_input if modulated_input is not None else adaln_zero(),
+        invariants=invariants,
+        notes=notes,
+    )

@@ -4,25 +4,14 @@ import (dcache.families)."""
 from __future__ import annotations
 
 from ..adapters import ENCODER, HIDDEN, Adapter, BlockList, Invariant, register_adapter
-from .inputs import (FLUX_LIKE_MODULES, IDS_ROPE, SHAPE_ROPE, SINGLE_BLOCK_COMPOSED, adaln_zero,
+from .inputs import (SHAPE_ROPE, SINGLE_BLOCK_COMPOSED, adaln_zero, flux_like,
                      basic_block_modulated_input, chroma_modulated_input, flux2_modulated_input, frames_first_latents,
                      hunyuan_video_modulated_input, image_shapes_latents, ltx_latents, packed_latents, per_token_table,
                      qwen_image_modulated_input, rms_norm_zero_modulated_input, sample_list_latents,
                      sana_modulated_input, text_image_norm_modulated_input, time_embedding, z_image_modulated_input)
 
 
-register_adapter(Adapter(
-    model_class="FluxTransformer2DModel",
-    block_lists=(
-        BlockList("transformer_blocks", outputs=(ENCODER, HIDDEN)),
-        BlockList("single_transformer_blocks", outputs=(ENCODER, HIDDEN)),
-    ),
-    modules=FLUX_LIKE_MODULES,
-    composed=SINGLE_BLOCK_COMPOSED,
-    latents=packed_latents,
-    modulated_input=adaln_zero(),
-    invariants=IDS_ROPE,
-))
+register_adapter(flux_like("FluxTransformer2DModel"))
 
 register_adapter(Adapter(
     model_class="Flux2Transformer2DModel",
@@ -134,20 +123,13 @@ register_adapter(Adapter(
           "noise_refiner (image tokens only) run before the join on every call.",
 ))
 
-register_adapter(Adapter(
-    model_class="ChromaTransformer2DModel",
-    block_lists=(
-        BlockList("transformer_blocks", outputs=(ENCODER, HIDDEN)),
-        # Single blocks take hidden = [txt ; img] [B, L_txt + L_img, D] and return it alone; ControlNet samples are
-        # written into its image part in place.
-        BlockList("single_transformer_blocks", encoder=None, outputs=(HIDDEN,), adds_in_place=True),
-    ),
-    modules=FLUX_LIKE_MODULES,
-    composed=SINGLE_BLOCK_COMPOSED,
-    latents=packed_latents,
+# Single blocks take hidden = [txt ; img] [B, L_txt + L_img, D] and return it alone; ControlNet samples are written
+# into its image part in place.
+register_adapter(flux_like(
+    "ChromaTransformer2DModel",
+    single=BlockList("single_transformer_blocks", encoder=None, outputs=(HIDDEN,), adds_in_place=True),
     modulated_input=chroma_modulated_input,
     notes="per-block modulation is sliced from one pooled embedding: temb differs per block.",
-    invariants=IDS_ROPE,
 ))
 
 register_adapter(Adapter(
