@@ -251,7 +251,7 @@ def _calibrate_plan(method: str, pipe, jobs: list, out: str, overrides: dict, ge
     """`dcache calibrate --method ertacache|profilingdit|invardiff|bac`: the plan, written to `out`."""
     import shlex
 
-    from dcache.schedules.calibrated_plans import calibrate_plan, save_plan_calibration
+    from dcache.schedules.tuning.plan_calibration import calibrate_plan, save_plan_calibration
 
     plan = calibrate_plan(method, pipe, jobs, **overrides)
     kind = save_plan_calibration(out, method, plan, pipe.transformer)

@@ -1,6 +1,7 @@
 """BAC, Block-wise Adaptive Caching (arXiv 2506.13456; ICLR 2026): per-unit update steps chosen by DP to
 maximise the similarity of the reused features, then the Bubbling Union (BLOCK granularity by default).
 
+    from dcache.schedules.tuning.bac_calibration import calibrate_bac
     plan = calibrate_bac(pipe, lambda: pipe(labels=[0, 1, 2], generator=torch.Generator().manual_seed(0)))
     handle = dcache.apply(pipe, plan)
 
@@ -23,11 +24,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from torch import nn
 
-from dcache import Action, Granularity, MethodConfig, Plan, Schedule, knob, register_method
+from dcache import MethodConfig, Plan, Schedule, knob, register_method
 from dcache.plan import PlanSchedule
 
 
@@ -64,9 +65,6 @@ class BACConfig(MethodConfig):
                                    " a plan, or a calibration file holding this method's plan for the model")
 
     def check(self) -> None:
-        from .tuning.profiling import check_finite
-
-        check_finite(self)
         if self.bubble_depth == 0:
             raise self.invalid("bubble_depth", 0, "-1 (all) or >= 1; use bubble_quantile=1 to turn the union off",
                                "how many downstream units receive the union")
@@ -142,68 +140,4 @@ def bubbling_union(schedules: list[set[int]], errors: Sequence[float], targets: 
                 out[v] |= schedules[u]
     return out
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Calibration
-# ----------------------------------------------------------------------------------------------------------------
-
-def calibrate_bac(target: Any, run_fn: Callable[[], Any] | Sequence[Callable[[], Any]],
-                  config: BACConfig | None = None, *, num_steps: int | None = None, **overrides: Any) -> Plan:
-    """Profile unit similarities, run the per-unit DP and the bubbling union, return the Plan."""
-    from .tuning import profiling as prof
-
-    config = config if config is not None else BACConfig()
-    if overrides:
-        config = type(config).with_overrides(**{**config.__dict__, **overrides})
-    runs = prof.as_runs(run_fn)
-    module_mode = config.granularity == "module"
-    collector = prof.PairwiseCollector(window=config.max_interval)
-    seen: dict[str, int] = {}
-
-    def add(unit: int, where, feature) -> None:
-        seen.setdefault(where.branch, 0)
-        collector.add(where, feature, key=f"{where.branch}|{unit}")
-
-    with prof.ProfileSession(target, num_steps=num_steps) as session:
-        granularity = Granularity.MODULE if module_mode else Granularity.BLOCK
-        units = session.unit_names(granularity)
-        names = [m for _, m in session.module_pairs()] if module_mode else ["block"] * len(units)
-        if module_mode:
-            if not units:
-                raise ValueError(f"{type(session.transformer).__name__} exposes no inner modules; use "
-                                 f"granularity='block'.")
-            session.on_module(lambda unit, where, out: add(unit, where, out))
-        else:
-            prof.block_residual_tap(session, lambda index, where, r: add(index, where, r))
-        generations = session.run(runs)
-        header, adapter = session.plan_header(), session.engine.adapter
-    if not seen:
-        raise RuntimeError("calibration saw no transformer call; run_fn must run the pipeline (or transformer).")
-    n = max(collector.steps.values())
-    updates = int(round(config.compute_ratio * n))
-
-    def targets(u: int) -> list[int]:
-        later = [v for v in range(u + 1, len(units)) if not module_mode or names[v] in prof.FFN_MODULES]
-        return later if config.bubble_depth < 0 else later[:config.bubble_depth]
-
-    actions: dict[str, list[str]] = {}
-    info: dict[str, Any] = {}
-    for branch in seen:
-        sims = [lambda i, k, key=f"{branch}|{u}": collector.cosine(key, i, k) for u in range(len(units))]
-        base = [update_steps(n, sims[u], updates, config.max_interval) for u in range(len(units))]
-        errors = [caching_error(n, base[u], sims[u]) for u in range(len(units))]
-        cut = prof.quantile(errors, config.bubble_quantile) if config.bubble_quantile < 1 else math.inf
-        final = bubbling_union([set(s) for s in base], errors, targets, cut)
-        actions[branch] = ["".join(Action.COMPUTE.value if t in final[u] else Action.REUSE.value
-                                   for u in range(len(units))) for t in range(n)]
-        info[branch] = {"caching_error": errors, "bubbled_units": [u for u, e in enumerate(errors) if e > cut],
-                        "base_compute_ratio": sum(len(s) for s in base) / (n * len(units)),
-                        "compute_ratio": sum(len(s) for s in final) / (n * len(units))}
-    extras = {"bac": info}
-    provenance = {"method": "bac", "config": config.to_dict(),
-                  "calibration": {"generations": generations, "runs": len(runs)}, "quality": {}}
-    return prof.make_plan(header, granularity=granularity, units=units, num_steps=n, actions=actions,
-                          extras=extras, provenance=provenance, adapter=adapter)
-
-
-__all__ = ["BACConfig", "BACSchedule", "calibrate_bac", "update_steps", "caching_error", "bubbling_union"]
+__all__ = ["BACConfig", "BACSchedule", "update_steps", "caching_error", "bubbling_union"]

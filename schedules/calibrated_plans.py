@@ -1,10 +1,9 @@
-"""Calibrated plans of the profiled methods (ERTACache, ProfilingDiT, InvarDiff, BAC): make, save, find.
+"""Calibrated plans of the profiled methods (ERTACache, ProfilingDiT, InvarDiff, BAC): where a method finds its plan.
 
-    plan = calibrate_plan("bac", pipe, run_fn, compute_ratio=0.4)     # calibrate_bac(...) with config overrides
-    save_plan_calibration("bac.plan.json", "bac", plan, pipe.transformer)
     dcache.apply(pipe, "bac", calibration="bac.plan.json")             # or dcache.apply(pipe, plan)
 
-The command line does the same: `dcache calibrate --method bac` (see pipelines/cli.py).
+Making and saving a plan runs the pipeline: dcache.schedules.tuning.plan_calibration (`calibrate_plan`,
+`save_plan_calibration`), or on the command line `dcache calibrate --method bac` (see pipelines/cli.py).
 
 Where a method finds its plan (`calibrated_plan`, called by each method's config.build), first match wins:
   1. `plan=FILE`: a plan file;
@@ -18,22 +17,19 @@ the N calibrated ones (Plan.interpolate_steps, nearest step), as MagCache maps i
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import shlex
-import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from torch import nn
 
-import dcache
 from dcache.plan import PLAN_FORMAT, Plan
 
-from .calibration_file import CALIBRATION_FORMAT, CalibrationEntry, CalibrationFile, save_calibration
+from .calibration_file import CALIBRATION_FORMAT, CalibrationFile
 from .tables import known_identities, lookup_table, model_identity
 
-# method name -> the name messages use; each method file defines calibrate_<method>(target, run_fn, ...)
+# method name -> the name messages use (dcache.schedules.tuning.plan_calibration holds their calibrate functions)
 PLAN_METHODS: dict[str, str] = {"bac": "BAC", "ertacache": "ERTACache", "invardiff": "InvarDiff",
                                 "profilingdit": "ProfilingDiT"}
 
@@ -48,56 +44,20 @@ class CalibrationMissing(ValueError):
         super().__init__(f"{problem} Calibrate it once from the command line: {command}; or in Python: {python}")
 
 
-def _title(method: str) -> str:
+def plan_method_title(method: str) -> str:
+    """The name messages use for a profiled method; a ValueError naming the profiled methods for another name."""
     if method not in PLAN_METHODS:
         raise ValueError(f"{method!r} is not a profiled method with a calibrated plan; choose one of "
                          f"{sorted(PLAN_METHODS)}.")
     return PLAN_METHODS[method]
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Making and saving
-# ------------------------------------------------------------------------------------------------------------------
-
-def calibrate_plan(method: str, target: Any, run_fn: Callable[[], Any] | Sequence[Callable[[], Any]], *,
-                   num_steps: int | None = None, **overrides: Any) -> Plan:
-    """The calibrated plan of a profiled method: its calibrate_<method>(target, run_fn, **overrides), where the
-    overrides are fields of its config (e.g. compute_ratio=0.4 for BAC, threshold=0.2 for ERTACache)."""
-    _title(method)
-    calibrate = getattr(importlib.import_module(f"{__package__}.{method}"), f"calibrate_{method}")
-    return calibrate(target, run_fn, num_steps=num_steps, **overrides)
-
-
-def _read_json(path: Path, what: str) -> Any:
+def read_json(path: Path, what: str) -> Any:
+    """The JSON value in `path`; a ValueError naming `what` and the file when it is not valid JSON."""
     try:
         return json.loads(path.read_text())
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
         raise ValueError(f"{what} {str(path)!r} is not valid JSON ({exc}); it is corrupted or truncated.") from None
-
-
-def save_plan_calibration(path: str | Path, method: str, plan: Plan, model: nn.Module) -> str:
-    """Write `plan` atomically: as a plan file ("plan"), or, when `path` already is a calibration file, as the
-    file's `method` entry for `model` ("calibration"; merged with its other entries, an entry with the same method,
-    model, scheduler, steps and resolution is replaced). Another kind of existing file is refused, not overwritten."""
-    title, path = _title(method), Path(path)
-    data = _read_json(path, "the output file") if path.is_file() else {"format": PLAN_FORMAT}
-    existing = data.get("format") if isinstance(data, dict) else None
-    if existing == CALIBRATION_FORMAT:
-        calibration = plan.provenance.get("calibration", {})
-        entry = CalibrationEntry(method=method, model_identity=model_identity(model), model_class=plan.model_class,
-                                 table=plan.to_dict(), num_steps=plan.num_steps, scheduler=plan.scheduler,
-                                 # [tokens, width] entering the first block, as the MagCache / TeaCache entries
-                                 resolution=plan.resolution[1:] if plan.resolution else None,
-                                 runs=int(calibration.get("runs", 1)),
-                                 provenance={"created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                             "dcache": dcache.__version__, "kind": "plan"})
-        save_calibration(path, entry)
-        return "calibration"
-    if existing != PLAN_FORMAT:
-        raise ValueError(f"{str(path)!r} exists and is neither a dcache plan nor a dcache calibration file; write the "
-                         f"{title} plan to another file (--out) so that it is not overwritten.")
-    plan.save(path)
-    return "plan"
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -107,7 +67,7 @@ def save_plan_calibration(path: str | Path, method: str, plan: Plan, model: nn.M
 def calibrated_plan(method: str, model: nn.Module, *, plan: str | None = None,
                     calibration: str | None = None) -> Plan:
     """The plan `method` replays on `model` (see the module docstring for the order); interpolates steps."""
-    title = _title(method)
+    title = plan_method_title(method)
     if plan is not None and calibration is not None:
         raise ValueError(f"{title}: pass plan= or calibration=, not both (each names the file of a calibrated "
                          f"plan).")
@@ -122,8 +82,8 @@ def calibrated_plan(method: str, model: nn.Module, *, plan: str | None = None,
             raise CalibrationMissing(
                 f"{title} replays a plan calibrated for the model, and none is registered for {identity} (known: "
                 f"{', '.join(known_identities(method)) or 'none'}).", calibrate_command(method, model),
-                f"plan = dcache.schedules.{method}.calibrate_{method}(pipe, run_fn) (run_fn runs the pipeline once); "
-                f"plan.save('{method}.plan.json'); dcache.apply(pipe, '{method}', "
+                f"plan = dcache.schedules.tuning.plan_calibration.calibrate_plan('{method}', pipe, run_fn) (run_fn "
+                f"runs the pipeline once); plan.save('{method}.plan.json'); dcache.apply(pipe, '{method}', "
                 f"calibration='{method}.plan.json') or dcache.apply(pipe, plan).")
         found = table if isinstance(table, Plan) else Plan.from_dict(
             table, source=f"the {title} plan registered for {model_identity(model)}")
@@ -131,11 +91,11 @@ def calibrated_plan(method: str, model: nn.Module, *, plan: str | None = None,
 
 
 def _plan_from_file(method: str, path: Path, model: nn.Module) -> Plan:
-    title = _title(method)
+    title = plan_method_title(method)
     what = f"{title} calibration={str(path)!r}"
     if not path.is_file():
         raise ValueError(f"{what} does not exist; write it with `{calibrate_command(method, model, str(path))}`.")
-    data = _read_json(path, what)
+    data = read_json(path, what)
     kind = data.get("format") if isinstance(data, dict) else None
     if kind == PLAN_FORMAT:
         return Plan.from_dict(data, source=f"plan file {str(path)!r}")
@@ -188,5 +148,5 @@ def calibrate_command(method: str, model: nn.Module, out: str | None = None) -> 
     return " ".join(args)
 
 
-__all__ = ["PLAN_METHODS", "CalibrationMissing", "calibrate_plan", "save_plan_calibration", "calibrated_plan",
+__all__ = ["PLAN_METHODS", "CalibrationMissing", "plan_method_title", "read_json", "calibrated_plan",
            "calibrate_command", "model_source"]

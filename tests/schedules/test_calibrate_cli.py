@@ -131,7 +131,8 @@ def test_python_names_the_command_and_the_calls(other_model):
         dcache.apply(pipe, "bac")
     text = str(info.value)
     assert f"dcache calibrate --model {other_model} --method bac" in text
-    assert "dcache.schedules.bac.calibrate_bac(pipe, run_fn)" in text and "calibration='bac.plan.json'" in text
+    assert "dcache.schedules.tuning.plan_calibration.calibrate_plan('bac', pipe, run_fn)" in text
+    assert "calibration='bac.plan.json'" in text
     assert model_identity(pipe.transformer) in text
 
 

@@ -18,12 +18,15 @@ import dcache
 from dcache import Action, Plan
 from dcache.pipelines.label_encoder import LabelEncoder
 from dcache.pipelines.tiny_pipeline import DigitFlowPipeline
-from dcache.schedules.tuning import profiling as prof
-from dcache.schedules.bac import BACConfig, bubbling_union, calibrate_bac, caching_error, update_steps
+from dcache.schedules.bac import BACConfig, bubbling_union, caching_error, update_steps
 from dcache.schedules.ertacache import ERTACacheConfig, ERTACacheSchedule, calibrate_ertacache, select_compute_steps
 from dcache.schedules.flowcache import ChunkObservation, FlowCacheConfig, FlowCachePolicy, FlowCacheSchedule
-from dcache.schedules.invardiff import InvarDiffConfig, calibrate_invardiff
-from dcache.schedules.profilingdit import ProfilingDiTConfig, calibrate_profilingdit, classify_blocks
+from dcache.schedules.invardiff import InvarDiffConfig
+from dcache.schedules.profilingdit import ProfilingDiTConfig, classify_blocks
+from dcache.schedules.tuning import profiling as prof
+from dcache.schedules.tuning.bac_calibration import calibrate_bac
+from dcache.schedules.tuning.invardiff_calibration import calibrate_invardiff
+from dcache.schedules.tuning.profilingdit_calibration import calibrate_profilingdit
 
 STEPS = 12
 CAL_LABELS, CAL_SEED = [0, 1], 1
