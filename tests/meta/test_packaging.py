@@ -1,11 +1,14 @@
 """Guards: one import name (`dcache`), and imports that point one way through the layers.
 
-Layers, lowest first: kernels/ (dcache.kernels), dcache/ (the core), schedules/ (dcache.schedules), pipelines/
-(dcache.pipelines), eval/ (dcache.eval), and the command line (pipelines/cli.py, dcache.pipelines.cli) on top of
-everything. A file may import its own layer and the layers below; nothing imports the command line. Imports are read
-from the syntax tree, including `importlib.import_module("dcache.x")` / `__import__("dcache.x")` calls, so a dynamic
-import counts like a static one. The core reaches the method packages through the `dcache.methods` entry point
-(dcache/plugins.py), which names no package in code.
+Layers, lowest first: kernels/ (dcache.kernels), dcache/ (the core), schedules/ (dcache.schedules: the runtime
+policies), schedules/tuning/ (dcache.schedules.tuning: offline tuning that runs pipelines or models: profiling,
+calibration, plan search), pipelines/ (dcache.pipelines), eval/ (dcache.eval), and the command line
+(pipelines/cli.py, dcache.pipelines.cli) on top of everything. A file may import its own layer and the layers below;
+nothing imports the command line. The layers below tuning import no optional plotting / launching / search package
+(matplotlib, accelerate, pymoo, torchmetrics). Imports are read from the syntax tree, including
+`importlib.import_module("dcache.x")` / `__import__("dcache.x")` / `require("x")` (dcache/extras.py) calls, so a
+dynamic import counts like a static one. The core reaches the method packages through the `dcache.methods` entry
+point (dcache/plugins.py), which names no package in code.
 """
 
 from __future__ import annotations
@@ -19,10 +22,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ["kernels", "dcache", "schedules", "pipelines", "eval", "cli"]  # lower first
+LAYERS = ["kernels", "dcache", "schedules", "tuning", "pipelines", "eval", "cli"]  # lower first
 PACKAGE_OF = {"kernels": "dcache.kernels", "dcache": "dcache", "schedules": "dcache.schedules",
-              "pipelines": "dcache.pipelines", "eval": "dcache.eval", "cli": "dcache.pipelines.cli"}
+              "tuning": "dcache.schedules.tuning", "pipelines": "dcache.pipelines", "eval": "dcache.eval",
+              "cli": "dcache.pipelines.cli"}
+FOLDER_OF = {"tuning": Path("schedules/tuning")}  # a layer nested in another's folder; the others: their own name
 CLI_FILE = Path("pipelines/cli.py")
+# Optional packages of the eval / search extras (dcache/extras.py): only tuning and the layers above import them.
+OPTIONAL_ABOVE_TUNING = {"matplotlib", "accelerate", "pymoo", "torchmetrics"}
 SOURCE_NAMES = ["kernels", "schedules", "pipelines", "eval"]  # source folders, importable only under dcache.
 
 
@@ -64,10 +71,11 @@ def _module_name(path: Path) -> str:
 
 
 def _dynamic_target(call: ast.Call, module: str) -> str | None:
-    """The module named by importlib.import_module("x") / import_module(f"{__name__}.y") / __import__("x")."""
+    """The module named by importlib.import_module("x") / import_module(f"{__name__}.y") / __import__("x") /
+    require("x") (dcache.extras: an optional dependency)."""
     func = call.func
     name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
-    if name not in {"import_module", "__import__"} or not call.args:
+    if name not in {"import_module", "__import__", "require"} or not call.args:
         return None
     arg = call.args[0]
     if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
@@ -116,31 +124,117 @@ def _layer_of(module: str) -> str | None:
 
 
 def _files_of(layer: str) -> list[Path]:
+    """The layer's source files: its folder, less the command line file and the folders of layers nested in it."""
     if layer == "cli":
         return [ROOT / CLI_FILE]
-    return [path for path in sorted((ROOT / layer).rglob("*.py")) if path.relative_to(ROOT) != CLI_FILE]
+    folder = FOLDER_OF.get(layer, Path(layer))
+    nested = [FOLDER_OF[other] for other in FOLDER_OF if other != layer and FOLDER_OF[other].parts[0] == layer]
+    return [path for path in sorted((ROOT / folder).rglob("*.py"))
+            if (rel := path.relative_to(ROOT)) != CLI_FILE and not any(rel.is_relative_to(n) for n in nested)]
 
 
 def test_the_import_reader_sees_dynamic_and_relative_imports():
     source = ("import importlib\nfrom . import plan\nfrom ..x import y\n"
               "importlib.import_module('dcache.schedules')\n__import__('dcache.eval.runner')\n"
-              "importlib.import_module(f'{__name__}.sub')\nimportlib.import_module(name)\n")
+              "importlib.import_module(f'{__name__}.sub')\nimportlib.import_module(name)\nrequire('matplotlib')\n")
     assert imports_of(source, "dcache.pipelines.mod") == {
         "importlib", "dcache.pipelines", "dcache.x", "dcache.schedules", "dcache.eval.runner",
-        "dcache.pipelines.mod.sub"}
+        "dcache.pipelines.mod.sub", "matplotlib"}
 
 
-@pytest.mark.parametrize("layer", LAYERS)
-def test_imports_point_down_only(layer):
+def test_each_source_file_belongs_to_one_layer():
+    # schedules/tuning/ is the tuning layer, not part of the schedules layer, and pipelines/cli.py is the cli layer
+    files = [path for layer in LAYERS for path in _files_of(layer)]
+    assert len(files) == len(set(files)), "a file is counted in two layers"
+    every = {path for name in ["kernels", "dcache", "schedules", "pipelines", "eval"]
+             for path in (ROOT / name).rglob("*.py")}
+    assert set(files) == every
+    assert ROOT / "schedules" / "tuning" / "profiling.py" in _files_of("tuning")
+    assert not any("tuning" in path.relative_to(ROOT).parts for path in _files_of("schedules"))
+    assert _layer_of("dcache.schedules.tuning.search.core") == "tuning" and _layer_of("dcache.schedules.bac") == \
+        "schedules"
+
+
+# Policy files that still hold offline-tuning code, to be moved into schedules/tuning/ by their owner. Their cases are
+# strict expected failures: once such a file imports nothing from tuning its case passes, which fails the run (XPASS)
+# until its entry here is removed.
+AWAITING_MOVE = {
+    "schedules/ertacache.py": "calibrate_ertacache and _fit_phi run ProfileSession (tuning.profiling); "
+                              "ERTACacheConfig.check imports tuning.profiling.check_finite",
+    "schedules/flowcache.py": "FlowCacheConfig.check imports tuning.profiling.check_finite",
+}
+
+
+def _layer_files():
+    for layer in LAYERS:
+        for path in _files_of(layer):
+            rel = path.relative_to(ROOT).as_posix()
+            marks = [pytest.mark.xfail(strict=True, reason=AWAITING_MOVE[rel])] if rel in AWAITING_MOVE else []
+            yield pytest.param(layer, path, id=rel, marks=marks)
+
+
+@pytest.mark.parametrize("layer, path", list(_layer_files()))
+def test_imports_point_down_only(layer, path):
     allowed = set(LAYERS[: LAYERS.index(layer) + 1])
-    offenders = []
-    for path in _files_of(layer):
-        rel = path.relative_to(ROOT)
-        for module in _imports(path):
-            found = _layer_of(module)
-            if found is not None and found not in allowed:
-                offenders.append(f"{rel} imports {module} ({found} is above {layer})")
+    offenders = [f"{path.relative_to(ROOT)} imports {module} ({found} is above {layer})"
+                 for module in sorted(_imports(path))
+                 if (found := _layer_of(module)) is not None and found not in allowed]
     assert not offenders, "\n".join(offenders)
+
+
+def test_files_awaiting_the_move_are_policy_files():
+    for rel in AWAITING_MOVE:
+        assert (ROOT / rel).is_file() and ROOT / rel in _files_of("schedules"), f"stale AWAITING_MOVE entry {rel}"
+
+
+@pytest.mark.parametrize("layer", LAYERS[: LAYERS.index("tuning")])
+def test_layers_below_tuning_import_no_plotting_launching_or_search_package(layer):
+    # A runtime policy decides from numbers: plots (matplotlib), multi-process launch (accelerate) and search
+    # (pymoo) belong to offline tuning and the layers above it.
+    offenders = [f"{path.relative_to(ROOT)} imports {module}" for path in _files_of(layer)
+                 for module in _imports(path) if module.split(".")[0] in OPTIONAL_ABOVE_TUNING]
+    assert not offenders, "\n".join(offenders)
+
+
+# Calls that install hooks on modules or tensors, and dcache.apply (running a pipeline with a method applied).
+HOOK_CALLS = {"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+              "register_full_backward_pre_hook", "register_hook"}
+
+
+def _hook_and_apply_calls(source: str) -> list[str]:
+    """`x.register_forward_hook(...)`-style calls and `dcache.apply(...)` calls, by line."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if node.func.attr in HOOK_CALLS or (
+                    node.func.attr == "apply" and isinstance(owner, ast.Name) and owner.id == "dcache"):
+                found.append(f"line {node.lineno}: .{node.func.attr}(...)")
+    return found
+
+
+def test_the_hook_reader_sees_hooks_and_apply():
+    source = ("import dcache\nh = block.register_forward_hook(f)\nhandle = dcache.apply(pipe, 'fora')\n"
+              "'dcache.apply(pipe)'\nx.apply(f)\n")
+    assert _hook_and_apply_calls(source) == ["line 2: .register_forward_hook(...)", "line 3: .apply(...)"]
+
+
+def test_policies_install_no_hook_and_apply_no_method():
+    # A policy sees numbers only: hooks on modules, and runs of a pipeline with dcache applied, are offline tuning.
+    offenders = [f"{path.relative_to(ROOT)} {call}" for path in _files_of("schedules")
+                 for call in _hook_and_apply_calls(path.read_text())]
+    assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch, diffusers and the policies: ~10 s on a busy 2-core CPU
+def test_importing_the_policies_loads_no_tuning_module():
+    # schedules/__init__.py imports every policy file by name (a dynamic import the syntax-tree reader cannot
+    # resolve); it must skip the tuning subpackage, which declares itself under the entry point on its own.
+    code = ("import sys\nimport dcache.schedules\n"
+            "print(sorted(m for m in sys.modules if m.startswith('dcache.schedules.tuning')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_kernels_import_only_torch_triton_and_stdlib():
