@@ -45,6 +45,10 @@ def check_scope(scope: str, schedule: Any, granularity: str) -> bool:
         raise ValueError(f"scope={scope!r} is not one of {SCOPES}: 'blocks' caches the block stack (exact head), "
                          f"'call' the whole transformer map x -> v (also skips embedders and head).")
     if scope == "blocks":
+        if getattr(schedule, "cfg_difference", False):
+            raise ValueError("cfg_difference serves the unconditional call as the conditional one minus a forecast "
+                             "of the CFG difference of the whole transformer output, so it needs scope='call'; "
+                             "pass scope='call', or cfg_difference=False to cache each branch on its own.")
         return False
     name = getattr(schedule, "name", type(schedule).__name__)
     problems = []

@@ -117,6 +117,9 @@ class Handle:
             extras["expert_steps"] = active
         if eng.scope != "blocks":  # replays in the scope it was recorded in (dcache.apply reads it)
             extras["scope"] = eng.scope
+        extras.pop("cfg_difference", None)
+        if getattr(eng.schedule, "cfg_difference", False):  # replays serving uncond through the CFG difference
+            extras["cfg_difference"] = True
         return Plan(
             model_class=type(eng.transformer).__name__,
             block_layout=[layout[i] for i in range(len(eng.adapter.block_lists))],

@@ -262,6 +262,7 @@ class PlanSchedule(Schedule):
 
         self.step_action = step_action_from_plan(plan)  # None: the scheduler's updates are kept as they are
         self.acts_on_steps = self.step_action is not None
+        self.cfg_difference = bool(plan.extras.get("cfg_difference", False))  # dcache.cfg_difference
         self.name = f"plan:{plan.provenance.get('method', 'static')}"
         self._reused_units: dict[str, set[int]] = {
             b: {i for row in rows for i, c in enumerate(row) if c != Action.COMPUTE.value}

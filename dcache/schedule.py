@@ -58,6 +58,8 @@ class Schedule:
                       and Taylor FORECAST (linear in the residuals); a learned forecaster is trained per list, so
                       by default a schedule with one keeps the lists apart (and so must the recordings that train
                       it).
+      cfg_difference: call scope, split CFG: serve the "uncond" branch's reused / forecast calls as the "cond"
+                      branch's Delta of the step minus a forecast of the CFG difference (dcache.cfg_difference).
       acts_on_steps:  True if `after_step` may change the scheduler's update (dcache.step_actions); the engine
                       reads the step's latents only for such schedules.
     """
@@ -69,6 +71,7 @@ class Schedule:
     forecast_order: int = 0
     forecaster = None
     acts_on_steps: bool = False
+    cfg_difference: bool = False
     name: str = "schedule"
 
     @property

@@ -109,6 +109,10 @@ class BranchState:
     call_layout: Any = None  # call scope: how the last computed call's output is built (call_scope.OutputLayout)
     codec: Any = None  # dcache.cache_codec.CacheCodec of a low-precision cache (None: the compute dtype)
     provided: dict[str, dict[str, Any]] = field(default_factory=dict)  # a signal provider's memory, by its name
+    # call scope with a schedule's cfg_difference (dcache.cfg_difference): the conditional branch's (step, Delta,
+    # computed) of the running step; the unconditional branch's history of D = Delta_c - Delta_u
+    cfg_reference: tuple | None = None
+    cfg_difference: UnitHistory | None = None
 
     def history(self, key: Any, order: int) -> UnitHistory:
         hist = self.units.get(key)
@@ -121,7 +125,10 @@ class BranchState:
     def nbytes(self) -> int:
         tensors = [self.prev_modulated, self.probe_ref, self.prev_input, self.input_at_compute,
                    self.output_at_compute, self.residual_at_compute]
-        tensors += [t for memory in self.provided.values() for t in memory.values() if isinstance(t, torch.Tensor)]
+        for memory in self.provided.values():  # a provider keeps tensors, or tuples of them
+            for value in memory.values():
+                values = value if isinstance(value, tuple) else (value,)
+                tensors += [t for t in values if isinstance(t, torch.Tensor)]
         extra = sum(t.numel() * t.element_size() for t in tensors if t is not None)
-        probe = self.probe_history.nbytes if self.probe_history is not None else 0
-        return sum(h.nbytes for h in self.units.values()) + extra + probe
+        histories = [h for h in (self.probe_history, self.cfg_difference) if h is not None]
+        return sum(h.nbytes for h in self.units.values()) + extra + sum(h.nbytes for h in histories)

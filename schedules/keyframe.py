@@ -19,6 +19,12 @@ PSNR vs uncached): leaving the last step uncomputed shortens every earlier inter
 searches them (coordinate descent on the tuning batch, one keyframe moved at a time); the presets below are its
 results.
 
+With real guidance (CFG 3) the two branches' forecast errors reach the sample as g e_c - (g - 1) e_u, so an
+unconditional branch one keyframe short of the conditional one costs several dB; `cfg_difference=True` (call scope)
+serves the unconditional calls between its keyframes as the conditional output minus a forecast of the CFG
+difference over the steps both computed (dcache.cfg_difference), which keeps the errors cancelling. Its uncond
+keyframes should be a subset of the cond ones (the difference is only known where both computed).
+
 Memory: (order + 1) tensors per cached unit and branch (stack granularity: one residual per stream, or one Delta
 in call scope).
 """
@@ -77,6 +83,11 @@ class KeyframeConfig(MethodConfig):
                                           doc="keyframes of the split-CFG 'uncond' branch (None = `keyframes`)")
     order: int = knob(2, low=0, high=3, doc="Taylor order of the forecast between keyframes (0 = reuse the last "
                                             "keyframe; 2 = TaylorSeer's table over the last three)")
+    cfg_difference: bool = knob(False, doc="split CFG in call scope: serve the 'uncond' branch between its "
+                                           "keyframes as the 'cond' output minus a forecast of the CFG difference "
+                                           "(over the steps both computed), which keeps the two branches' errors "
+                                           "cancelling; use it with uncond keyframes that are a subset of the cond "
+                                           "ones")
 
     def check(self) -> None:
         for name in ("keyframes", "uncond_keyframes"):
@@ -99,6 +110,7 @@ class KeyframeSchedule(Schedule):
     def __init__(self, config: KeyframeConfig):
         self.config = config
         self.forecast_order = config.order
+        self.cfg_difference = config.cfg_difference  # dcache.cfg_difference (call scope)
         self.name = "keyframe"
         self._steps: dict[bool, frozenset[int]] = {}  # is the uncond branch -> computed steps of this generation
 

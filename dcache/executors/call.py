@@ -2,7 +2,8 @@
 
 The decision is taken before the transformer runs (the row addresses the one "stack" unit, so stack schedules and
 plans work unchanged); REUSE returns x + Delta without running the transformer (FORECAST: Delta's Taylor forecast),
-COMPUTE runs the bare model (no block is hooked) and caches Delta = v - x and the output's layout. FLOPs are the
+COMPUTE runs the bare model (no block is hooked) and caches Delta = v - x and the output's layout. With a schedule's
+`cfg_difference`, the unconditional branch's served calls are Delta_c - D^ (dcache.cfg_difference). FLOPs are the
 whole call's, counted on the first computed call of each input shape. Cache key: "call".
 """
 
@@ -16,6 +17,7 @@ from ..actions import Signal
 from ..cache_ops import ops_for
 from ..call_scope import CALL_UNIT, latent_input, output_layout
 from ..call_state import BlockSlot, CallState
+from ..cfg_difference import CfgDifference
 from ..decision import decide
 from ..state import BranchState
 from ..unit_store import store_residuals
@@ -31,6 +33,8 @@ class CallExecutor(UnitExecutor):
     def __init__(self, engine: Any):
         super().__init__(engine)
         self.latent = None  # the running call's latent input x
+        # split CFG: the unconditional branch served through the CFG difference (dcache.cfg_difference)
+        self.cfg = CfgDifference(engine) if getattr(engine.schedule, "cfg_difference", False) else None
 
     def assign_roles(self, slots: list[BlockSlot], probe: int, tail: int) -> None:
         assign_stack_roles(slots, probe, tail)  # the stack's layout (check_scope refused probe and tail blocks)
@@ -78,7 +82,12 @@ class CallExecutor(UnitExecutor):
             else:
                 call.unit = flops.start(CALL_UNIT, shape)
             return True, None
-        delta = bstate.units[CALL_UNIT].read(action == FORECAST, call.step)[0]
+        forecast = action == FORECAST
+        delta = self.cfg.served(call, forecast) if self.cfg is not None else None  # dcache.cfg_difference
+        if delta is None:
+            delta = bstate.units[CALL_UNIT].read(forecast, call.step)[0]
+        if self.cfg is not None:
+            self.cfg.note(call, delta, computed=False)
         call.flops_total = flops.cost(CALL_UNIT, shape) or 0.0
         return False, bstate.call_layout.build(engine.ops.apply(x, delta))
 
@@ -99,4 +108,6 @@ class CallExecutor(UnitExecutor):
         call.stack_input, call.stack_output = x, v
         if engine.schedule.may_reuse(call.branch, 0):
             store_residuals(engine.ops, call, CALL_UNIT, engine.order, [v], [x])
+        if self.cfg is not None:
+            self.cfg.note(call, (v - x).detach(), computed=True)
         return out

@@ -1,0 +1,120 @@
+"""Forecasting the CFG difference (dcache.cfg_difference) against an analytic toy in call scope.
+
+The toy's output is v = x + t^3 + e t with e = mean(encoder_hidden_states): the cond branch (e = 1) and the uncond
+branch (e = 0) share x, so Delta = v - x = t^3 + e t and the CFG difference D = Delta_c - Delta_u = t is linear in
+the step (t = 1 - step / N). A first-order forecast of D is therefore exact, while a first-order forecast of the
+uncond branch's own Delta (cubic in t) is not.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers.models.cache_utils import CacheMixin
+from torch import nn
+
+import dcache
+from dcache import Plan
+from dcache.adapters import HIDDEN, Adapter, BlockList, register_adapter
+
+N = 8
+
+
+class CfgToyBlock(nn.Module):
+    def forward(self, hidden_states, encoder_hidden_states, temb):
+        e = encoder_hidden_states.mean(dim=(1, 2))[:, None, None]
+        t = temb[:, None, None]
+        return hidden_states + t ** 3 + e * t
+
+
+class CfgToy(nn.Module, CacheMixin):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([CfgToyBlock()])
+
+    def forward(self, hidden_states, encoder_hidden_states, timestep):
+        temb = timestep.to(hidden_states.dtype).expand(hidden_states.shape[0])
+        for block in self.blocks:
+            hidden_states = block(hidden_states, encoder_hidden_states, temb)
+        return hidden_states
+
+
+register_adapter(Adapter(model_class="CfgToy", block_lists=(BlockList("blocks", encoder=None, outputs=(HIDDEN,)),),
+                         modules=()), overwrite=True)
+
+
+def run(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """N steps of split CFG: (v_cond, v_uncond) per step, the latent moving as a sampler would move it."""
+    x = torch.randn(1, 4, 3, generator=torch.Generator().manual_seed(0))
+    cond, uncond = torch.ones(1, 2, 3), torch.zeros(1, 2, 3)
+    outs = []
+    for i in range(N):
+        t = torch.tensor([1.0 - i / N])
+        with model.cache_context("cond"):
+            vc = model(hidden_states=x, encoder_hidden_states=cond, timestep=t)
+        with model.cache_context("uncond"):
+            vu = model(hidden_states=x, encoder_hidden_states=uncond, timestep=t)
+        outs.append((vc.clone(), vu.clone()))
+        x = x - 0.1 * (vu + 2.0 * (vc - vu))  # guidance 2
+    return outs
+
+
+def fractions(steps):
+    return tuple(s / (N - 1) for s in steps)
+
+
+COND_STEPS, UNCOND_STEPS = (0, 2, 4, 6, 7), (0, 2, 4, 6)  # the uncond branch one keyframe short, as keyframe-5x
+
+
+def keyframes(**kw):
+    return dict(keyframes=fractions(COND_STEPS), uncond_keyframes=fractions(UNCOND_STEPS), order=1, scope="call",
+                num_steps=N, **kw)
+
+
+def test_all_compute_is_bit_identical_with_cfg_difference():
+    model = CfgToy()
+    reference = run(model)
+    every = fractions(range(N))
+    with dcache.apply(model, "keyframe", keyframes=every, order=1, scope="call", num_steps=N, cfg_difference=True):
+        cached = run(model)
+    for (rc, ru), (cc, cu) in zip(reference, cached):
+        assert torch.equal(rc, cc) and torch.equal(ru, cu)
+
+
+def test_the_uncond_call_between_its_keyframes_is_exact_when_the_difference_is_linear():
+    model = CfgToy()
+    with dcache.apply(model, "keyframe", **keyframes(cfg_difference=True)) as handle:
+        coupled = run(model)
+        plan = handle.plan()
+    with dcache.apply(model, "keyframe", **keyframes()):
+        separate = run(model)
+    # Step 7: cond computes, uncond does not. Its exact value on the cached run's own latent x_7:
+    # v_u = x_7 + t^3 (e = 0), and v_c = x_7 + t^3 + t is computed exactly.
+    t = 1.0 - 7 / N
+    vc, vu = coupled[7]
+    x7 = vc - (t ** 3 + t)
+    torch.testing.assert_close(vu, x7 + t ** 3, rtol=0, atol=1e-6)
+    vc_sep, vu_sep = separate[7]
+    x7_sep = vc_sep - (t ** 3 + t)
+    assert float((vu_sep - (x7_sep + t ** 3)).abs().max()) > 1e-3  # its own first-order forecast is not exact
+    # The plan records the coupling and replays it call for call.
+    assert plan.extras.get("cfg_difference") is True
+    with dcache.apply(model, Plan.from_dict(plan.to_dict()), num_steps=N):
+        replayed = run(model)
+    for (a, b), (c, d) in zip(coupled, replayed):
+        assert torch.equal(a, c) and torch.equal(b, d)
+
+
+def test_the_cond_branch_is_served_the_same_with_and_without_the_coupling():
+    model = CfgToy()
+    with dcache.apply(model, "keyframe", **keyframes(cfg_difference=True)):
+        coupled = run(model)
+    with dcache.apply(model, "keyframe", **keyframes()):
+        separate = run(model)
+    # Up to step 1 the trajectories agree (uncond at step 1 differs, and moves x from step 2 on).
+    assert torch.equal(coupled[0][0], separate[0][0]) and torch.equal(coupled[1][0], separate[1][0])
+
+
+def test_block_scope_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="needs scope='call'"):
+        dcache.apply(CfgToy(), "keyframe", keyframes=(0.0, 1.0), order=1, num_steps=N, cfg_difference=True)
