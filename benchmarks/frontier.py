@@ -3,6 +3,7 @@
     python benchmarks/frontier.py --out benchmarks/results    # every scenario (~25 min on 2 shared CPU cores)
     python benchmarks/frontier.py --quick                     # one scenario, few samples, dcache + one peer (~1 min)
     python benchmarks/frontier.py --search --only cfg1.5      # search the keyframes on the tuning batch first
+    python benchmarks/frontier.py --only "^cfg3$" --search-cfg-difference --no-robustness   # CFG 3 with cfg_difference
 
 Scenarios (one pipeline, same seeds for every library; `benchmarks/methods.py`'s protocol, its Bench and Sweeper):
   * cfg1.5:  28 steps, split CFG 1.5 (the methods sweep's setting), bands 0.20 and 0.125;
@@ -52,6 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=None, help="timed batch-1 runs per row (default 7)")
     ap.add_argument("--search", action="store_true", help="search the keyframes on the tuning batch (coordinate "
                                                           "descent) instead of using KEYFRAMES")
+    ap.add_argument("--search-cfg-difference", action="store_true", help="search the cfg_difference keyframes of "
+                                                                         "the uneven CFG budgets on the tuning batch "
+                                                                         "instead of using CFG_DIFFERENCE")
     ap.add_argument("--no-robustness", action="store_true", help="skip the plan-replay robustness table")
     ap.add_argument("--no-cache-dit", action="store_true", help="leave cache-dit out")
     return ap.parse_args(argv)
@@ -111,6 +115,12 @@ KEYFRAMES: dict[str, dict[str, dict]] = {
 }
 
 
+# Uneven CFG budgets with cfg_difference=True (dcache.cfg_difference): the uncond keyframes are the cond ones minus
+# one (the CFG difference is known only where both branches computed). Searched on the tuning batch by `--search`
+# (search_cfg_difference); scenarios without an entry derive them from KEYFRAMES.
+CFG_DIFFERENCE: dict[str, dict[str, dict]] = {}
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Scenarios and their bench
 # ------------------------------------------------------------------------------------------------------------------
@@ -168,19 +178,20 @@ def _applied(handle) -> Applied:
     return Applied(remove=handle.remove, compute_ratio=ratio)
 
 
-def keyframe_contender(plans: dict[str, dict], scope: str) -> Contender:
+def keyframe_contender(plans: dict[str, dict], scope: str, name: str | None = None,
+                       note: str = "keyframes searched on the tuning batch (benchmarks/frontier.py KEYFRAMES)"
+                       ) -> Contender:
     import dcache
 
     def enable(pipe, s):
         return _applied(dcache.apply(pipe, "keyframe", scope=scope, **plans[s["plan"]]))
 
-    return Contender("dcache", f"keyframe {scope}", Search("plan", "values", values=tuple(plans)), enable,
-                     note="keyframes searched on the tuning batch (benchmarks/frontier.py KEYFRAMES)",
-                     quick={"plan": next(iter(plans))})
+    return Contender("dcache", name or f"keyframe {scope}", Search("plan", "values", values=tuple(plans)), enable,
+                     note=note, quick={"plan": next(iter(plans))})
 
 
 def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_dit: bool,
-               calibration_run) -> list[Contender]:
+               calibration_run, diff_plans: dict[str, dict] | None = None) -> list[Contender]:
     import dataclasses
 
     import dcache
@@ -196,6 +207,10 @@ def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_di
                                                                   values=(3, 4, 5, 6, 7, 8, 10, 12)),
                      plain("seacache", gate=False, order=2, scope="call"),
                      note="dcache's best row at ~0.25 in the methods sweep, its cadence stretched")]
+    if diff_plans:
+        out.insert(1, keyframe_contender(diff_plans, "call", "keyframe call cfg-diff",
+                                         note="uneven CFG budgets with the uncond branch served through the CFG "
+                                              "difference (cfg_difference=True; keyframes: CFG_DIFFERENCE)"))
     for c in peers.diffusers_contenders(scenario.steps, calibration_run):
         if c.cfg_mode != "split" or c.method not in ("FirstBlockCache", "MagCache", "TaylorSeer-lite", "SeaCache"):
             continue  # PAB / FasterCache need batched CFG and do not reach these ratios (methods.md)
@@ -293,6 +308,74 @@ def searched_plans(bench, scenario: Scenario, log) -> dict[str, dict]:
     return plans
 
 
+def _tuning_psnr(bench, **setting) -> float:
+    import dcache
+
+    with dcache.apply(bench.pipe, "keyframe", scope="call", **setting):
+        return methods.psnr(bench.tune(bench.pipe, "split"), bench.refs[("tune", "split")])
+
+
+def search_cfg_difference(bench, scenario: Scenario, start: tuple[float, ...], order: int, log) -> dict:
+    """Cond keyframes and the one the uncond branch leaves out, with cfg_difference: from `start` (the searched
+    cond keyframes of the budget), try every left-out keyframe, then move one cond keyframe at a time by -2..+2 steps
+    (the uncond keyframes follow) while the tuning PSNR rises by > 0.03 dB, then pick the left-out keyframe again."""
+    n = scenario.steps
+    seen: dict[tuple, float] = {}
+
+    def score(sc: list[int], drop: int) -> float:
+        key = (tuple(sc), drop)
+        if key not in seen:
+            seen[key] = _tuning_psnr(bench, keyframes=_fractions(sc, n), order=order, cfg_difference=True,
+                                     uncond_keyframes=_fractions(sc[:drop] + sc[drop + 1:], n))
+        return seen[key]
+
+    def best_drop(sc: list[int]) -> tuple[float, int]:
+        return max((score(sc, d), d) for d in range(1, len(sc)))
+
+    sc = sorted({int(round(f * (n - 1))) for f in start})
+    p, drop = best_drop(sc)
+    for _ in range(6):
+        improved = False
+        for i in range(1, len(sc)):
+            for d in (-2, -1, 1, 2):
+                moved = list(sc)
+                moved[i] += d
+                after = moved[i + 1] if i + 1 < len(moved) else n
+                if moved[i - 1] < moved[i] < after and (q := score(moved, drop)) > p + 0.03:
+                    p, sc, improved = q, moved, True
+        q, d = best_drop(sc)
+        if q > p + 0.03:
+            p, drop, improved = q, d, True
+        if not improved:
+            break
+    us = sc[:drop] + sc[drop + 1:]
+    log(f"    cfg-diff keyframes {len(sc)}+{len(us)} order {order}: cond {sc} uncond {us} -> tuning PSNR {p:.2f} "
+        f"({len(seen)} settings)")
+    return dict(keyframes=_fractions(sc, n), uncond_keyframes=_fractions(us, n), order=order, cfg_difference=True)
+
+
+def cfg_difference_plans(bench, scenario: Scenario, plans: dict[str, dict], search: bool, log) -> dict[str, dict]:
+    """The uneven budgets ("<c>+<c - 1>") of `plans` with cfg_difference: searched, from CFG_DIFFERENCE, or the
+    plan's cond keyframes with the uncond branch leaving out the last one."""
+    if scenario.branches != 2:
+        return {}
+    out = {}
+    for name, setting in plans.items():
+        cond, _, uncond = name.partition("+")
+        if not uncond or int(uncond) != int(cond) - 1:
+            continue
+        label = f"{name} cfg-diff"
+        if search:
+            out[label] = search_cfg_difference(bench, scenario, setting["keyframes"], setting.get("order", 2), log)
+        elif label in CFG_DIFFERENCE.get(scenario.name, {}):
+            out[label] = CFG_DIFFERENCE[scenario.name][label]
+        else:
+            keys = tuple(setting["keyframes"])
+            out[label] = dict(keyframes=keys, uncond_keyframes=keys[:-1], order=setting.get("order", 2),
+                              cfg_difference=True)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Run one scenario with methods.py's sweep
 # ------------------------------------------------------------------------------------------------------------------
@@ -312,11 +395,12 @@ def run_scenario(scenario: Scenario, args, log) -> dict:
     bench.references({"split"}, fd_floor=not quick)
     plans = searched_plans(bench, scenario, log) if args.search or scenario.name not in KEYFRAMES else \
         KEYFRAMES[scenario.name]
+    diff_plans = cfg_difference_plans(bench, scenario, plans, args.search or args.search_cfg_difference, log)
     calibrate = lambda pipe: bench.tune(pipe, "split")  # noqa: E731
     sweeper = methods.Sweeper(bench, log)
     results = []
     for c in contenders(scenario, plans, quick, cache_dit=not (args.no_cache_dit or quick),
-                        calibration_run=calibrate):
+                        calibration_run=calibrate, diff_plans=diff_plans):
         if args.contenders and not re.search(args.contenders, c.label):
             continue
         t0 = time.time()
@@ -336,7 +420,7 @@ def run_scenario(scenario: Scenario, args, log) -> dict:
         results.append(result)
     robust = None if (args.no_robustness or scenario.name != "cfg1.5") else robustness(bench, plans, log)
     return dict(name=scenario.name, steps=scenario.steps, guidance=scenario.guidance, bands=list(scenario.bands),
-                plans=plans, results=results, robustness=robust, heldout_seeds=bench.heldout_seeds,
+                plans={**plans, **diff_plans}, results=results, robustness=robust, heldout_seeds=bench.heldout_seeds,
                 seed_labels=bench.seed_labels, uncached_acc=bench.refs["heldout_acc"], fd_floor=bench.refs["fd_floor"],
                 seconds=time.time() - started)
 
