@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from transformers import ProcessorMixin  # diffusers looks a custom component's base class up in its module
 
 STEPS = 4
 PROMPT = "a red fox runs in the snow"
@@ -330,14 +331,18 @@ def wake_controlnet(controlnet: torch.nn.Module, std: float = 0.1, seed: int = 1
     return controlnet
 
 
-class QwenVLProcessor:
+class QwenVLProcessor(ProcessorMixin):
     """Offline stand-in for transformers' Qwen2VLProcessor, whose constructor needs a video processor and so
     torchvision (not a dependency here): the real Qwen2-VL image processor (PIL backend) and the word-level
     tokenizer, with Qwen2VLProcessor's text rule: each <|image_pad|> becomes grid_t * grid_h * grid_w / merge^2
-    image tokens, one per merged vision patch, so that the text encoder's image positions line up."""
+    image tokens, one per merged vision patch, so that the text encoder's image positions line up. A transformers
+    ProcessorMixin, so that a saved pipeline folder holds it (processor_config.json, the tokenizer files) and
+    DiffusionPipeline.from_pretrained loads it back: model_index.json names it ["real_pipelines",
+    "QwenVLProcessor"], importable where tests/conftest.py registered this module, and diffusers finds its load
+    method through this module's `ProcessorMixin` name (a released folder names transformers' Qwen2VLProcessor)."""
 
-    def __init__(self, image_processor, tokenizer):
-        self.image_processor, self.tokenizer = image_processor, tokenizer
+    def __init__(self, image_processor=None, tokenizer=None, **kwargs):
+        super().__init__(image_processor, tokenizer, **kwargs)
 
     def __call__(self, text: list[str], images=None, padding: bool = True, return_tensors: str = "pt"):
         from transformers import BatchFeature
@@ -495,8 +500,10 @@ def _ltx():
     transformer = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1,
                                              num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
                                              num_layers=2, caption_channels=32)
+    # the decoder has its own widths and depths (defaults: 128-512 channels, 3-4 layers per block, seconds per decode)
     vae = AutoencoderKLLTXVideo(latent_channels=8, block_out_channels=(8, 8, 8, 8),
                                 spatio_temporal_scaling=(True, True, True, False), layers_per_block=(1, 1, 1, 1, 1),
+                                decoder_block_out_channels=(8, 8, 8, 8), decoder_layers_per_block=(1, 1, 1, 1, 1),
                                 patch_size=1, patch_size_t=1, encoder_causal=True, decoder_causal=False)
     vae.use_framewise_encoding = False
     vae.use_framewise_decoding = False

@@ -1,7 +1,8 @@
 """`dcache generate --model <folder>` and `dcache eval --model <folder>` end to end on real diffusers pipelines saved
 with save_pretrained (tests/real_pipelines.py: tiny configs, random weights, word-level tokenizers), loaded back by
 the CLI through `DiffusionPipeline.from_pretrained` exactly as a user's folder: images / videos written, the printed
-and saved stats show reuse (fixed_interval: step 1 of 4 reused), cached close to uncached."""
+and saved stats show reuse (fixed_interval: step 1 of 4 reused), cached close to uncached; on the folder loaded as
+the CLI loads it, all-compute and post-remove() outputs equal the uncached ones bit for bit."""
 
 from __future__ import annotations
 
@@ -9,20 +10,24 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from PIL import Image
 from real_pipelines import PROMPT, REAL_PIPELINES, STEPS
 from typer.testing import CliRunner
 
+import dcache
 from dcache.pipelines.cli import app
 
 runner = CliRunner()
 
-# Every pipeline of tests/real_pipelines.py but two (wan22: two experts; kontext and ControlNet take an image, passed
-# as --call image=@file). Left out: qwen_image_edit (its tiny build has no Qwen2-VL processor, which needs a real
-# vocabulary, and a folder saved without one does not load: a real checkpoint folder has it) and ltx (its video VAE
-# decode takes minutes on a CPU; the LTX pipeline runs through dcache in test_real_pipelines.py).
-FOLDERS = [name for name in REAL_PIPELINES if name not in ("qwen_image_edit", "ltx")]
+# Every pipeline of tests/real_pipelines.py (wan22: two experts; Kontext, Qwen-Image-Edit and the ControlNets take an
+# image, passed as --call image=@file / control_image=@file). Qwen-Image-Edit's processor is the registry's
+# QwenVLProcessor (transformers' Qwen2VLProcessor needs torchvision), saved and loaded like any processor.
+# Qwen-Image-Edit is slow-marked: ~5 s per test (it resizes and VAE-encodes its input image at every call).
+FOLDERS = [pytest.param(name, marks=pytest.mark.slow) if name == "qwen_image_edit" else name
+           for name in REAL_PIPELINES]
 # Call arguments the CLI passes through --call (prompt, steps, guidance, height and width have their own flags).
 CLI_OWN = {"prompt", "num_inference_steps", "guidance_scale", "height", "width", "output_type"}
 
@@ -87,6 +92,29 @@ def test_eval_on_a_saved_pipeline_folder(folder, tmp_path):
     assert 0.0 < row["compute_ratio"] < 1.0 and row["max_abs"] > 0.0 and 15.0 < row["psnr"] < math.inf
     assert variants["uncached"]["compute_ratio"] == 1.0
     assert (out / "report.md").stat().st_size > 0 and (out / "report.html").stat().st_size > 0
+
+
+def test_all_compute_and_removal_are_exact_on_a_saved_pipeline_folder(folder):
+    """The folder loaded as the CLI loads it (runner.load_pipeline): all-compute under dcache and the pipeline after
+    handle.remove() give the uncached latents bit for bit; a reusing setting skips blocks (counted)."""
+    from dcache.pipelines.runner import load_pipeline
+
+    spec, path = folder
+    pipe, _ = load_pipeline(str(path), device="cpu", dtype="float32")
+    pipe.set_progress_bar_config(disable=True)
+
+    def run() -> torch.Tensor:
+        out = pipe(**spec.call(seed=0))
+        return torch.as_tensor(np.asarray(out.frames if spec.video else out.images))
+
+    reference = run()
+    with dcache.apply(pipe, "fbcache", threshold=0.0) as handle:
+        assert torch.equal(run(), reference) and handle.stats().units_reused == 0
+    with dcache.apply(pipe, "fixed_interval") as handle:
+        cached = run()
+        assert handle.stats().units_reused > 0
+    assert not torch.equal(cached, reference)
+    assert torch.equal(run(), reference)
 
 
 @pytest.mark.parametrize("command", ["generate", "eval"])
