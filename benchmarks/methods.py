@@ -295,8 +295,9 @@ def dcache_contenders(bench: Bench) -> list[Contender]:
 
     def planned(method: str):
         """Plan methods: calibrate a plan per setting on the tuning run (memoized), apply the plan."""
-        module = __import__(f"dcache.schedules.{method}", fromlist=["_"])
-        calibrate = getattr(module, f"calibrate_{method}")
+        from dcache.schedules.tuning.plan_calibration import CALIBRATORS
+
+        calibrate = CALIBRATORS[method]
 
         def enable(pipe, s):
             s = resolve_setting(s)

@@ -79,11 +79,6 @@ class FlowCacheConfig(MethodConfig):
                                                               "e.g. the pipeline's causal_block_size); 0: the whole "
                                                               "call is one chunk")
 
-    def check(self) -> None:
-        from .tuning.profiling import check_finite
-
-        check_finite(self)
-
     def build(self, model: nn.Module) -> Schedule:
         if self.frames_per_chunk and token_group(model) is not None:
             raise ValueError("FlowCache's frames_per_chunk measures chunks as frame ranges of the whole token "

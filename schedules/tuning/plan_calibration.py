@@ -21,9 +21,9 @@ from dcache.plan import PLAN_FORMAT, Plan
 
 from ..calibrated_plans import plan_method_title, read_json
 from ..calibration_file import CALIBRATION_FORMAT, CalibrationEntry, save_calibration
-from ..ertacache import calibrate_ertacache
 from ..tables import model_identity
 from .bac_calibration import calibrate_bac
+from .ertacache_calibration import calibrate_ertacache
 from .invardiff_calibration import calibrate_invardiff
 from .profilingdit_calibration import calibrate_profilingdit
 

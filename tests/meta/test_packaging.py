@@ -155,22 +155,11 @@ def test_each_source_file_belongs_to_one_layer():
         "schedules"
 
 
-# Policy files that still hold offline-tuning code, to be moved into schedules/tuning/ by their owner. Their cases are
-# strict expected failures: once such a file imports nothing from tuning its case passes, which fails the run (XPASS)
-# until its entry here is removed.
-AWAITING_MOVE = {
-    "schedules/ertacache.py": "calibrate_ertacache and _fit_phi run ProfileSession (tuning.profiling); "
-                              "ERTACacheConfig.check imports tuning.profiling.check_finite",
-    "schedules/flowcache.py": "FlowCacheConfig.check imports tuning.profiling.check_finite",
-}
-
-
 def _layer_files():
     for layer in LAYERS:
         for path in _files_of(layer):
             rel = path.relative_to(ROOT).as_posix()
-            marks = [pytest.mark.xfail(strict=True, reason=AWAITING_MOVE[rel])] if rel in AWAITING_MOVE else []
-            yield pytest.param(layer, path, id=rel, marks=marks)
+            yield pytest.param(layer, path, id=rel)
 
 
 @pytest.mark.parametrize("layer, path", list(_layer_files()))
@@ -180,11 +169,6 @@ def test_imports_point_down_only(layer, path):
                  for module in sorted(_imports(path))
                  if (found := _layer_of(module)) is not None and found not in allowed]
     assert not offenders, "\n".join(offenders)
-
-
-def test_files_awaiting_the_move_are_policy_files():
-    for rel in AWAITING_MOVE:
-        assert (ROOT / rel).is_file() and ROOT / rel in _files_of("schedules"), f"stale AWAITING_MOVE entry {rel}"
 
 
 @pytest.mark.parametrize("layer", LAYERS[: LAYERS.index("tuning")])

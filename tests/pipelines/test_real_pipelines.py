@@ -106,7 +106,7 @@ def _calibrate(pipe, spec, tmp_path) -> dict[str, dict]:
     """Calibrate through the public API on seeds 1 and 2 (the checked generation uses seed 0): MagCache ratios and
     TeaCache coefficients are registered for the model (the coefficients also under the variants presets name);
     the profiled methods' plans are saved and passed by path. Returns per method the overrides its name needs."""
-    from dcache.schedules.ertacache import calibrate_ertacache
+    from dcache.schedules.tuning.ertacache_calibration import calibrate_ertacache
     from dcache.schedules.tuning.bac_calibration import calibrate_bac
     from dcache.schedules.tuning.calibrate import calibrate_magcache, calibrate_teacache
     from dcache.schedules.tuning.invardiff_calibration import calibrate_invardiff

@@ -19,7 +19,8 @@ from dcache import Action, Plan
 from dcache.pipelines.label_encoder import LabelEncoder
 from dcache.pipelines.tiny_pipeline import DigitFlowPipeline
 from dcache.schedules.bac import BACConfig, bubbling_union, caching_error, update_steps
-from dcache.schedules.ertacache import ERTACacheConfig, ERTACacheSchedule, calibrate_ertacache, select_compute_steps
+from dcache.schedules.ertacache import ERTACacheConfig, ERTACacheSchedule, select_compute_steps
+from dcache.schedules.tuning.ertacache_calibration import calibrate_ertacache
 from dcache.schedules.flowcache import ChunkObservation, FlowCacheConfig, FlowCachePolicy, FlowCacheSchedule
 from dcache.schedules.invardiff import InvarDiffConfig
 from dcache.schedules.profilingdit import ProfilingDiTConfig, classify_blocks
