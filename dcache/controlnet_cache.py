@@ -46,7 +46,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .actions import Action
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord
-from .hooks import install_outer_hook, remove_outer_hook
+from .hooks import install_outer_hook, remove_outer_hook, traced_twins
 from .state import UnitHistory
 from .stats import Stats, stats_from_record
 from .streams import bind_arguments
@@ -67,16 +67,43 @@ class CachedSamples:
     last_compute_step: int | None = None
 
 
+@dataclass
+class PendingCall:
+    """A ControlNet call being computed: where it belongs and what its cache entry needs."""
+
+    step: int
+    branch: str
+    scale: Any
+    signature: tuple
+    counter: Any = None  # the FlopCounterMode open around its forward (eager, first call of a shape)
+
+
 class ControlNetHook(ModelHook):
-    """The diffusers hook on a ControlNet model: every call goes through `ControlNetCache.run`."""
+    """The diffusers hook on a ControlNet model: `ControlNetCache.enter` serves the call or lets it run, `exit`
+    stores what it returned. This frame stays eager under torch.compile and calls the bookkeeping's `_traced` twins
+    (behind torch.compiler.disable) there, so that only the model's own forward is traced."""
 
     def __init__(self, cache: "ControlNetCache"):
         super().__init__()
         self.cache = cache
 
-    @torch.compiler.disable(recursive=False)  # bookkeeping stays eager; the forward it calls may be compiled
+    @torch.compiler.disable(recursive=False)
     def new_forward(self, module: nn.Module, *args, **kwargs):
-        return self.cache.run(self.fn_ref.original_forward, args, kwargs)
+        cache, forward = self.cache, self.fn_ref.original_forward
+        compiling = get_eval_frame_callback() is not None
+        if compiling:
+            enter, exit_, abort = cache.enter_traced, cache.exit_traced, cache.abort_traced
+        else:
+            enter, exit_, abort = cache.enter, cache.exit, cache.abort
+        run, state = enter(forward, args, kwargs, compiling)
+        if not run:
+            return state
+        try:
+            out = forward(*args, **kwargs)
+        except BaseException:
+            abort(state)
+            raise
+        return exit_(state, out)
 
 
 class ControlNetCache:
@@ -150,49 +177,55 @@ class ControlNetCache:
         self._step_calls = (step, calls)
         return step, f"call{calls - 1}"
 
-    def run(self, forward: Any, args: tuple, kwargs: dict) -> Any:
+    def enter(self, forward: Any, args: tuple, kwargs: dict, compiling: bool = False) -> tuple[bool, Any]:
+        """Before the ControlNet runs: (False, served output) on REUSE / FORECAST; (True, PendingCall or None) when
+        it runs (None: outside a generation, uncached and unrecorded)."""
         place = self._place()
         if place is None:
-            return forward(*args, **kwargs)
+            return True, None
         step, branch = place
-        leader = self._leader_record
         signature = tuple(tuple(t.shape) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor))
         arguments = kwargs if "conditioning_scale" in kwargs or not args else bind_arguments(self.module, args,
                                                                                                kwargs)
         scale = arguments.get("conditioning_scale")
         cached = self.branches.get(branch)
-        action = self.decider.decide(step, branch, leader, len(self.record.calls),
+        action = self.decider.decide(step, branch, self._leader_record, len(self.record.calls),
                                      cached.last_compute_step if cached is not None else None)
         factor = _rescale(cached.scale, scale) if cached is not None else None
         if action != COMPUTE and (cached is None or cached.signature != signature or factor is None):
             action = COMPUTE  # nothing servable: no samples yet, other shapes, or a scale it cannot rescale to
-        cost = self.flops.cost(UNIT, signature) or 0.0
         if action == COMPUTE:
-            out = self._compute(forward, args, kwargs, signature)
-            cost = self.flops.cost(UNIT, signature) or 0.0
-            self._store(branch, step, out, scale, signature)
-            computed = cost
-        else:
-            out = self._serve(cached, action, step, factor)
-            computed = 0.0
-        self.record.calls.append(CallRecord(step, branch, action, {"flops_total": cost, "flops_computed": computed}))
-        if leader.num_steps is not None and step >= leader.num_steps - 1:
-            self.branches.pop(branch, None)  # its last call of the generation: nothing reads this cache again
+            pending = PendingCall(step, branch, scale, signature)
+            if compiling:  # a dispatch mode around the traced forward would stop dynamo: count on fake tensors
+                self.flops.count(UNIT, signature, forward, args, kwargs)
+            else:
+                pending.counter = self.flops.start(UNIT, signature)
+            return True, pending
+        out = self._serve(cached, action, step, factor)
+        self._finish_call(step, branch, action, signature)
+        return False, out
+
+    def exit(self, pending: PendingCall | None, out: Any) -> Any:
+        """The ControlNet ran: cache its samples (for the branch's next reused calls) and record the call."""
+        if pending is None:
+            return out
+        self.flops.stop(pending.counter, UNIT, pending.signature)
+        self._store(pending.branch, pending.step, out, pending.scale, pending.signature)
+        self._finish_call(pending.step, pending.branch, COMPUTE, pending.signature)
         return out
 
-    def _compute(self, forward: Any, args: tuple, kwargs: dict, signature: tuple) -> Any:
-        flops = self.flops
-        if get_eval_frame_callback() is not None:  # torch.compile traces: count on fake tensors, apart
-            flops.count(UNIT, signature, forward, args, kwargs)
-            return forward(*args, **kwargs)
-        counter = flops.start(UNIT, signature)
-        try:
-            out = forward(*args, **kwargs)
-        except BaseException:
-            flops.stop(counter, None, None)
-            raise
-        flops.stop(counter, UNIT, signature)
-        return out
+    def abort(self, pending: PendingCall | None) -> None:
+        """The forward raised: close its FLOP counter; the call is not recorded."""
+        if pending is not None:
+            self.flops.stop(pending.counter, None, None)
+
+    def _finish_call(self, step: int, branch: str, action: str, signature: tuple) -> None:
+        cost = self.flops.cost(UNIT, signature) or 0.0
+        computed = cost if action == COMPUTE else 0.0
+        self.record.calls.append(CallRecord(step, branch, action, {"flops_total": cost, "flops_computed": computed}))
+        leader = self._leader_record
+        if leader.num_steps is not None and step >= leader.num_steps - 1:
+            self.branches.pop(branch, None)  # its last call of the generation: nothing reads this cache again
 
     def _store(self, branch: str, step: int, out: Any, scale: Any, signature: tuple) -> None:
         if not self.decider.may_reuse(branch):
@@ -247,3 +280,8 @@ def _rescale(cached: Any, scale: Any) -> float | None:
     if isinstance(cached, real) and isinstance(scale, real) and not isinstance(cached, bool) and cached != 0:
         return float(scale) / float(cached)
     return None
+
+
+# The entry points behind torch.compiler.disable, for hook frames that run while torch.compile traces the ControlNet
+# (dcache.hooks): `enter_traced`, `exit_traced`, `abort_traced`.
+traced_twins(ControlNetCache, ("enter", "exit", "abort"))
