@@ -106,6 +106,22 @@ def test_own_schedule_with_its_own_knobs(flux):
     assert 0.0 < _rel(cached, reference) < 0.05
 
 
+def test_a_first_order_forecast_of_the_samples_beats_reusing_them(flux):
+    """12 steps, the transformer computing every third: with forecast_order=1 "follow" forecasts the samples
+    c(t_k) + (j - k) (c(t_k) - c(t_k')) / (k - k') where the transformer forecasts its residual (measured: relative
+    error 0.0044 against 0.0086 when both are reused)."""
+    spec, pipe, forwards = flux
+    reference = _run(spec, pipe, num_inference_steps=12)
+    errors, calls = {}, {}
+    for order in (0, 1):
+        with dcache.apply(pipe, "fixed_interval", interval=3, forecast_order=order, controlnet="follow") as handle:
+            out, calls[order] = forwards.during(lambda: _run(spec, pipe, num_inference_steps=12))
+            cn = handle.stats(expert="controlnet")
+        assert (cn.units_forecast > 0) == (order == 1) and cn.units_computed == calls[order]
+        errors[order] = _rel(out, reference)
+    assert calls[0] == calls[1] < 12 and 0.0 < errors[1] < 0.7 * errors[0]
+
+
 def test_a_new_generation_never_reads_the_last_ones_samples(flux):
     spec, pipe, forwards = flux
     with dcache.apply(pipe, "fixed_interval", controlnet="follow"):
