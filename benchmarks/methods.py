@@ -40,7 +40,6 @@ import os
 import platform
 import re
 import shlex
-import statistics
 import sys
 import time
 import traceback
@@ -82,6 +81,9 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
+from dcache.quality import frechet_distance as frechet
+from dcache.quality import median, psnr, ssim_per_image
+
 
 def _load_peers():
     """benchmarks/_peers.py by path: benchmarks/ is not a package and must not become an importable name."""
@@ -114,26 +116,11 @@ LIBRARIES = ("dcache", "diffusers", "cache-dit")
 # Metrics
 # ------------------------------------------------------------------------------------------------------------------
 
-def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    from dcache.pipelines.runner import psnr as _psnr
-
-    return _psnr(a, b)
-
+# psnr (whole batch, float64, images in [0, 1]), frechet (features, no regularisation) and median: dcache.quality
 
 def ssim(a: torch.Tensor, b: torch.Tensor) -> float:
-    from dcache.eval.metrics import ssim_per_image
-
+    """The mean over the batch of dcache.quality.ssim_per_image, on the images as float32."""
     return float(ssim_per_image(a.float(), b.float()).mean())
-
-
-def frechet(a: torch.Tensor, b: torch.Tensor) -> float:
-    from dcache.eval.metrics import frechet_distance
-
-    return frechet_distance(a, b)
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 # ------------------------------------------------------------------------------------------------------------------

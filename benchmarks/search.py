@@ -90,9 +90,10 @@ import torch  # noqa: E402
 
 import dcache
 from dcache.actions import Granularity
-from dcache.pipelines.runner import GenerationJob, psnr
+from dcache.pipelines.runner import GenerationJob
 from dcache.pipelines.search_cli import FORECAST_SEEDS, REUSE_SEEDS, dynamic_seed_plans, make_calibration
 from dcache.plan import Plan
+from dcache.quality import psnr
 from dcache.schedules.tuning import search
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from types import ModuleType
 # top-level import name -> (extra, what needs it)
 EXTRA_OF: dict[str, tuple[str, str]] = {
     "matplotlib": ("eval", "plots (eval reports, search fronts, analyze heat maps)"),
-    "torchmetrics": ("eval", "image metrics (SSIM, LPIPS, FID)"),
+    "torchmetrics": ("eval", "image metrics (LPIPS, FID)"),
     "accelerate": ("eval", "multi-process evaluation and plan search (accelerate launch)"),
     "pymoo": ("search", "ECAD plan search (NSGA-II)"),
     "triton": ("gpu", "the fused CUDA kernels (CUDA builds of torch already bring triton)"),

@@ -25,7 +25,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dcache.extras import require
+from dcache.quality import (check_image_pair, feature_stats, frechet_distance, psnr_per_image,
+                            ssim_per_image)
 
 # ------------------------------------------------------------------------------------------------------------------
 # Registry
@@ -46,7 +47,7 @@ class MetricSpec:
 
 METRICS: dict[str, MetricSpec] = {m.name: m for m in [
     MetricSpec("psnr", "reference", "PSNR (dB) vs the uncached image of the same seed; inf when identical", True),
-    MetricSpec("ssim", "reference", "SSIM (Gaussian 11x11, torchmetrics) vs uncached", True),
+    MetricSpec("ssim", "reference", "SSIM (Gaussian 11x11) vs uncached", True),
     MetricSpec("lpips", "reference", "LPIPS (AlexNet, torchmetrics) vs uncached; lower is closer", False,
                requires=(("torchvision", "torchvision"),), extra="metrics"),
     MetricSpec("max_abs", "reference", "max |cached - uncached| per image", False),
@@ -122,39 +123,17 @@ def _split(spec: str | Sequence[str] | None) -> list[str]:
 # Reference metrics: cached vs uncached (same seed), one value per image, float64 [N]
 # ------------------------------------------------------------------------------------------------------------------
 
-def _check_pair(a: torch.Tensor, b: torch.Tensor) -> None:
-    if a.shape != b.shape or a.ndim != 4:
-        raise ValueError(f"expected two image batches [N, C, H, W] of one shape, got {tuple(a.shape)} and "
-                         f"{tuple(b.shape)}.")
-
-
-def psnr_per_image(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
-    """10 log10(range^2 / MSE) per image [N]; inf where identical."""
-    _check_pair(a, b)
-    mse = ((a.double() - b.double()) ** 2).flatten(1).mean(1)
-    return 10.0 * torch.log10(data_range ** 2 / mse)  # mse 0 -> inf
+# psnr_per_image and ssim_per_image: dcache.quality (imported above)
 
 
 def max_abs_per_image(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    _check_pair(a, b)
+    check_image_pair(a, b)
     return (a.double() - b.double()).abs().flatten(1).amax(1)
 
 
 def mean_abs_per_image(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    _check_pair(a, b)
+    check_image_pair(a, b)
     return (a.double() - b.double()).abs().flatten(1).mean(1)
-
-
-def ssim_per_image(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
-    """torchmetrics SSIM (Gaussian sigma 1.5; kernel 11, or the largest odd size that fits small images) [N]."""
-    require("torchmetrics")  # the eval extra; names `pip install "dcache[eval]"` when missing
-    from torchmetrics.functional.image import structural_similarity_index_measure
-
-    _check_pair(a, b)
-    k = min(11, min(a.shape[-2:]) - (1 - min(a.shape[-2:]) % 2))
-    values = structural_similarity_index_measure(a.double(), b.double(), data_range=data_range, kernel_size=k,
-                                                 sigma=1.5 * k / 11, reduction="none")
-    return values.reshape(-1).double()
 
 
 REFERENCE_FUNCTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
@@ -178,7 +157,7 @@ def reference_metrics(cached: torch.Tensor, reference: torch.Tensor, names: Sequ
 def temporal_error(cached: torch.Tensor, reference: torch.Tensor, frames_per_sample: int) -> torch.Tensor:
     """Per video [N]: mean |(c[t+1] - c[t]) - (r[t+1] - r[t])| over frames and pixels. 0 = the same motion and
     flicker as the uncached video (a frame-constant offset does not count; new flicker does)."""
-    _check_pair(cached, reference)
+    check_image_pair(cached, reference)
     f = int(frames_per_sample)
     if f < 2 or cached.shape[0] % f:
         raise ValueError(f"temporal_error needs frames [N*F, C, H, W] with F >= 2 dividing {cached.shape[0]}, got "
@@ -199,31 +178,7 @@ def flicker(frames: torch.Tensor, frames_per_sample: int) -> torch.Tensor:
 # Distribution metrics
 # ------------------------------------------------------------------------------------------------------------------
 
-def feature_stats(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean [F], unbiased covariance [F, F]) in float64 of features [N, F] (N >= 2)."""
-    x = features.double().reshape(features.shape[0], -1)
-    if x.shape[0] < 2:
-        raise ValueError(f"a Frechet distance needs at least 2 images per set, got {x.shape[0]}; use more seeds or "
-                         f"prompts.")
-    mu = x.mean(0)
-    xc = x - mu
-    return mu, xc.T @ xc / (x.shape[0] - 1)
-
-
-def frechet_distance(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Frechet distance between Gaussians fitted to features a [N, F] and b [M, F]:
-
-        FD = |mu_a - mu_b|^2 + tr(S_a) + tr(S_b) - 2 tr((S_a S_b)^(1/2))
-
-    tr((S_a S_b)^(1/2)) = sum_i sqrt(lambda_i(S_a S_b)); S_a S_b is similar to S_a^(1/2) S_b S_a^(1/2), which is
-    PSD, so its eigenvalues are real and >= 0 (tiny negative / imaginary parts are round-off and are dropped).
-    No scipy.linalg.sqrtm, no iteration; float64 throughout. This is FID when the features are InceptionV3 pool3.
-    """
-    mu_a, s_a = feature_stats(a)
-    mu_b, s_b = feature_stats(b)
-    eig = torch.linalg.eigvals(s_a @ s_b).real.clamp_min(0)
-    value = float(((mu_a - mu_b) ** 2).sum() + s_a.trace() + s_b.trace() - 2 * eig.sqrt().sum())
-    return max(value, 0.0)
+# feature_stats and frechet_distance: dcache.quality (imported above)
 
 
 def classifier_accuracy(predicted: torch.Tensor | Sequence[int], requested: torch.Tensor | Sequence[int]) -> float:

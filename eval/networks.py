@@ -56,9 +56,9 @@ class LpipsScorer:
 
     @torch.no_grad()
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        from .metrics import _check_pair
+        from dcache.quality import check_image_pair
 
-        _check_pair(a, b)
+        check_image_pair(a, b)
         out = []
         for i in range(0, a.shape[0], self.batch):
             x = _rgb(a[i:i + self.batch]).float().clamp(0, 1).to(self.device) * 2 - 1  # [0, 1] -> [-1, 1]

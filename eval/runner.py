@@ -43,7 +43,9 @@ from dcache.pipelines.runner import parse_setting
 from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
 
 from .judges import Judges, is_auto, resolve_eval_metrics
-from .metrics import METRICS, classifier_accuracy, finite_mean, frechet_distance, reference_metrics, temporal_error
+from dcache.quality import frechet_distance, median
+
+from .metrics import METRICS, classifier_accuracy, finite_mean, reference_metrics, temporal_error
 from .networks import DEFAULT_CLIP, DEFAULT_IMAGE_REWARD
 from .prompts import load_prompts, precheck_prompts
 from .timing import Timing, count_flops, measure
@@ -547,12 +549,12 @@ def aggregate(cfg: EvalConfig, variants: list[Variant], records: dict[str, list[
         latency = _per_image_latency(recs)
         row["latency"] = _spread(latency)
         row["latency_per_call"] = _spread([s for r in recs for s in r["seconds"]])
-        ref_med = ref_latency and _median(ref_latency)
-        row["measured_speedup"] = (ref_med / _median(latency)) if latency and ref_med else None
+        ref_med = ref_latency and median(ref_latency)
+        row["measured_speedup"] = (ref_med / median(latency)) if latency and ref_med else None
         cpu = _per_image_latency(recs, "cpu_seconds")
         if cpu and ref_cpu:  # process CPU time: robust to other jobs on a shared CPU (records of older runs lack it)
             row["cpu_latency"] = _spread(cpu)
-            row["cpu_speedup"] = _median(ref_cpu) / _median(cpu)
+            row["cpu_speedup"] = median(ref_cpu) / median(cpu)
         if v.method is None:
             row["compute_ratio"], row["ideal_speedup"] = 1.0, 1.0
             row["cache_bytes"] = 0
@@ -581,7 +583,7 @@ def aggregate(cfg: EvalConfig, variants: list[Variant], records: dict[str, list[
             row[name] = finite_mean(capped)
             row[f"{name}_min"] = min(vals) if vals else None
             row[f"{name}_max"] = max(vals) if vals else None
-            row[f"{name}_median"] = _median(vals) if vals else None
+            row[f"{name}_median"] = median(vals) if vals else None
         row["per_image"] = per_image
         if "fid" in names:
             feats = _cat([r["features"] for r in recs])
@@ -622,19 +624,13 @@ def _per_image_latency(recs: list[dict], key: str = "seconds") -> list[float]:
     return [s / max(r["num_images"] // max(r["frames_per_sample"], 1), 1) for r in recs for s in r[key]]
 
 
-def _median(values: Sequence[float]) -> float:
-    import statistics
-
-    return float(statistics.median(values))
-
-
 def _spread(values: list[float]) -> dict[str, Any]:
     import statistics
 
     if not values:
         return {"median_s": None, "iqr_s": None, "min_s": None, "max_s": None, "n": 0}
     q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
-    return {"median_s": _median(values), "iqr_s": q[2] - q[0], "q1_s": q[0], "q3_s": q[2], "min_s": min(values),
+    return {"median_s": median(values), "iqr_s": q[2] - q[0], "q1_s": q[0], "q3_s": q[2], "min_s": min(values),
             "max_s": max(values), "mean_s": statistics.fmean(values), "n": len(values)}
 
 

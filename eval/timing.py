@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import torch
 
+from dcache import quality
+
 
 def synchronize(device: str | torch.device | None = None) -> None:
     """Wait for queued kernels on `device` (CUDA / XPU / MPS); a no-op on the CPU."""
@@ -41,7 +43,7 @@ class Timing:
 
     @property
     def median(self) -> float:
-        return statistics.median(self.samples) if self.samples else float("nan")
+        return quality.median(self.samples)
 
     @property
     def mean(self) -> float:

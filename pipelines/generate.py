@@ -17,7 +17,9 @@ from dcache.io import atomic_write_text, prepare_out_dir
 from .devices import describe, resolve_device
 from .images import heat, save_grid, save_video
 from .progress import Progress
-from .runner import GenerationJob, interleaved_runs, load_pipeline, median, psnr
+from dcache.quality import median, psnr
+
+from .runner import GenerationJob, interleaved_runs, load_pipeline
 from .timing_checks import spread, timing_warnings
 
 TINY_DEFAULT_LABELS = [str(i) for i in range(10)]

@@ -7,7 +7,6 @@ pipelines (prompts); every run returns images as a float tensor [N, C, H, W] in 
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,19 +155,9 @@ def interleaved_runs(job: GenerationJob, enable: Callable[[], Any], repeats: int
     return ABTiming(reference, cached, t_ref, t_cached, stats, plan, c_ref, c_cached)
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    """PSNR in dB of images in [0, 1] (inf when identical)."""
-    mse = torch.mean((a.double() - b.double()) ** 2).item()
-    return float("inf") if mse == 0 else 10.0 * float(np.log10(1.0 / mse))
 
 
 def call_argument(value: Any) -> Any:

@@ -32,9 +32,11 @@ DEFAULT_CALIB_LABELS = "0,1,2,3,4,5,6,7,8,9"
 
 def quality_psnr(images: torch.Tensor, reference: torch.Tensor) -> float:
     """PSNR (dB) to the uncached images; identical images score 100 dB (a finite cap, so fronts stay plottable)."""
-    from dcache.schedules.tuning.targets import psnr
+    import torch
 
-    value = psnr(images, reference, data_range=1.0)
+    from dcache.quality import psnr
+
+    value = psnr(images, reference, dtype=torch.float32)
     return 100.0 if math.isinf(value) else min(value, 100.0)
 
 

@@ -26,12 +26,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
 from torch import nn
 from tqdm.auto import tqdm
+
+from dcache import quality
 
 from .digit_classifier import NUM_CLASSES, DigitClassifier, load_digits_16
 from .label_encoder import LabelEncoder
@@ -231,15 +232,9 @@ def generated_accuracy(
 
 @torch.no_grad()
 def frechet_distance(features_a: torch.Tensor, features_b: torch.Tensor) -> float:
-    """Frechet distance of Gaussians fitted to [N, F] and [M, F] features:
-    |mu_a - mu_b|^2 + Tr(S_a + S_b - 2 (S_a S_b)^(1/2)). Biased upward for small N: compare only at equal N."""
-    from scipy import linalg
-
-    a, b = features_a.detach().double().cpu().numpy(), features_b.detach().double().cpu().numpy()
-    eye = 1e-6 * np.eye(a.shape[1])  # dead ReLU features make the covariances singular
-    cov_a, cov_b = np.cov(a, rowvar=False) + eye, np.cov(b, rowvar=False) + eye
-    cov_mean = linalg.sqrtm(cov_a @ cov_b).real
-    return float(((a.mean(0) - b.mean(0)) ** 2).sum() + np.trace(cov_a + cov_b - 2 * cov_mean))
+    """dcache.quality.frechet_distance with 1e-6 I added to both covariances: the classifier's dead ReLU features
+    make them singular. Biased upward for small N: compare only at equal N."""
+    return quality.frechet_distance(features_a, features_b, eps=1e-6)
 
 
 def evaluate(pipe: DigitFlowPipeline, classifier: DigitClassifier, cfg: TrainConfig, real: torch.Tensor) -> dict:

@@ -21,6 +21,7 @@ from torch import nn
 
 import dcache
 from dcache.methods import register_target_resolver
+from dcache.quality import psnr
 
 RunFn = Callable[[], Any]
 
@@ -75,16 +76,6 @@ def _parse_target(speed: str | float | None, quality: str | None) -> tuple[str, 
     return "psnr", value
 
 
-def psnr(output: torch.Tensor, reference: torch.Tensor, data_range: float | None = None) -> float:
-    """Peak signal-to-noise ratio in dB; data_range defaults to 1.0 for [0, 1] data, else the reference's range."""
-    out, ref = output.detach().float(), reference.detach().float()
-    if data_range is None:
-        lo, hi = float(ref.min()), float(ref.max())
-        data_range = 1.0 if lo >= 0.0 and hi <= 1.0 else max(hi - lo, 1e-12)
-    mse = float(((out - ref) ** 2).mean())
-    return float("inf") if mse == 0 else 10.0 * math.log10(data_range ** 2 / mse)
-
-
 def _output_tensor(result: Any) -> torch.Tensor:
     for attr in ("images", "frames", "sample"):
         value = getattr(result, attr, None)
@@ -137,7 +128,8 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
         finally:
             handle.remove()
         sweep.append({"value": value, "compute_ratio": stats.compute_ratio, "ideal_speedup": stats.ideal_speedup,
-                      "psnr": psnr(out, reference)})
+                      # float32, data range 1 for [0, 1] outputs, else the reference's max - min
+                      "psnr": psnr(out, reference, data_range=None, dtype=torch.float32)})
         configs.append(config)
     if kind == "speed":
         ok = [i for i, row in enumerate(sweep) if row["ideal_speedup"] >= goal]

@@ -24,8 +24,9 @@ import torch
 from schedule_testkit import true_compute_ratio
 
 import dcache
+from dcache import quality
 from dcache.schedules import calibration_file
-from dcache.schedules.tuning import calibrate, targets
+from dcache.schedules.tuning import calibrate
 from dcache.schedules.tables import lookup_table
 
 bundled = pytest.importorskip("dcache.pipelines.bundled")
@@ -160,7 +161,8 @@ def measure(pipe, classifier, reference, method, overrides):
     with dcache.apply(pipe, method, **overrides) as handle:
         images = generate(pipe)
         ratio = true_compute_ratio(handle)
-    return ratio, targets.psnr(images, reference), accuracy(classifier, images), images
+    psnr = quality.psnr(images, reference, data_range=None, dtype=torch.float32)  # as the target sweeps measure
+    return ratio, psnr, accuracy(classifier, images), images
 
 
 def test_uncached_reference_is_recognised(classifier, reference):

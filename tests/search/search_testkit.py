@@ -26,8 +26,10 @@ def tiny_pipe():
 
 
 def psnr(images, reference):
-    mse = torch.mean((images.float() - reference.float()) ** 2).item()
-    return 100.0 if mse <= 1e-20 else 10 * torch.log10(torch.tensor(1.0 / mse)).item()
+    """The search's quality: float32 PSNR of images in [0, 1]; identical images score a finite 100 dB."""
+    from dcache.quality import psnr
+
+    return psnr(images, reference, dtype=torch.float32, floor=1e-20, at_floor=100.0)
 
 
 def make_calibration(pipe, steps=STEPS, labels=(1, 7), seed=0):
