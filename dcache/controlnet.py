@@ -15,8 +15,8 @@ the cache itself is dcache.controlnet_cache (what is cached, rescaling, branches
                               a calibrated magcache, ...) can be followed; under one that reads signals measured
                               during the call (fbcache's probe, teacache's modulated input, an uncalibrated
                               magcache) the ControlNet computes every step and ControlNetNotFollowed says so.
-    controlnet="fixed_interval" / a preset / a config or plan-free config file / a MethodConfig /
-    controlnet={"method": "fixed_interval", "interval": 3, ...}
+    controlnet="fixed_interval" (a method or preset name; a method config file written by config.to_json(); a
+    MethodConfig) or controlnet={"method": "fixed_interval", "interval": 3, ...}
                               its own schedule and knobs, deciding before each ControlNet call from the step
                               alone: a stack schedule that reads no signals (signals measured inside a model's
                               call have nowhere to come from in a call that is skipped whole).
