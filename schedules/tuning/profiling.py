@@ -1,4 +1,4 @@
-"""Profiling helpers shared by the profiled methods (ERTACache, InvarDiff, ProfilingDiT, BAC, FlowCache).
+"""Profiling helpers shared by the profiled methods (ERTACache, InvarDiff, ProfilingDiT, BAC) and the searches.
 
 Profiling runs the *uncached* pipeline (or transformer) under an all-compute dcache schedule, so that the engine
 tells every transformer call its (generation, step, branch) exactly as a cached run will see it, and reads
@@ -64,16 +64,6 @@ class TrackSchedule(Schedule):
 
     def may_reuse(self, branch: str, unit: int) -> bool:
         return False
-
-
-def check_finite(config: Any) -> None:
-    """Reject NaN / inf in a config's float fields (range checks let NaN through: every comparison is False)."""
-    import dataclasses
-
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise config.invalid(f.name, value, "a finite number", f.metadata.get("doc", ""))
 
 
 def as_runs(run_fn: RunFn | Sequence[RunFn]) -> list[RunFn]:
