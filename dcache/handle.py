@@ -78,9 +78,14 @@ class Handle:
         return combine_reports({"transformer": engine_report(self._engine),
                                 **{n: engine_report(h._engine) for n, h in self.experts.items()}})
 
-    def plan(self, *, interpolate_steps: bool = False, quality: dict | None = None, expert: str | None = None) -> Plan:
+    def plan(self, *, interpolate_steps: bool | str = False, quality: dict | None = None,
+             expert: str | None = None) -> Plan:
         """The decisions of the last generation as a replayable static Plan (one expert's, for a pipeline with
-        several: replay with dcache.apply(pipe, plan, experts={"transformer_2": plan_2}))."""
+        several: replay with dcache.apply(pipe, plan, experts={"transformer_2": plan_2})).
+
+        interpolate_steps: how the plan replays at another step count: False (refused), True (the nearest planned
+        step) or "keyframes" (each computed step once, at its place in normalised time: the form that keeps a
+        forecasting plan's quality at other step counts)."""
         if expert is not None:
             return self._expert(expert)._own_plan(interpolate_steps, quality, expert_steps=True)
         if self.experts:
@@ -88,7 +93,7 @@ class Handle:
                              f"each with its own decisions: ask for one, handle.plan(expert='transformer').")
         return self._own_plan(interpolate_steps, quality, expert_steps=False)
 
-    def _own_plan(self, interpolate_steps: bool, quality: dict | None, expert_steps: bool) -> Plan:
+    def _own_plan(self, interpolate_steps: bool | str, quality: dict | None, expert_steps: bool) -> Plan:
         rec = self._record()
         eng = self._engine
         steps = max(c.step for c in rec.calls) + 1

@@ -6,7 +6,8 @@ File format (version 1):
   "model_class": "FluxTransformer2DModel", "block_layout": [2, 6],      # blocks per block list
   "granularity": "stack", "units": ["stack"], "probe_blocks": 1, "tail_blocks": 0, "forecast_order": 0,
   "num_steps": 28, "scheduler": "FlowMatchEulerDiscreteScheduler", "resolution": [1, 64, 128],
-  "interpolate_steps": false,                # allow nearest-step interpolation to another step count
+  "interpolate_steps": false,                # another step count: false (refused), true (nearest step) or
+                                             # "keyframes" (each computed step once, at its place in normalised time)
   "actions": {"cond": ["C", "R", ...], "uncond": [...]},   # one row per step, one character per unit
   "extras": {...},                           # method data (e.g. per-step coefficients)
   "provenance": {"method": ..., "config": ..., "quality": ..., "created": ...}
@@ -116,7 +117,8 @@ class Plan:
             "scheduler": (self.scheduler is None or isinstance(self.scheduler, str), "a scheduler class name or null"),
             "resolution": (self.resolution is None or (isinstance(self.resolution, list) and all(
                 count(n) for n in self.resolution)), "a list of ints (the latent shape) or null"),
-            "interpolate_steps": (isinstance(self.interpolate_steps, bool), "true or false"),
+            "interpolate_steps": (isinstance(self.interpolate_steps, bool) or self.interpolate_steps == KEYFRAMES,
+                                  f'true, false or "{KEYFRAMES}"'),
             "extras": (isinstance(self.extras, dict), "a JSON object"),
             "provenance": (isinstance(self.provenance, dict), "a JSON object"),
         }
@@ -167,8 +169,9 @@ class Plan:
             if not self.interpolate_steps:
                 raise PlanError(f"this plan was made for {self.num_steps} steps but the pipeline runs {n}; run with "
                                 f"num_inference_steps={self.num_steps}, or save the plan with interpolate_steps=True "
-                                f"to map steps to the nearest planned step.")
-            rows = nearest_interp(rows, n)
+                                f"(the nearest planned step) or interpolate_steps=\"{KEYFRAMES}\" (its computed "
+                                f"steps at their place in normalised time).")
+            rows = keyframe_interp(rows, n) if self.interpolate_steps == KEYFRAMES else nearest_interp(rows, n)
         if step >= len(rows):
             raise PlanError(f"step {step} is past the plan's {len(rows)} steps; the pipeline ran more steps than "
                             f"planned (num_inference_steps={len(rows)} expected).")
@@ -242,6 +245,41 @@ def nearest_interp(rows: list[Any], n: int) -> list[Any]:
         return [rows[-1]]
     scale = (len(rows) - 1) / (n - 1)
     return [rows[int(round(i * scale))] for i in range(n)]
+
+
+KEYFRAMES = "keyframes"  # Plan.interpolate_steps: computed steps placed by normalised time
+
+
+def keyframe_interp(rows: list[str], n: int) -> list[str]:
+    """A plan's rows at another step count n, its computed steps as keyframes in normalised time: per unit, the
+    computed steps s of the N planned ones become round(s (n - 1) / (N - 1)) (each computed once; two that land on one
+    step compute it once), and every other step takes the action of the nearest planned step that does not compute
+    (REUSE or FORECAST). Nearest-step replay (`nearest_interp`) instead repeats a computed row on neighbouring steps
+    when n > N, so a Taylor forecast takes its differences one step apart and extrapolates them over the whole gap;
+    here the gaps between computes scale with the step count, as the plan was searched.
+
+    >>> keyframe_interp(["C", "F", "F", "C", "F", "F", "C"], 13)
+    ['C', 'F', 'F', 'F', 'F', 'F', 'C', 'F', 'F', 'F', 'F', 'F', 'C']
+    """
+    total = len(rows)
+    if n == total:
+        return list(rows)
+    scale = (n - 1) / (total - 1) if total > 1 else 0.0
+    back = (total - 1) / (n - 1) if n > 1 else 0.0
+    columns = []
+    for u in range(len(rows[0])):
+        col = [row[u] for row in rows]
+        computed = {int(round(s * scale)) for s, a in enumerate(col) if a == Action.COMPUTE.value}
+        idle = [s for s, a in enumerate(col) if a != Action.COMPUTE.value]
+        out = []
+        for j in range(n):
+            if j in computed or not idle:
+                out.append(Action.COMPUTE.value)
+                continue
+            at = j * back
+            out.append(col[min(idle, key=lambda s: (abs(s - at), s))])
+        columns.append(out)
+    return ["".join(cells) for cells in zip(*columns)]
 
 
 class PlanSchedule(Schedule):
