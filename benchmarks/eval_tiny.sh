@@ -5,8 +5,8 @@
 #   python benchmarks/assemble.py           # then rebuild BENCHMARKS.md
 #
 # 1. Calibration on labels 0-9, seed 0 (the bundled MagCache / TeaCache tables come from the same run):
-#    an ERTACache plan (default threshold; without the timestep adjustment phi, which `dcache eval` does not apply)
-#    and a static plan from `dcache search --method dp` at half the block FLOPs.
+#    an ERTACache plan (default threshold, with its timestep adjustment phi, which the plan carries as its step
+#    action) and a static plan from `dcache search --method dp` at half the block FLOPs.
 # 2. `dcache eval`: the uncached reference, six methods at their default settings (plus the faster presets of
 #    FBCache and EasyCache, whose defaults reuse little on this model) and the DP plan, on held-out seeds (1000..),
 #    labels 0-9. It writes benchmarks/results/eval_tiny/{report.md,report.html,results.json,*.png};
@@ -33,12 +33,12 @@ if [ ! -f "$ERTA" ]; then
 import sys
 
 from dcache.pipelines.runner import GenerationJob, load_pipeline
-from dcache.schedules.ertacache import calibrate_ertacache
+from dcache.schedules.tuning.ertacache_calibration import calibrate_ertacache
 
 pipe, _ = load_pipeline("tiny")
 pipe.set_progress_bar_config(disable=True)
 job = GenerationJob(pipe, True, prompts=[str(i) for i in range(10)], seed=0)  # 28 steps, the pipeline's CFG
-calibrate_ertacache(pipe, [job], timestep_adjustment=False).save(sys.argv[1])
+calibrate_ertacache(pipe, [job]).save(sys.argv[1])
 print("wrote", sys.argv[1])
 PY
 fi
