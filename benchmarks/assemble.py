@@ -28,6 +28,8 @@ RERUN = {
     "search": "python benchmarks/search.py --out benchmarks/out/search   # then copy search.{md,json} to "
               "benchmarks/results",
     "frontier": "python benchmarks/frontier.py --out benchmarks/results",
+    "cfg_difference": "python benchmarks/frontier.py --only '^cfg3$' --search-cfg-difference --no-robustness "
+                      "--out benchmarks/results/cfg_difference",
     "eval": "bash benchmarks/eval_tiny.sh",
     "kernels": "OMP_NUM_THREADS=1 python benchmarks/kernels.py --out benchmarks/results/kernels_cpu.md",
     "kernels-gpu": "python benchmarks/kernels.py --device cuda --dtype bf16 --out benchmarks/results/kernels_cuda.md",
@@ -241,6 +243,44 @@ def frontier_part(frontier: dict) -> str:
     return "\n".join(lines)
 
 
+CFG_DIFFERENCE = RESULTS / "cfg_difference" / "frontier.json"  # the CFG-3 run with the cfg-diff contender
+
+
+def cfg_difference_part() -> str:
+    """Real CFG (guidance 3) with and without forecasting the CFG difference: per band, keyframes with the uncond
+    branch cached on its own, with cfg_difference, the best dcache row, and the best peers, from one run."""
+    if not CFG_DIFFERENCE.is_file():
+        return ""
+    data = json.loads(CFG_DIFFERENCE.read_text())
+    meta = data["meta"]
+    check_provenance(meta.get("git_commit"), CFG_DIFFERENCE, RERUN["cfg_difference"])
+    lines = ["### Real CFG: forecasting the CFG difference", "",
+             "With guidance 3 the branches' forecast errors reach the sample as 3 e_c - 2 e_u; with an unconditional "
+             "branch one keyframe short (the only way to reach 0.196 or 0.125 with split CFG) they stop cancelling. "
+             "`cfg_difference=True` (call scope) serves the unconditional calls as the conditional output minus a "
+             "forecast of the CFG difference over the steps both branches computed. One run, tuning batch for the "
+             f"searches, held-out PSNR; commit {meta['git_commit']}, {meta['date'][:10]} (load average "
+             f"{meta['load_start']} at the start, {meta.get('load_end', '?')} at the end).", "",
+             "| band | keyframe call (branches on their own) | keyframe call cfg-diff | best dcache | diffusers | "
+             "cache-dit |", "|" + "---|" * 6]
+    for sc in data["scenarios"]:
+        best = frontier_best(sc)
+        for band, per_library in best.items():
+            by_method = {}
+            for result in sc["results"]:
+                for row in result["rows"]:
+                    if row["band"] == band and result["library"] == "dcache":
+                        by_method.setdefault(result["method"], row)
+            cells = [fmt_row(by_method.get("keyframe call")), fmt_row(by_method.get("keyframe call cfg-diff")),
+                     fmt_row(per_library.get("dcache")), fmt_row(per_library.get("diffusers")),
+                     fmt_row(per_library.get("cache-dit"))]
+            lines.append(f"| ~{band:g} | " + " | ".join(cells) + " |")
+    rel = CFG_DIFFERENCE.parent.relative_to(ROOT)
+    lines += ["", f"Every row: [{rel}/frontier.md]({rel}/frontier.md) (plot: [{rel}/frontier_pareto.png]"
+                  f"({rel}/frontier_pareto.png)). Rerun: `{RERUN['cfg_difference']}`."]
+    return "\n".join(lines)
+
+
 def kernels_part() -> str:
     return "\n".join([
         "The fused kernels (residual apply / capture with statistics, relative L1, Taylor update and forecast, axpy) "
@@ -261,7 +301,8 @@ def build() -> str:
     parts.append("## Plan search vs dynamic schedules\n\n" + (search_part(search) if search else
                                                                missing.format(RERUN["search"])))
     parts.append("## Beyond 4x: the frontier below 0.25\n\n" + (frontier_part(frontier) if frontier else
-                                                                 missing.format(RERUN["frontier"])))
+                                                                 missing.format(RERUN["frontier"]))
+                 + "\n\n" + cfg_difference_part())
     parts.append("## A `dcache eval` report\n\n" + _eval_part())
     parts.append("## Kernels\n\n" + kernels_part())
     return "\n\n".join(part.strip() for part in parts) + "\n"
