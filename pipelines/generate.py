@@ -87,7 +87,8 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
             return handles[-1]
 
         timing = interleaved_runs(job, enable, repeats, on_run=bar.step)
-    reference, cached, t_ref, t_cached = timing.reference, timing.cached, timing.seconds_uncached, timing.seconds_cached
+    reference, cached, t_ref, t_cached = (timing.reference, timing.cached, timing.seconds_uncached,
+                                          timing.seconds_cached)
     stats, plans = timing.stats, timing.plans
     plan = plans["transformer"]
     batch_size = int(reference.shape[0]) // max(job.frames_per_sample, 1)  # images (videos) per pipeline call
@@ -177,12 +178,18 @@ def _seconds(spread_: dict[str, float]) -> str:
     return f"{spread_['median']:.3f} s [{spread_['min']:.3f}-{spread_['max']:.3f}]"
 
 
+def _calls_noun(s: dict[str, Any]) -> str:
+    """'transformer calls', or 'model calls' when the counts also hold another cached model's (a ControlNet's)."""
+    experts = (s.get("stats") or {}).get("experts", {})
+    return "model calls" if any(not name.startswith("transformer") for name in experts) else "transformer calls"
+
+
 def format_summary(s: dict[str, Any]) -> str:
     images = f"{s['batch_size']} image{'s' if s['batch_size'] != 1 else ''}"
     lines = [
         f"model        {s['model']}   cache: {s['cache']} ({s['scope']} scope)   seed {s['seed']}",
         f"device       {s['device_description']}",
-        f"steps        {s['calls_fully_computed']}/{s['calls']} transformer calls fully computed "
+        f"steps        {s['calls_fully_computed']}/{s['calls']} {_calls_noun(s)} fully computed "
         f"({s['steps']} steps), units computed {s['units_computed']}, reused {s['units_reused']}, "
         f"forecast {s['units_forecast']} ({s['blocks_per_call']} blocks per call)",
         f"speed-up     ideal {s['ideal_speedup']:.2f}x (compute ratio {s['compute_ratio']:.3f}), measured "

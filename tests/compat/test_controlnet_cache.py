@@ -243,6 +243,7 @@ def test_generate_and_eval_cache_the_controlnet_from_the_command_line(flux, tmp_
     cn = stats["stats"]["experts"]["controlnet"]
     assert (cn["calls"], cn["units_reused"]) == (STEPS, 1) and stats["controlnet"] == "follow"
     assert "controlnet: 3/4 calls fully computed" in result.output
+    assert "model calls fully computed" in result.output  # the total counts the ControlNet's calls too
     result = CliRunner().invoke(app, ["eval", "--methods", "fixed_interval,fixed_interval:controlnet=follow",
                                       "--prompts", str(prompts), "--seeds", "1", "--warmup", "0", "--metrics",
                                       "psnr,max_abs", "--no-progress", "--out", str(tmp_path / "report"), *common])
