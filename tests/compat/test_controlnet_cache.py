@@ -220,7 +220,8 @@ def test_controlnet_needs_a_pipeline_that_has_one(flux):
         dcache.apply(plain, "fixed_interval", controlnet="follow")
 
 
-@pytest.mark.slow  # ~8 s: a saved folder loaded twice, generate's and eval's uncached and cached runs
+# ~8 s (a saved folder loaded twice, generate's and eval's uncached and cached runs); not marked slow: in this folder
+# `slow` means the long soak / inductor cases that `make test` leaves out (tests/compat/conftest.py)
 def test_generate_and_eval_cache_the_controlnet_from_the_command_line(flux, tmp_path):
     """`dcache generate --controlnet follow` and the eval method spec `fixed_interval:controlnet=follow` on a saved
     FluxControlNetPipeline folder."""
