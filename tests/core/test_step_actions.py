@@ -78,7 +78,8 @@ def test_schedules_that_do_not_act_on_steps_are_never_asked_and_change_nothing(p
 
 def test_a_step_action_of_the_wrong_shape_is_refused_with_the_shapes(pipe):
     with dcache.apply(pipe, WrongShape()):
-        with pytest.raises(ValueError, match=r"WrongShape.after_step returned .* return a tensor of the latent's shape"):
+        with pytest.raises(ValueError,
+                           match=r"WrongShape.after_step returned .* return a tensor of the latent's shape"):
             latents(pipe)
     reference = latents(pipe)  # the pipeline is usable again after the error and the removal
     assert torch.isfinite(reference).all()
