@@ -94,10 +94,8 @@ def plans(pipe):
 
 
 def true_compute_ratio(handle) -> float:
-    """Block-FLOP compute ratio of the last generation, from the engine's FLOP book.
-
-    Counted here because the engine's MODULE-granularity stats count a computed module twice (see
-    test_engine_gap_module_flops_double_count)."""
+    """Block-FLOP compute ratio of the last generation, recounted from the engine's FLOP book and the recorded
+    actions (an independent check of handle.stats().compute_ratio)."""
     eng = handle.engine
     total = computed = 0.0
     block_cost = {u: c for (u, _), c in eng.flops.costs.items() if isinstance(u, int)}
@@ -139,6 +137,7 @@ def test_plan_profiles_replays_bit_exactly_and_stays_close(name, pipe, plans, re
     assert torch.equal(outs[0], outs[1])
     assert stats.units_reused + stats.units_forecast > 0  # reuse really happened
     assert ratio < 0.95
+    assert stats.compute_ratio == pytest.approx(ratio, rel=1e-9)  # the stats count what ran
 
     # The exported record of the replay is the plan itself and replays bit-exactly again.
     assert exported.actions == plan.actions
