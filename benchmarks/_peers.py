@@ -215,7 +215,8 @@ def enable_diffusers_cache(pipe, config) -> Applied:
     return Applied(remove=remove)
 
 
-def calibrate_diffusers_magcache(pipe, run: Callable[[], Any], num_steps: int) -> tuple[list[float], list[list[float]]]:
+def calibrate_diffusers_magcache(pipe, run: Callable[[], Any],
+                                 num_steps: int) -> tuple[list[float], list[list[float]]]:
     """diffusers' own MagCache calibration: one uncached run with `calibrate=True`; returns (cond curve, all curves).
 
     diffusers prints each cache context's ratio list at the end of the run ("Copy these values to
@@ -230,7 +231,8 @@ def calibrate_diffusers_magcache(pipe, run: Callable[[], Any], num_steps: int) -
             run()
     finally:
         applied.remove()
-    curves = [[float(v) for v in m.group(1).split(",")] for m in re.finditer(r"^\[([^\]]+)\]$", buffer.getvalue(), re.M)]
+    curves = [[float(v) for v in m.group(1).split(",")]
+              for m in re.finditer(r"^\[([^\]]+)\]$", buffer.getvalue(), re.M)]
     curves = [c for c in curves if len(c) == num_steps]
     if not curves:
         raise RuntimeError(f"diffusers MagCache calibration printed no ratio list of length {num_steps}: "

@@ -49,9 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
 if __name__ == "__main__":
     build_parser().parse_args()  # --help and bad arguments answer here, before torch loads
 
+# the heavy imports come after that argument check on purpose, hence the E402 exemptions
 import torch  # noqa: E402
 
-import dcache.kernels as K
+import dcache.kernels as K  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -4,7 +4,7 @@
     python benchmarks/methods.py --out benchmarks/results   # the same, refreshing the tracked tables
     python benchmarks/methods.py --quick              # a tiny subset in < 1 min (the smoke test runs this)
     python benchmarks/methods.py --only 'magcache|MagCache' --heldout-seeds 5 --out /tmp/m
-    python benchmarks/methods.py --rerun 'dcache:(fora|pab)$'   # re-measure these; keep every other row of methods.json
+    python benchmarks/methods.py --rerun 'dcache:(fora|pab)$'  # re-measure these; keep every other row of methods.json
 
 Protocol (same for every library; one pipeline object, one transformer, caches put on and taken off in turn):
   * Tuning run: labels 0..9 in one batch, seed 0, 28 steps, split CFG (batched CFG for the peers that need it, see
@@ -53,7 +53,8 @@ SCRATCH = Path(__file__).resolve().parent / "out"  # git-ignored default for --o
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny subset: one setting of a few methods, 10 steps (< 1 min)")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny subset: one setting of a few methods, 10 steps (< 1 min)")
     ap.add_argument("--out", type=Path, default=SCRATCH,
                     help="folder for methods.md / .json / _pareto.png (default benchmarks/out/, git-ignored; --out "
                          "benchmarks/results refreshes the tables BENCHMARKS.md is assembled from, and --resume / "
@@ -78,11 +79,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 if __name__ == "__main__":
     parse_args(sys.argv[1:])  # --help and bad arguments answer here, before torch and diffusers load
 
-import numpy as np
-import torch
+# the heavy imports come after that argument check on purpose, hence the E402 exemptions
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
-from dcache.quality import frechet_distance as frechet
-from dcache.quality import median, psnr, ssim_per_image
+from dcache.quality import frechet_distance as frechet  # noqa: E402
+from dcache.quality import median, psnr, ssim_per_image  # noqa: E402
 
 
 def _load_peers():
@@ -562,7 +564,8 @@ class Sweeper:
             heldout_lib_ratio=(float(np.mean(lib_ratios)) if all(r is not None for r in lib_ratios) else None))
         row["b10_speedup_cpu"] = row["b10_cpu_uncached"] / row["b10_cpu_cached"]
         row["ideal"] = 1.0 / row["ratio"] if row["ratio"] > 0 else float("inf")
-        self.log(f"  => {c.label} [{row['setting']}] band {band}: ratio {row['ratio']:.3f}, b1 {row['b1_speedup_wall']:.2f}x "
+        self.log(f"  => {c.label} [{row['setting']}] band {band}: ratio {row['ratio']:.3f}, "
+                 f"b1 {row['b1_speedup_wall']:.2f}x "
                  f"wall ({row['b1_meas_over_ideal']:.2f} of ideal), held-out PSNR {row['psnr_heldout']:.2f} "
                  f"SSIM {row['ssim_heldout']:.3f} acc {row['acc_heldout']:.2f} FD {row['fd_heldout']:.3f}")
         return row
@@ -675,10 +678,12 @@ def band_analysis(rows: list[dict]) -> list[str]:
             continue
 
         def name(r, metric):
-            return f"{r['library']}:{r['method']} ({fmt(r[metric], 2 if metric == 'psnr_heldout' else 3)} @ {r['ratio']:.2f})"
+            return (f"{r['library']}:{r['method']} "
+                    f"({fmt(r[metric], 2 if metric == 'psnr_heldout' else 3)} @ {r['ratio']:.2f})")
 
         def best(lib, metric, high):
-            cand = [r for r in inb if (lib is None or r["library"] == lib or (lib == "peer" and r["library"] != "dcache"))
+            cand = [r for r in inb
+                    if (lib is None or r["library"] == lib or (lib == "peer" and r["library"] != "dcache"))
                     and r.get(metric) is not None and math.isfinite(r[metric])]
             if not cand:
                 return None
@@ -704,7 +709,8 @@ def band_analysis(rows: list[dict]) -> list[str]:
         if d_fd and p_fd:
             who = "dcache" if d_fd["fd_heldout"] <= p_fd["fd_heldout"] else \
                 f"a peer ({p_fd['library']}:{p_fd['method']})"
-            parts.append(f"FD: {who} is lower ({fmt(d_fd['fd_heldout'], 3)} dcache vs {fmt(p_fd['fd_heldout'], 3)} peer)")
+            parts.append(f"FD: {who} is lower ({fmt(d_fd['fd_heldout'], 3)} dcache vs "
+                         f"{fmt(p_fd['fd_heldout'], 3)} peer)")
         if parts:
             verdicts.append(f"- ~{centre}: " + "; ".join(parts) + ".")
     return lines + [""] + verdicts
@@ -731,11 +737,12 @@ def ratio_03_table(rows: list[dict]) -> list[str]:
     sel = [r for r in rows if 0.25 <= r.get("b1_ratio", 0) <= 0.38]
     if not sel:
         return ["(no row with a batch-1 compute ratio in 0.25..0.38)"]
-    lines = ["| library | method | setting | b1 compute ratio | b1 ideal | b1 measured (wall) | measured/ideal (wall) | "
-             "measured/ideal (CPU) |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| library | method | setting | b1 compute ratio | b1 ideal | b1 measured (wall) | "
+             "measured/ideal (wall) | measured/ideal (CPU) |", "|---|---|---|---|---|---|---|---|"]
     for r in sorted(sel, key=lambda r: (LIBRARIES.index(r["library"]), -r["b1_meas_over_ideal"])):
-        lines.append(f"| {r['library']} | {r['method']} | {r['setting']} | {r['b1_ratio']:.3f} | {fmt(r['b1_ideal'])}x | "
-                     f"{fmt(r['b1_speedup_wall'])}x | {fmt(r['b1_meas_over_ideal'])} | {fmt(r['b1_meas_over_ideal_cpu'])} |")
+        lines.append(f"| {r['library']} | {r['method']} | {r['setting']} | {r['b1_ratio']:.3f} | "
+                     f"{fmt(r['b1_ideal'])}x | {fmt(r['b1_speedup_wall'])}x | {fmt(r['b1_meas_over_ideal'])} | "
+                     f"{fmt(r['b1_meas_over_ideal_cpu'])} |")
     for lib in LIBRARIES:
         vals = [r["b1_meas_over_ideal"] for r in sel if r["library"] == lib]
         if vals:
@@ -762,21 +769,25 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
             dating.append(f"rows matching `{e['pattern']}` (and no later pattern) by `{e['command']}` on {e['date']}")
         dating.append(f"every other row is from the first command's run of {rerun['kept_from']['date']} (same "
                       f"steps, seeds, repeats, threads and model weights: checked).")
-    lines = [f"# dcache methods vs diffusers caches vs cache-dit (tiny model)", "",
+    lines = ["# dcache methods vs diffusers caches vs cache-dit (tiny model)", "",
              "```", *commands, "```", "",
-             f"{meta['date']} · {meta['runtime_s'] / 60:.1f} min · torch {meta['torch']} · diffusers {meta['diffusers']}"
-             f" · cache-dit {meta['cache_dit']} · weights {meta.get('weights', '?')} · {meta['threads']} torch thread(s) · {meta['cpu']} · load average at "
+             f"{meta['date']} · {meta['runtime_s'] / 60:.1f} min · torch {meta['torch']} · "
+             f"diffusers {meta['diffusers']}"
+             f" · cache-dit {meta['cache_dit']} · weights {meta.get('weights', '?')} · "
+             f"{meta['threads']} torch thread(s) · {meta['cpu']} · load average at "
              f"start {meta['load_start']}, end {meta.get('load_end', '?')}", "",
              *(["; ".join(dating), ""] if rerun else []),
              f"Bundled tiny model (FluxTransformer2DModel, 2 double + 6 single blocks), {meta['steps']} steps, CFG "
-             f"{meta['guidance']}. Tuning run: labels {meta['tune_labels']} seed {TUNE_SEED} (every calibration and the "
-             f"knob search use it). Held-out: seeds {meta['heldout_seeds'][0]}..{meta['heldout_seeds'][-1]} x labels "
-             f"{meta['seed_labels'][0]}..{meta['seed_labels'][-1]} = {meta['heldout_samples']} samples. Batch 1: label {B1_LABEL}, seed {TUNE_SEED}.", "",
-             "Columns: **ratio** = block FLOPs computed / uncached on the tuning batch (FlopCounterMode on the blocks, "
-             "same meter for every library; dcache's own stats agree, see the check below); **ideal** = 1/ratio; "
-             "**b1 ratio** = the same at batch 1; **b1 × wall / CPU** = measured batch-1 speed-up (wall clock / process CPU "
-             f"time), medians of {meta['repeats']} runs after a warm-up, interleaved with an uncached twin pipeline; "
-             "**meas/ideal** = b1 × wall · b1 ratio; **b10 × CPU** = held-out batch-10 speed-up from process CPU time; **PSNR tune / b1 / "
+             f"{meta['guidance']}. Tuning run: labels {meta['tune_labels']} seed {TUNE_SEED} (every calibration and "
+             f"the knob search use it). Held-out: seeds {meta['heldout_seeds'][0]}..{meta['heldout_seeds'][-1]} x "
+             f"labels {meta['seed_labels'][0]}..{meta['seed_labels'][-1]} = {meta['heldout_samples']} samples. "
+             f"Batch 1: label {B1_LABEL}, seed {TUNE_SEED}.", "",
+             "Columns: **ratio** = block FLOPs computed / uncached on the tuning batch (FlopCounterMode on the "
+             "blocks, same meter for every library; dcache's own stats agree, see the check below); **ideal** = "
+             "1/ratio; **b1 ratio** = the same at batch 1; **b1 × wall / CPU** = measured batch-1 speed-up (wall "
+             f"clock / process CPU time), medians of {meta['repeats']} runs after a warm-up, interleaved with an "
+             "uncached twin pipeline; **meas/ideal** = b1 × wall · b1 ratio; **b10 × CPU** = held-out batch-10 "
+             "speed-up from process CPU time; **PSNR tune / b1 / "
              "held-out**, **SSIM**, **acc** (digit classifier on the held-out samples), **FD** = Fréchet distance of "
              "classifier features, cached vs uncached held-out samples.", ""]
     lines += [f"Uncached held-out accuracy {meta['uncached_acc']:.3f}; FD between the uncached held-out samples and "
@@ -789,34 +800,35 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
                  f"{meta['uncached_acc']:.2f} | 0.000 |")
     for r in rows:
         lines.append(
-            f"| {r['library']} | {r['method']} | {r['setting']} | {fmt(r['band'])} | {r['ratio']:.3f} | {fmt(r['ideal'])} | "
-            f"{r['b1_ratio']:.3f} | {fmt(r['b1_speedup_wall'])} | {fmt(r['b1_speedup_cpu'])} | "
+            f"| {r['library']} | {r['method']} | {r['setting']} | {fmt(r['band'])} | {r['ratio']:.3f} | "
+            f"{fmt(r['ideal'])} | {r['b1_ratio']:.3f} | {fmt(r['b1_speedup_wall'])} | {fmt(r['b1_speedup_cpu'])} | "
             f"{fmt(r['b1_meas_over_ideal'])} | {fmt(r['b10_speedup_cpu'])} | {fmt(r['psnr_tune'])} | "
-            f"{fmt(r['psnr_b1'])} | {fmt(r['psnr_heldout'])} | {fmt(r['ssim_heldout'], 3)} | {fmt(r['acc_heldout'])} | "
-            f"{fmt(r['fd_heldout'], 3)} |")
+            f"{fmt(r['psnr_b1'])} | {fmt(r['psnr_heldout'])} | {fmt(r['ssim_heldout'], 3)} | "
+            f"{fmt(r['acc_heldout'])} | {fmt(r['fd_heldout'], 3)} |")
     notes = RESULTS / f"{stem}_notes.md"
     if notes.is_file():  # the hand-written reading of these numbers (kept across --report-only rewrites)
         lines += ["", notes.read_text().rstrip()]
     lines += ["", "## Best per compute-ratio band", "",
-              f"Band c holds rows with c/{BAND_TOL} <= ratio <= c*{BAND_TOL} (one row per method and band, the setting "
-              "closest to c). Quality on the held-out samples.", ""]
+              f"Band c holds rows with c/{BAND_TOL} <= ratio <= c*{BAND_TOL} (one row per method and band, the "
+              "setting closest to c). Quality on the held-out samples.", ""]
     lines += band_analysis(rows)
     lines += ["", "## Best quality reachable at a compute budget (every setting tried, tuning batch)", "",
-              "The upper envelope of the search points per library: the best PSNR of the tuning batch among all settings "
-              "with compute ratio <= the budget (no band tolerance, so libraries are compared at equal or lower compute). "
-              "In-sample for the calibrated methods (their plans/tables were fitted on this batch): the held-out table "
-              "above is the out-of-sample check.", ""]
+              "The upper envelope of the search points per library: the best PSNR of the tuning batch among all "
+              "settings with compute ratio <= the budget (no band tolerance, so libraries are compared at equal or "
+              "lower compute). In-sample for the calibrated methods (their plans/tables were fitted on this batch): "
+              "the held-out table above is the out-of-sample check.", ""]
     lines += envelope_table(results)
     lines += ["", "## Measured vs ideal speed-up at batch 1, compute ratio ~0.3", "",
               "Rows whose batch-1 compute ratio is 0.25..0.38. The tiny model spends a large share of a batch-1 call "
-              "outside the blocks (embedders, RoPE, norms, the pipeline loop and Python dispatch), which no block cache "
-              "removes; what differs between libraries is the overhead of the cache path itself.", ""]
+              "outside the blocks (embedders, RoPE, norms, the pipeline loop and Python dispatch), which no block "
+              "cache removes; what differs between libraries is the overhead of the cache path itself.", ""]
     lines += ratio_03_table(rows)
     lines += ["", "## Cache-path overhead at zero reuse (batch 1)", "",
               "Threshold 0: the cache is on, its signals are computed, nothing is reused (compute ratio 1). Speed-up "
               "< 1 is the per-call cost of the cache machinery (hooks, signal reductions, host syncs), which the tiny "
               "model cannot hide; a large model amortises it over far more FLOPs per call.", "",
-              "| library | method | setting | b1 ratio | speed-up (wall) | speed-up (CPU) |", "|---|---|---|---|---|---|"]
+              "| library | method | setting | b1 ratio | speed-up (wall) | speed-up (CPU) |",
+              "|---|---|---|---|---|---|"]
     for r in results:
         o = r.get("overhead")
         if o:
@@ -829,7 +841,8 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
             flags.append(f"**error**: `{r['error']}`")
         if not r.get("restored", True):
             flags.append("**uncached output changed after removal** (pipeline reloaded)")
-        lib_checks = [(row["b1_ratio"], row["b1_lib_ratio"]) for row in r["rows"] if row.get("b1_lib_ratio") is not None]
+        lib_checks = [(row["b1_ratio"], row["b1_lib_ratio"]) for row in r["rows"]
+                      if row.get("b1_lib_ratio") is not None]
         if lib_checks:
             worst = max(abs(x - y) for x, y in lib_checks)
             flags.append(f"stats().compute_ratio vs the meter (batch-1 call of each row): max |Δ| {worst:.4f} over "
@@ -839,8 +852,8 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
             flags.append("**no reuse at any setting tried**")
         if r.get("note"):
             flags.append(r["note"])
-        lines.append(f"- {r['library']}:{r['method']} ({len(r['points'])} settings tried, {r.get('seconds', 0):.0f} s): "
-                     + "; ".join(flags))
+        lines.append(f"- {r['library']}:{r['method']} ({len(r['points'])} settings tried, "
+                     f"{r.get('seconds', 0):.0f} s): " + "; ".join(flags))
     for name, reason in meta.get("unavailable", {}).items():
         lines.append(f"- {name}: not run — {reason}")
     lines += ["", f"![Pareto plot]({png.name})", ""]
@@ -862,7 +875,8 @@ MARKERS = {"dcache": "o", "diffusers": "s", "cache-dit": "^"}
 LIB_COLORS = {"dcache": "#1f77b4", "diffusers": "#d62728", "cache-dit": "#2ca02c"}
 
 
-def _front(points: list[tuple[float, float]], x_lower_better: bool, y_higher_better: bool) -> list[tuple[float, float]]:
+def _front(points: list[tuple[float, float]], x_lower_better: bool,
+           y_higher_better: bool) -> list[tuple[float, float]]:
     """The non-dominated points (better x and better y), sorted by x."""
     def better_or_equal(a, b, lower):
         return a <= b if lower else a >= b
@@ -965,7 +979,8 @@ def main(argv: list[str] | None = None) -> Path:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     started = time.time()
-    command = "python benchmarks/methods.py" + "".join(" " + shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python benchmarks/methods.py" + "".join(" " + shlex.quote(a)
+                                                       for a in (argv if argv is not None else sys.argv[1:]))
 
     def log(msg: str) -> None:
         print(f"[{time.time() - started:7.1f}s] {msg}", flush=True)
@@ -1026,8 +1041,9 @@ def main(argv: list[str] | None = None) -> Path:
             old_rerun = old["meta"].get("rerun")
             base = old_rerun["kept_from"] if old_rerun else dict(command=old["meta"]["command"],
                                                                  date=old["meta"]["date"])
-            earlier = [*old_rerun.get("earlier", []), dict(pattern=old_rerun["pattern"], command=old["meta"]["command"],
-                                                           date=old["meta"]["date"])] if old_rerun else []
+            earlier = [*old_rerun.get("earlier", []),
+                       dict(pattern=old_rerun["pattern"], command=old["meta"]["command"],
+                            date=old["meta"]["date"])] if old_rerun else []
             meta["rerun"] = dict(pattern=args.rerun, kept_from=base, earlier=earlier)
             labels = {c.label for c in contenders}
             contenders += [c for c in all_contenders if c.label not in labels and c.label in previous]

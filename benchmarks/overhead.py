@@ -15,8 +15,9 @@ table (diffusers' own calibration) in dcache's block scope, dcache's call scope 
 x + Delta of the whole transformer, dcache.call_scope) and diffusers, at identical decisions: the compute ratio (block
 FLOPs, counted by an outside meter), measured speed-up, ideal (1 / r), achievable (T_bare / T(r)), measured/ideal
 and measured/achievable. T_pipe, the generation with the transformer call itself replaced by an identity, is the
-floor of call scope: what the pipeline does per step around the transformer (label encoder, scheduler step). Timings are thread CPU time (the machine is shared; CPU time does not count waiting), rounds
-interleave every contender with the bare and floor runs so that drift cancels, and each figure is the median.
+floor of call scope: what the pipeline does per step around the transformer (label encoder, scheduler step).
+Timings are thread CPU time (the machine is shared; CPU time does not count waiting), rounds interleave every
+contender with the bare and floor runs so that drift cancels, and each figure is the median.
 
     python benchmarks/overhead.py                   # ~6 min on an idle 2-core machine
     python benchmarks/overhead.py --rounds 3        # quicker, noisier
@@ -210,7 +211,8 @@ def measure_ratio(pipe, meter: BlockMeter, bare_flops: float, row: Row) -> None:
 
 
 def run(rounds: int, log: Callable[[str], None], thresholds: tuple[float, ...] = THRESHOLDS,
-        magcache_thresholds: tuple[float, ...] = MAGCACHE_THRESHOLDS, cache_dit: bool = True) -> tuple[dict, list[Row]]:
+        magcache_thresholds: tuple[float, ...] = MAGCACHE_THRESHOLDS,
+        cache_dit: bool = True) -> tuple[dict, list[Row]]:
     from _peers import calibrate_diffusers_magcache
 
     torch.set_num_threads(1)

@@ -86,15 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
 if __name__ == "__main__":
     build_parser().parse_args()  # --help and bad arguments answer here, before torch and diffusers load
 
+# the heavy imports come after that argument check on purpose, hence the E402 exemptions
 import torch  # noqa: E402
 
-import dcache
-from dcache.actions import Granularity
-from dcache.pipelines.runner import GenerationJob
-from dcache.pipelines.search_cli import FORECAST_SEEDS, REUSE_SEEDS, dynamic_seed_plans, make_calibration
-from dcache.plan import Plan
-from dcache.quality import psnr
-from dcache.schedules.tuning import search
+import dcache  # noqa: E402
+from dcache.actions import Granularity  # noqa: E402
+from dcache.pipelines.runner import GenerationJob  # noqa: E402
+from dcache.pipelines.search_cli import FORECAST_SEEDS, REUSE_SEEDS, dynamic_seed_plans, make_calibration  # noqa: E402
+from dcache.plan import Plan  # noqa: E402
+from dcache.quality import psnr  # noqa: E402
+from dcache.schedules.tuning import search  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -371,16 +372,16 @@ def main(argv=None) -> str:
     command = "python benchmarks/search.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [f"# Searched plans vs dynamic schedules (tiny digit model, {args.steps} steps)", "",
              f"Command: `{command.strip()}`  ",
-             f"Weights {weights_id()}. Search calibration: labels 0-9, seed 0 (DisCa: seeds 0-{args.train_seeds - 1}). "
-             f"Held-out: seeds {seeds[0]}..{seeds[-1]} x labels 0-9 = {len(seeds) * 10} samples, split CFG 1.5; PSNR "
-             f"over all pixels vs the uncached images, classifier accuracy, compute ratio = block FLOPs computed / "
-             f"uncached. Dynamic rows: {source}. Search / training wall time (s): "
+             f"Weights {weights_id()}. Search calibration: labels 0-9, seed 0 (DisCa: seeds "
+             f"0-{args.train_seeds - 1}). Held-out: seeds {seeds[0]}..{seeds[-1]} x labels 0-9 = {len(seeds) * 10} "
+             f"samples, split CFG 1.5; PSNR over all pixels vs the uncached images, classifier accuracy, compute "
+             f"ratio = block FLOPs computed / uncached. Dynamic rows: {source}. Search / training wall time (s): "
              + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()) + f"; total {time.time() - t0:.0f} s on a "
              f"shared 2-core CPU.", ""]
     lines += ["## Target: Pareto-dominate every dynamic schedule at compute ratios 0.5 and 0.33", "",
               f"A dynamic row is at ratio r when r / {BAND_TOL} <= its ratio <= r * {BAND_TOL}. It is dominated when "
-              f"one of the method's plans has compute ratio <= its ratio (DisCa: + the predictor's FLOPs), PSNR >= and "
-              f"accuracy >= its own.", "",
+              f"one of the method's plans has compute ratio <= its ratio (DisCa: + the predictor's FLOPs), PSNR >= "
+              f"and accuracy >= its own.", "",
               "| ratio | method | dynamic rows at r | dominated | target met | strongest undominated row | "
               "best plan against it |", "|---|---|---|---|---|---|---|"]
     block_only = []  # DisCa verdicts counting block FLOPs only (the predictor's own FLOPs left out)
@@ -449,14 +450,14 @@ def main(argv=None) -> str:
     for method, rows in scored.items():
         for p in sorted(rows, key=lambda p: p["compute_ratio"]):
             extra = f" (+{p['predictor_ratio']:.4f} predictor)" if "predictor_ratio" in p else ""
-            lines.append(f"| {method} | `{plan_name(p['plan'])}` | {p['compute_ratio']:.3f}{extra} | {p['psnr']:.2f} | "
-                         f"{fmt(p['accuracy'], '.2f')} |")
+            lines.append(f"| {method} | `{plan_name(p['plan'])}` | {p['compute_ratio']:.3f}{extra} | "
+                         f"{p['psnr']:.2f} | {fmt(p['accuracy'], '.2f')} |")
     lines += ["", "## Dynamic rows at the target ratios", "", "| library | method | config | compute ratio | PSNR | "
               "accuracy |", "|---|---|---|---|---|---|"]
     for d in sorted((d for d in dynamic if any(in_band(d["compute_ratio"], t) for t in TARGETS)),
                     key=lambda d: d["compute_ratio"]):
-        lines.append(f"| {d['library']} | {d['method']} | {d['config']} | {d['compute_ratio']:.3f} | {d['psnr']:.2f} | "
-                     f"{fmt(d['accuracy'], '.2f')} |")
+        lines.append(f"| {d['library']} | {d['method']} | {d['config']} | {d['compute_ratio']:.3f} | "
+                     f"{d['psnr']:.2f} | {fmt(d['accuracy'], '.2f')} |")
     text = "\n".join(lines) + "\n"
     print(text)
     payload = {"command": command.strip(), "heldout_seeds": seeds, "dynamic_source": source, "dynamic": dynamic,
