@@ -156,7 +156,8 @@ _REGISTRY: dict[str, Adapter] = {}
 def register_adapter(adapter: Adapter, *, overwrite: bool = False) -> Adapter:
     """Register the adapter for `adapter.model_class`. Users call this for their own DiTs."""
     if adapter.model_class in _REGISTRY and not overwrite:
-        raise ValueError(f"An adapter for {adapter.model_class} is already registered; pass overwrite=True to replace it.")
+        raise ValueError(f"An adapter for {adapter.model_class} is already registered; pass overwrite=True to "
+                         f"replace it.")
     _REGISTRY[adapter.model_class] = adapter
     return adapter
 
@@ -209,8 +210,8 @@ def discover_adapter(transformer: nn.Module) -> Adapter:
 # residual cached across them is meaningless. Generic discovery refuses them instead of caching them wrongly.
 _UNET_LISTS = frozenset({"down_blocks", "up_blocks", "mid_blocks"})
 _UNET_REASON = ("it is a UNet (down/up blocks change resolution and pass skip connections), and dcache caches the "
-                "repeated blocks of diffusion transformers (DiT / MM-DiT), so it has nothing to cache here; apply it to a "
-                "transformer model (pipe.transformer) instead")
+                "repeated blocks of diffusion transformers (DiT / MM-DiT), so it has nothing to cache here; apply it "
+                "to a transformer model (pipe.transformer) instead")
 
 
 def _is_unet(model: nn.Module) -> bool:

@@ -82,8 +82,8 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
         raise ValueError(f"fit={fit!r} is not a fit mode; use fit='auto' (with max_cache_memory) to let dcache pick a "
                          f"cache storage that fits the budget, or leave it out to be refused over budget.")
     if fit is not None and max_cache_memory is None:
-        raise ValueError("fit='auto' chooses among cache storages that fit max_cache_memory; give the budget too, e.g. "
-                         "dcache.apply(pipe, 'taylorseer', max_cache_memory='8GiB', fit='auto').")
+        raise ValueError("fit='auto' chooses among cache storages that fit max_cache_memory; give the budget too, "
+                         "e.g. dcache.apply(pipe, 'taylorseer', max_cache_memory='8GiB', fit='auto').")
     expert_settings = check_expert_names(pipeline, experts)
     controlnet_setting = check_controlnet_option(pipeline, controlnet)
     for module in [transformer, *(m for _, m in extra_experts(pipeline))]:
@@ -141,7 +141,8 @@ def _check_num_steps(num_steps: Any) -> int | None:
         return None
     if isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral) or num_steps < 1:
         raise ValueError(f"num_steps={num_steps!r} is invalid: it must be an int >= 1 (the number of denoising steps "
-                         f"of a transformer-only generation), e.g. dcache.apply(transformer, 'fbcache', num_steps=28).")
+                         f"of a transformer-only generation), e.g. dcache.apply(transformer, 'fbcache', "
+                         f"num_steps=28).")
     return int(num_steps)
 
 
@@ -179,7 +180,8 @@ def _resolve_schedule(method: Any, overrides: dict, transformer: nn.Module) -> t
             return _from_file(Path(text), overrides, transformer)
         config = config_for(text, **overrides)
         return config.build(transformer), text, config.to_dict()
-    raise TypeError(f"method must be a name, a plan path, a config, a Plan or a Schedule, not {type(method).__name__}.")
+    raise TypeError(f"method must be a name, a plan path, a config, a Plan or a Schedule, not "
+                    f"{type(method).__name__}.")
 
 
 def _plan_schedule(plan: Plan, overrides: dict) -> tuple[Schedule, str, dict]:

@@ -65,8 +65,8 @@ def check_scope(scope: str, schedule: Any, granularity: str) -> bool:
     if problems:
         raise ValueError(f"scope='call' needs a schedule that decides before the transformer runs, but "
                          f"{name!r}: " + "; ".join(problems) + ". Use scope='blocks' with it, or a method that "
-                         f"decides ahead (magcache, easycache, seacache, fixed_interval, taylorseer with "
-                         f"granularity='stack', or a stack plan such as lemica's or ecad's).")
+                         "decides ahead (magcache, easycache, seacache, fixed_interval, taylorseer with "
+                         "granularity='stack', or a stack plan such as lemica's or ecad's).")
     return True
 
 

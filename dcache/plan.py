@@ -105,7 +105,8 @@ class Plan:
             "block_layout": (isinstance(self.block_layout, list) and bool(self.block_layout)
                              and all(count(n) for n in self.block_layout), "a list of block counts (ints >= 0)"),
             "granularity": (isinstance(self.granularity, str), f"one of {[g.value for g in Granularity]}"),
-            "units": (isinstance(self.units, list) and bool(self.units) and all(isinstance(u, str) for u in self.units),
+            "units": (isinstance(self.units, list) and bool(self.units)
+                      and all(isinstance(u, str) for u in self.units),
                       "a non-empty list of unit names (strings)"),
             "num_steps": (count(self.num_steps), "the number of denoising steps (an int >= 1)"),
             "actions": (isinstance(self.actions, dict) and all(
@@ -140,9 +141,9 @@ class Plan:
             raise PlanError(f"plan fields probe_blocks={self.probe_blocks} / tail_blocks={self.tail_blocks} apply to "
                             f"stack plans only, this plan is {self.granularity}: set them to 0 or {REEXPORT}.")
         if self.probe_blocks + self.tail_blocks >= max(blocks, 1):
-            raise PlanError(f"plan fields probe_blocks={self.probe_blocks} and tail_blocks={self.tail_blocks} leave no "
-                            f"block to cache of the {blocks} in block_layout={self.block_layout}; their sum must be "
-                            f"<= {max(blocks - 1, 0)}. Fix the fields or {REEXPORT}.")
+            raise PlanError(f"plan fields probe_blocks={self.probe_blocks} and tail_blocks={self.tail_blocks} leave "
+                            f"no block to cache of the {blocks} in block_layout={self.block_layout}; their sum must "
+                            f"be <= {max(blocks - 1, 0)}. Fix the fields or {REEXPORT}.")
 
     def check_model(self, model_class: str, block_layout: list[int], units: tuple[str, ...]) -> None:
         if model_class != self.model_class:

@@ -51,7 +51,8 @@ class Stats:
 
 def combine_stats(parts: dict[str, Stats]) -> Stats:
     """One generation's stats over several denoising transformers (experts): counts and FLOPs add up, the compute
-    ratio is computed FLOPs / total FLOPs of all of them; per_step rows of later experts are keyed "<expert>/<branch>"."""
+    ratio is computed FLOPs / total FLOPs of all of them; per_step rows of later experts are keyed
+    "<expert>/<branch>"."""
     first = next(iter(parts.values()))
     total = sum(p.block_flops_total for p in parts.values())
     computed = sum(p.block_flops_computed for p in parts.values())

@@ -115,8 +115,10 @@ def render_markdown() -> str:
 _BETWEEN_BLOCKS = {
     "FluxTransformer2DModel": "tested", "ChromaTransformer2DModel": "tested (in-place single-block samples)",
     "BriaTransformer2DModel": "tested (double blocks; diffusers' single-block samples are mis-sliced)",
-    "SD3Transformer2DModel": "tested", "QwenImageTransformer2DModel": "tested", "SanaTransformer2DModel": "tested (the tiny model adds after its last block only)",
-    "ZImageTransformer2DModel": "same mechanism, not tested", "WanVACETransformer3DModel": "same mechanism, not tested",
+    "SD3Transformer2DModel": "tested", "QwenImageTransformer2DModel": "tested",
+    "SanaTransformer2DModel": "tested (the tiny model adds after its last block only)",
+    "ZImageTransformer2DModel": "same mechanism, not tested",
+    "WanVACETransformer3DModel": "same mechanism, not tested",
     "HunyuanDiT2DModel": "none: samples join the skip connections passed to the blocks (inside every unit)",
     "CosmosTransformer3DModel": "none: the residual is added inside the blocks (inside every unit)",
 }

@@ -323,8 +323,8 @@ def render_summary(analysis: dict, files: list[str]) -> str:
         lines.append(f"- MagCache: `{m['spec']}` with the measured curve as `ratios` (analysis.json "
                      f"`suggestions.magcache`); simulated ideal speed-up {m['simulated_ideal_speedup']:.2f}x.")
     if "most_stable_blocks" in s:
-        lines.append(f"- Most stable blocks (lowest mean change, first to cache): {', '.join(s['most_stable_blocks'])}; "
-                     f"least stable: {', '.join(s['least_stable_blocks'])}.")
+        lines.append(f"- Most stable blocks (lowest mean change, first to cache): "
+                     f"{', '.join(s['most_stable_blocks'])}; least stable: {', '.join(s['least_stable_blocks'])}.")
     lines.append("- Check any setting with `dcache eval --methods ...` before relying on it.")
     if s.get("magcache_thresholds"):
         lines += ["", "MagCache thresholds on the measured curve (simulated decisions, C compute / R reuse):", "",

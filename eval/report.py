@@ -160,7 +160,8 @@ def caveats(results: dict) -> list[str]:
                     if _few_images(r) and any(r.get(c) is not None for c in FID_COLUMNS)})
     if not small:
         return _timing_caveat(results)
-    return _timing_caveat(results) + [f"{SMALL_SAMPLE} FID on {' / '.join(map(str, small))} images per method: below {FID_MIN_IMAGES} images "
+    return _timing_caveat(results) + [
+            f"{SMALL_SAMPLE} FID on {' / '.join(map(str, small))} images per method: below {FID_MIN_IMAGES} images "
             f"a Frechet distance is mostly small-sample bias (it falls as 1/n) and noise, so these values only "
             f"rank methods run on the same images and say little about quality; use at least {FID_MIN_IMAGES} "
             f"(and thousands for values comparable across papers) before reading them."]
@@ -168,7 +169,8 @@ def caveats(results: dict) -> list[str]:
 
 def markdown_table(header: list[str], body: list[list[str]]) -> str:
     esc = lambda s: s.replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(esc(h) for h in header) + " |", "|" + "|".join(["---"] + ["--:"] * (len(header) - 1)) + "|"]
+    lines = ["| " + " | ".join(esc(h) for h in header) + " |",
+             "|" + "|".join(["---"] + ["--:"] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in body]
     return "\n".join(lines)
 
@@ -381,9 +383,9 @@ pre{background:#f6f8fa;padding:8px;font-size:12px;white-space:pre-wrap;overflow-
 
 def _best_cells(header: list[str], body: list[list[str]], results: dict) -> set[tuple[int, int]]:
     """(row, col) of the best cached value in quality / speed columns (the uncached row excluded)."""
-    better = {"measured speed-up": 1, "CPU-time speed-up": 1, "ideal speed-up": 1, "PSNR dB": 1, "SSIM": 1, "accuracy": 1, "CLIP score": 1,
-              "ImageReward": 1, "LPIPS": -1, "max |err|": -1, "mean |err|": -1, "temporal err": -1,
-              "FID vs uncached": -1, "FID vs data": -1}
+    better = {"measured speed-up": 1, "CPU-time speed-up": 1, "ideal speed-up": 1, "PSNR dB": 1, "SSIM": 1,
+              "accuracy": 1, "CLIP score": 1, "ImageReward": 1, "LPIPS": -1, "max |err|": -1, "mean |err|": -1,
+              "temporal err": -1, "FID vs uncached": -1, "FID vs data": -1}
     best = set()
     for c, h in enumerate(header):
         sign = better.get(h)
@@ -419,8 +421,8 @@ def render_html(results: dict, figs: dict[str, Path]) -> str:
         parts.append(f"<pre>{e(results['command'])}</pre>")
     parts.append("<dl class='meta'>" + "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in _summary_lines(results))
                  + "</dl>")
-    parts.append("<h2>Results</h2><div class='tablewrap'><table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in header)
-                 + "</tr></thead><tbody>")
+    parts.append("<h2>Results</h2><div class='tablewrap'><table><thead><tr>"
+                 + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr></thead><tbody>")
     for r, row in enumerate(body):
         cls = " class='ref'" if r == 0 else ""
         cells = "".join(f"<td{' class=best' if (r, c) in best else ''}>{e(v)}</td>" for c, v in enumerate(row))

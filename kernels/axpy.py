@@ -93,7 +93,8 @@ def parse_alpha(op: str, alpha, device: torch.device):
         raise ValueError(f"{op}: `alpha` is on {alpha.device} but the tensors are on {device}; move it there")
     raise ValueError(
         f"{op}: `alpha` must be a python number or a one-element floating tensor, got "
-        f"{type(alpha).__name__}{'' if not isinstance(alpha, torch.Tensor) else f' of shape {tuple(alpha.shape)} and dtype {alpha.dtype}'}"
+        f"{type(alpha).__name__}"
+        f"{'' if not isinstance(alpha, torch.Tensor) else f' of shape {tuple(alpha.shape)} and dtype {alpha.dtype}'}"
     )
 
 
