@@ -32,9 +32,11 @@ def load_tiny_pipeline(
     progress_bar: show diffusers' progress bars while loading and generating (off by default: a call takes ~0.3 s).
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating torch.dtype such as torch.float32 or torch.bfloat16, got {dtype!r}.")
+        raise ValueError(f"dtype must be a floating torch.dtype such as torch.float32 or torch.bfloat16, "
+                         f"got {dtype!r}.")
     if not (TINY_MODEL_DIR / "model_index.json").is_file():
-        raise FileNotFoundError(f"The bundled tiny model is missing from {TINY_MODEL_DIR}; reinstall dcache or run `{_RETRAIN}`.")
+        raise FileNotFoundError(f"The bundled tiny model is missing from {TINY_MODEL_DIR}; reinstall dcache or run "
+                                f"`{_RETRAIN}`.")
     bar_was_enabled = diffusers_logging.is_progress_bar_enabled()
     if not progress_bar:
         diffusers_logging.disable_progress_bar()  # the "Loading pipeline components" bar
@@ -51,5 +53,6 @@ def load_tiny_pipeline(
 def load_digit_classifier(device: str | torch.device = "cpu") -> DigitClassifier:
     """The bundled eval-mode `DigitClassifier`: `.predict(images)` -> labels, `.features(images)` -> [B, 128]."""
     if not DIGIT_CLASSIFIER_PATH.is_file():
-        raise FileNotFoundError(f"The bundled digit classifier is missing at {DIGIT_CLASSIFIER_PATH}; run `{_RETRAIN}`.")
+        raise FileNotFoundError(f"The bundled digit classifier is missing at {DIGIT_CLASSIFIER_PATH}; "
+                                f"run `{_RETRAIN}`.")
     return DigitClassifier.from_file(DIGIT_CLASSIFIER_PATH, device=device)

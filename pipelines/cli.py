@@ -292,7 +292,8 @@ def estimate(
 
     from . import estimate as est
 
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"dcache\.")  # e.g. MagCache's self-calibration note
+    # dcache's own UserWarnings stay quiet here, e.g. MagCache's self-calibration note
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"dcache\.")
     try:
         if list_:
             for name, info in est.shipped_models().items():

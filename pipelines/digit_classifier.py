@@ -33,7 +33,8 @@ def load_digits_16(split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
     except ImportError as error:
-        raise ImportError("load_digits_16 needs scikit-learn: pip install 'dcache[dev]' or pip install scikit-learn.") from error
+        raise ImportError("load_digits_16 needs scikit-learn: pip install 'dcache[dev]' or pip install "
+                          "scikit-learn.") from error
 
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # [N, 1, 8, 8] in [0, 1]
@@ -71,8 +72,8 @@ class DigitClassifier(nn.Module):
     def _check(self, images: torch.Tensor) -> None:
         if images.ndim != 4 or tuple(images.shape[1:]) != (1, IMAGE_SIZE, IMAGE_SIZE):
             raise ValueError(
-                f"DigitClassifier expects images [B, 1, {IMAGE_SIZE}, {IMAGE_SIZE}] in [0, 1], got shape {tuple(images.shape)}; "
-                "use the pipeline's output_type='pt'."
+                f"DigitClassifier expects images [B, 1, {IMAGE_SIZE}, {IMAGE_SIZE}] in [0, 1], got shape "
+                f"{tuple(images.shape)}; use the pipeline's output_type='pt'."
             )
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
@@ -106,9 +107,11 @@ class DigitClassifier(nn.Module):
 
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"No digit classifier at {path}; run `python -m dcache.pipelines.train_tiny --out <dir>`.")
+            raise FileNotFoundError(f"No digit classifier at {path}; run "
+                                    f"`python -m dcache.pipelines.train_tiny --out <dir>`.")
         with safe_open(str(path), framework="pt") as handle:
             config = json.loads(handle.metadata()["config"])
-        model = cls(channels=tuple(config["channels"]), feature_dim=config["feature_dim"], num_classes=config["num_classes"])
+        model = cls(channels=tuple(config["channels"]), feature_dim=config["feature_dim"],
+                    num_classes=config["num_classes"])
         model.load_state_dict(load_file(str(path)))
         return model.to(device).eval()

@@ -183,12 +183,13 @@ def _meta(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 def _flux(config, g, s, b, dtype):
     h, w, T = g["h"] // s.pack, g["w"] // s.pack, s.text_tokens
-    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(h).float(), torch.arange(w).float(), indexing="ij"), -1)
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(h).float(), torch.arange(w).float(),
+                                     indexing="ij"), -1)
     kw = dict(hidden_states=_meta(b, h * w, config.get("in_channels", 64), dtype=dtype),
               encoder_hidden_states=_meta(b, T, config.get("joint_attention_dim", 4096), dtype=dtype),
               pooled_projections=_meta(b, config.get("pooled_projection_dim", 768), dtype=dtype),
-              timestep=_meta(b, dtype=dtype), img_ids=ids.reshape(-1, 3).to(dtype), txt_ids=torch.zeros(T, 3).to(dtype),
-              return_dict=False)
+              timestep=_meta(b, dtype=dtype), img_ids=ids.reshape(-1, 3).to(dtype),
+              txt_ids=torch.zeros(T, 3).to(dtype), return_dict=False)
     if config.get("guidance_embeds"):
         kw["guidance"] = _meta(b, dtype=dtype)
     return kw

@@ -42,7 +42,8 @@ class LabelEncoder(ModelMixin, ConfigMixin):
         """labels [B] int64 -> (encoder_hidden_states [B, T, D_joint], pooled_projections [B, D_pooled])."""
         if labels.dtype not in (torch.int32, torch.int64):
             raise ValueError(
-                f"LabelEncoder expects integer labels, got dtype {labels.dtype}; pass torch.tensor(labels, dtype=torch.long)."
+                f"LabelEncoder expects integer labels, got dtype {labels.dtype}; "
+                f"pass torch.tensor(labels, dtype=torch.long)."
             )
         tokens = self.token_table(labels)  # [B, T * D_joint]
         tokens = tokens.view(labels.shape[0], self.config.num_tokens, self.config.joint_attention_dim)

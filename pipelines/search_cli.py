@@ -13,18 +13,22 @@ calibration runs and writes each base plan with FORECAST cells served by it (the
 Writes `<out>/plans/*.plan.json`, `<out>/front.json` (measured quality and compute ratio of every plan),
 `<out>/front.png` and `<out>/summary.md`. Quality objective: PSNR of the cached images against the uncached ones
 on the calibration set; for the bundled digit model the classifier's accuracy on the requested labels is reported
-beside it. This is the wiring layer: the search code (`dcache.schedules.tuning.search`) takes the calibration as callables.
+beside it. This is the wiring layer: the search code (`dcache.schedules.tuning.search`) takes the calibration as
+callables.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from .devices import AUTO, DEVICE_HELP, DTYPE_HELP, describe, resolve_device
+
+if TYPE_CHECKING:
+    import torch
 
 METHODS = ("ecad", "lemica", "dp", "harmonica", "l2c", "disca")
 DEFAULT_CALIB_LABELS = "0,1,2,3,4,5,6,7,8,9"
@@ -97,8 +101,8 @@ SEED_SWEEPS = {
     "fixed_interval": ("fixed_interval", [dict(interval=k) for k in (2, 3)]),
     "fbcache": ("fbcache", [dict(threshold=t) for t in (0.1, 0.2)]),
     "easycache": ("easycache", [dict(threshold=t) for t in (0.05, 0.1)]),
-    "magcache-forecast": ("magcache", [dict(max_skip_steps=4, retention_ratio=0.0, order=1, cutoff_steps=1, threshold=t)
-                                       for t in (0.05, 0.1, 0.2, 0.4)]),
+    "magcache-forecast": ("magcache", [dict(max_skip_steps=4, retention_ratio=0.0, order=1, cutoff_steps=1,
+                                            threshold=t) for t in (0.05, 0.1, 0.2, 0.4)]),
     "seacache-o2": ("seacache", [dict(order=2, max_consecutive=2, threshold=t) for t in (0.14, 0.5, 4.0)]),
     "taylorseer": ("taylorseer", [dict(interval=k) for k in (2, 3, 4)]),
 }
@@ -143,10 +147,12 @@ class SeedPlanSkipped(UserWarning):
 def search_command(
     method: str = typer.Option(..., help=f"one of {', '.join(METHODS)}"),
     model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
-    budget: str = typer.Option("0.5,0.33", help="target compute ratios (<= 1) or computed steps (> 1), comma-separated"),
+    budget: str = typer.Option("0.5,0.33",
+                               help="target compute ratios (<= 1) or computed steps (> 1), comma-separated"),
     out: str = typer.Option("dcache-search", help="output folder: plans/, front.json, front.png, summary.md"),
     steps: int = typer.Option(28, help="denoising steps the plans are made for"),
-    prompts: str = typer.Option(DEFAULT_CALIB_LABELS, help="calibration prompts (tiny model: class labels), comma-separated"),
+    prompts: str = typer.Option(DEFAULT_CALIB_LABELS,
+                                help="calibration prompts (tiny model: class labels), comma-separated"),
     seed: int = typer.Option(0, help="calibration seed (noise) and search seed"),
     pop_size: int = typer.Option(16, help="ECAD population size"),
     generations: int = typer.Option(8, help="ECAD generations"),

@@ -6,7 +6,8 @@ packed 2x2 image tokens with `img_ids`/`txt_ids`, and each transformer call runs
 `cache_context("uncond")` (split CFG) or `cache_context("cond_uncond")` (batched CFG). Its call looks like a
 text-to-image pipeline's: `pipe("3").images[0]` is a PIL image of a 3 (prompts name a digit: "3" or "three").
 
-Image layout: pixels [B, 1, 16, 16] in [-1, 1] during sampling  <->  packed tokens [B, 64, 4] (8x8 grid of 2x2 patches).
+Image layout: pixels [B, 1, 16, 16] in [-1, 1] during sampling  <->  packed tokens [B, 64, 4] (8x8 grid of 2x2
+patches).
 Flow: x_t = (1 - t) * x_0 + t * noise, the transformer predicts v = noise - x_0, Euler steps from t = 1 to 0.
 """
 
@@ -35,7 +36,8 @@ PIL_SCALE = 4  # "pil" output is upscaled with nearest-neighbour: 16x16 -> 64x64
 
 
 def pack_images(images: torch.Tensor) -> torch.Tensor:
-    """[B, C, H, W] -> [B, (H/2)*(W/2), C*4]: row-major 2x2 patches, channels (c, dy, dx), as FluxPipeline packs latents."""
+    """[B, C, H, W] -> [B, (H/2)*(W/2), C*4]: row-major 2x2 patches, channels (c, dy, dx), as FluxPipeline packs
+    latents."""
     b, c, h, w = images.shape
     x = images.view(b, c, h // PATCH, PATCH, w // PATCH, PATCH)
     return x.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // PATCH) * (w // PATCH), c * PATCH * PATCH)
@@ -138,14 +140,19 @@ class DigitFlowPipeline(DiffusionPipeline):
         if bad:
             i, label = bad[0]
             raise ValueError(
-                f"labels must be digit classes in 0..{self.num_classes - 1}, got {label} at position {i}; the null label "
-                f"{self.num_classes} is reserved for the unconditional branch of CFG (use guidance_scale=1 to turn CFG off)."
+                f"labels must be digit classes in 0..{self.num_classes - 1}, got {label} at position {i}; the null "
+                f"label {self.num_classes} is reserved for the unconditional branch of CFG (use guidance_scale=1 to "
+                f"turn CFG off)."
             )
-        if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, (int, np.integer)) or num_inference_steps < 1:
-            raise ValueError(f"num_inference_steps must be an int >= 1, got {num_inference_steps!r}; the default is {DEFAULT_STEPS}.")
-        if isinstance(guidance_scale, bool) or not isinstance(guidance_scale, (int, float)) or not math.isfinite(guidance_scale):
+        if (isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, (int, np.integer))
+                or num_inference_steps < 1):
+            raise ValueError(f"num_inference_steps must be an int >= 1, got {num_inference_steps!r}; the default is "
+                             f"{DEFAULT_STEPS}.")
+        if (isinstance(guidance_scale, bool) or not isinstance(guidance_scale, (int, float))
+                or not math.isfinite(guidance_scale)):
             raise ValueError(
-                f"guidance_scale must be a finite number, got {guidance_scale!r}; values <= 1 turn CFG off, the default is {DEFAULT_GUIDANCE}."
+                f"guidance_scale must be a finite number, got {guidance_scale!r}; values <= 1 turn CFG off, the "
+                f"default is {DEFAULT_GUIDANCE}."
             )
         if cfg_mode not in CFG_MODES:
             raise ValueError(
@@ -156,12 +163,14 @@ class DigitFlowPipeline(DiffusionPipeline):
             raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}.")
         if isinstance(generator, list) and len(generator) != len(labels):
             raise ValueError(
-                f"got a list of {len(generator)} generators for {len(labels)} labels; pass one generator, or one per label."
+                f"got a list of {len(generator)} generators for {len(labels)} labels; pass one generator, or one per "
+                f"label."
             )
         expected = (len(labels), 1, IMAGE_SIZE, IMAGE_SIZE)
         if latents is not None and tuple(latents.shape) != expected:
             raise ValueError(
-                f"latents must be the starting noise in pixel layout {list(expected)} (one per label), got {list(latents.shape)}."
+                f"latents must be the starting noise in pixel layout {list(expected)} (one per label), got "
+                f"{list(latents.shape)}."
             )
         return [int(label) for label in labels]
 
@@ -208,8 +217,8 @@ class DigitFlowPipeline(DiffusionPipeline):
                 "np" (array [B, 16, 16, 1] in [0, 1]), "latent" (packed tokens [B, 64, 4], unclamped, [-1, 1] scale).
             return_dict: return an `ImagePipelineOutput` (else a tuple `(images,)`).
         """
-        labels = self._check_inputs(self._labels(prompt, labels), num_inference_steps, guidance_scale, generator, latents,
-                                    cfg_mode, output_type)
+        labels = self._check_inputs(self._labels(prompt, labels), num_inference_steps, guidance_scale, generator,
+                                    latents, cfg_mode, output_type)
         device = self._execution_device
         dtype = self.transformer.dtype
         batch = len(labels)

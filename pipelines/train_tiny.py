@@ -91,7 +91,8 @@ def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     scale = uniform(b, low=0.9, high=1.1)
     shift = uniform(b, 2, low=-0.1875, high=0.1875)  # affine_grid units: 1 px = 2 / 16
     cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
-    theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)  # [B, 2, 3]
+    theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1),
+                         torch.stack([sin, cos, shift[:, 1]], 1)], 1)  # [B, 2, 3]
     grid = F.affine_grid(theta, list(images.shape), align_corners=False)
     out = F.grid_sample(images, grid, padding_mode="zeros", align_corners=False)
     out = out * uniform(b, 1, 1, 1, low=0.75, high=1.1)
@@ -137,7 +138,8 @@ def sample_t(batch: int, uniform_fraction: float, generator: torch.Generator) ->
 
 
 def train_transformer(
-    cfg: TrainConfig, images: torch.Tensor, labels: torch.Tensor, on_step: Callable[[int, nn.ModuleDict], None] | None = None
+    cfg: TrainConfig, images: torch.Tensor, labels: torch.Tensor,
+    on_step: Callable[[int, nn.ModuleDict], None] | None = None,
 ) -> nn.ModuleDict:
     """Rectified-flow training; returns the EMA ModuleDict(transformer=..., label_encoder=...).
 
@@ -145,7 +147,8 @@ def train_transformer(
     torch.manual_seed(cfg.seed)  # weight init
     generator = torch.Generator().manual_seed(cfg.seed + 1)  # batches, t, noise, label dropout
     model = nn.ModuleDict(
-        {"transformer": FluxTransformer2DModel(**TRANSFORMER_CONFIG), "label_encoder": LabelEncoder(**LABEL_ENCODER_CONFIG)}
+        {"transformer": FluxTransformer2DModel(**TRANSFORMER_CONFIG),
+         "label_encoder": LabelEncoder(**LABEL_ENCODER_CONFIG)}
     )
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     params, ema_params = list(model.parameters()), list(ema.parameters())
@@ -205,7 +208,8 @@ def eval_labels(per_class: int) -> list[int]:
 def generate_eval_set(
     pipe: DigitFlowPipeline, per_class: int, num_inference_steps: int, guidance_scale: float, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One seeded batch, per_class samples of each digit -> (images [10 * per_class, 1, 16, 16], labels [10 * per_class])."""
+    """One seeded batch, per_class samples of each digit -> (images [10 * per_class, 1, 16, 16],
+    labels [10 * per_class])."""
     labels = eval_labels(per_class)
     images = pipe(
         labels,
@@ -225,7 +229,8 @@ def generated_accuracy(
     guidance_scale: float = DEFAULT_GUIDANCE,
     seed: int = 1234,
 ) -> float:
-    """Fraction of generated samples (per_class for each digit, one seeded batch) the classifier labels as requested."""
+    """Fraction of generated samples (per_class for each digit, one seeded batch) the classifier labels as
+    requested."""
     images, labels = generate_eval_set(pipe, per_class, num_inference_steps, guidance_scale, seed)
     return (classifier.predict(images) == labels).float().mean().item()
 
@@ -266,12 +271,14 @@ def save_sample_grid(pipe: DigitFlowPipeline, path: Path, seed: int) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, type=Path, help="folder for tiny-digits/ and digit-classifier.safetensors")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="folder for tiny-digits/ and digit-classifier.safetensors")
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
     parser.add_argument("--steps", type=int, default=TrainConfig.steps, help="diffusion training steps")
     parser.add_argument("--classifier-epochs", type=int, default=TrainConfig.classifier_epochs)
     parser.add_argument(
-        "--threads", type=int, default=TrainConfig.threads, help="torch CPU threads; use 1 on a machine busy with other jobs"
+        "--threads", type=int, default=TrainConfig.threads,
+        help="torch CPU threads; use 1 on a machine busy with other jobs"
     )
     args = parser.parse_args(argv)
     cfg = TrainConfig(seed=args.seed, steps=args.steps, classifier_epochs=args.classifier_epochs, threads=args.threads)
@@ -293,7 +300,8 @@ def main(argv: list[str] | None = None) -> dict:
     metrics = evaluate(pipe, classifier, cfg, test_x)
     # the same statistic between real digits (train split, as many as generated) and the held-out split: its floor
     n_eval = cfg.eval_per_class * NUM_CLASSES
-    metrics["frechet_real_train_vs_test"] = frechet_distance(classifier.features(train_x[:n_eval]), classifier.features(test_x))
+    metrics["frechet_real_train_vs_test"] = frechet_distance(classifier.features(train_x[:n_eval]),
+                                                             classifier.features(test_x))
     tick = time.time()
     pipe([0], generator=torch.Generator().manual_seed(0), output_type="pt")  # 28 steps, split CFG: 56 calls
     metrics["sample_seconds_1_image_28_steps_split_cfg"] = round(time.time() - tick, 3)

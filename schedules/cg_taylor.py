@@ -50,8 +50,9 @@ class CGTaylorConfig(MethodConfig):
     """
 
     method = "cg_taylor"
-    threshold: float = knob(0.03, low=0.0, high=100.0, doc="gate: forecast the stack while the probe block's Taylor "
-                                                           "forecast error (relL1) is below this (FLUX 0.03; Wan 0.36)")
+    threshold: float = knob(0.03, low=0.0, high=100.0,
+                            doc="gate: forecast the stack while the probe block's Taylor forecast error (relL1) is "
+                                "below this (FLUX 0.03; Wan 0.36)")
     order: int = knob(1, low=1, high=8, doc="O: Taylor order of the stack and probe forecasts")
     warmup_steps: int = knob(5, low=2, high=100_000, doc="first steps always computed (the reference gates from step "
                                                          "5 on)")

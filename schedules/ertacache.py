@@ -14,7 +14,8 @@ residual rectification and timestep adjustment, exported as a Plan.
    computed steps such that every reused step has error <= threshold (delta), runs of reuse <= max_consecutive, and
    the first warmup_steps compute; ties go to the least total error. A reused step's error is e(j, i), or with
    `rectify` the smaller of e(j, i) and the profiled error of the rectified forecast (part 2), so rectification
-   lets the DP reuse more steps at the same delta. If that needs more computed steps than the budget `max_compute_ratio * N`, the budget
+   lets the DP reuse more steps at the same delta. If that needs more computed steps than the budget \
+`max_compute_ratio * N`, the budget
    wins and delta is relaxed to the smallest feasible max error (minimax), then least total error; the plan's
    extras say `delta_met: false`.
 2. Closed-form residual rectification. For a reused step i with source j and the computed step j' before j:

@@ -297,7 +297,8 @@ def token_change_quantile(new: Any, old: Any, q: float) -> float:
     if not ratios:
         return float("nan")
     r = torch.cat(ratios)
-    return float(torch.quantile(r, q)) if r.numel() <= 16_000_000 else float(torch.quantile(r[:: r.numel() // 16_000_000 + 1], q))
+    return (float(torch.quantile(r, q)) if r.numel() <= 16_000_000
+            else float(torch.quantile(r[:: r.numel() // 16_000_000 + 1], q)))
 
 
 def detach(x: Any, dtype: torch.dtype | None = torch.float32) -> Any:

@@ -268,7 +268,8 @@ def pareto_mask(quality: np.ndarray, cost: np.ndarray) -> np.ndarray:
     return keep
 
 
-def convert_rows(plan: Plan, template: Template, granularity: Granularity | str, branch: str | None = None) -> list[str]:
+def convert_rows(plan: Plan, template: Template, granularity: Granularity | str,
+                 branch: str | None = None) -> list[str]:
     """Rows of `plan` (any granularity) expressed at a finer granularity: a reused stack/block reuses its modules.
 
     FORECAST becomes REUSE. Used to seed module-level searches with step- and block-level schedules.

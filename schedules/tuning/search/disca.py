@@ -20,7 +20,8 @@
 
 The state (weights, optimisers, iterations of both phases, data fingerprint) is written atomically to
 `disca.ckpt.safetensors` (JSON + tensors, no pickle) every `checkpoint_every` regression iterations, after every
-closed-loop iteration and when a run stops; `resume=True` continues from it and refuses a checkpoint made on other data or another config.
+closed-loop iteration and when a run stops; `resume=True` continues from it and refuses a checkpoint made on other
+data or another config.
 """
 
 from __future__ import annotations
@@ -538,7 +539,8 @@ def disca_search(calib: Calibration, out_dir: str | os.PathLike, base_plans: dic
         lines = ["", f"Taylor twins (same plans, forecast_order {config.order}, no predictor; same block FLOPs):", "",
                  "| plan | compute ratio | quality | metrics |", "|---|---|---|---|"]
         for o in others:
-            metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in o["metrics"].items())
+            metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                for k, v in o["metrics"].items())
             lines.append(f"| {o['name']} | {o['compute_ratio']:.3f} | {o['quality']:.4g} | {metrics} |")
         lines += ["", f"Predictor: {predictor.num_params()} parameters; relative MSE of the forecast on the "
                       f"calibration samples, Taylor -> DisCa: " + ", ".join(

@@ -375,4 +375,5 @@ def _finish(state: _State, template: Template, out: Path, config: ECADConfig) ->
                                extras={"seed": seed_names[k]} if k in seed_names else None)
             name = f"ecad-{len(points):02d}-r{e['compute_ratio']:.3f}"
             points.append(FrontPoint(name, plan, Measured(e["quality"], e["compute_ratio"], e["metrics"])))
-    return write_front(out, "ecad", points, others=others, config={**asdict(config), "generations_run": state.generation})
+    return write_front(out, "ecad", points, others=others,
+                       config={**asdict(config), "generations_run": state.generation})

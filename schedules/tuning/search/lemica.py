@@ -16,7 +16,6 @@ chosen for the error forecasting actually makes (a measured edge's history is it
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -132,8 +131,8 @@ def leximax_path(num_steps: int, weights: dict[tuple[int, int], float], budget: 
                     best[(j, k + 1)] = cand
     final = best.get((n, budget))
     if final is None:
-        raise ValueError(f"no schedule with {budget} computed steps: the longest edge spans {max(j - i for i, j in weights)} "
-                         f"steps; raise max_span or the budget.")
+        raise ValueError(f"no schedule with {budget} computed steps: the longest edge spans "
+                         f"{max(j - i for i, j in weights)} steps; raise max_span or the budget.")
     return final[1][:-1], final[0]
 
 

@@ -268,8 +268,8 @@ def train_routers(calib: Calibration, out_dir: str | os.PathLike, config: Router
         if not isinstance(state, dict) or not isinstance(state.get("theta"), torch.Tensor):
             raise StateFileError(f"{str(ckpt)!r} holds no router weights; it is damaged: {fix}.")
         if tuple(state["theta"].shape) != (n, u):
-            raise ValueError(f"the router checkpoint in {out} has shape {tuple(state['theta'].shape)}, the model gives "
-                             f"{(n, u)}; use a new output folder.")
+            raise ValueError(f"the router checkpoint in {out} has shape {tuple(state['theta'].shape)}, the model "
+                             f"gives {(n, u)}; use a new output folder.")
         if state.get("config") != asdict(config):
             raise ValueError(f"the router checkpoint in {out} was trained with another config; use a new output "
                              f"folder (or resume=False).")
