@@ -181,7 +181,7 @@ def _flux_kontext():
 @_register("flux_controlnet", {**FLUX_CALL, "control_image": _image(16), "controlnet_conditioning_scale": 0.7},
            custom=FLOW_SIGMAS)
 def _flux_controlnet():
-    from diffusers import FluxControlNetModel, FluxControlNetPipeline
+    from diffusers import FluxControlNetPipeline
 
     components = _flux_components()
     controlnet = _flux_transformer("FluxControlNetModel")
@@ -266,8 +266,8 @@ def _qwen_vl_text_encoder():
                      "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
                      "rope_theta": 1000000.0, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1},
         vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16,
-                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "fullatt_block_indexes": [0],
-                       "window_size": 56},
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                       "fullatt_block_indexes": [0], "window_size": 56},
         vocab_size=VOCAB + len(QWEN_SPECIALS), image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"])
@@ -373,9 +373,11 @@ def _qwen_image_edit():
     tokenizer = _qwen_tokenizer()
     image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=56 * 56, patch_size=14, merge_size=2,
                                                temporal_patch_size=2)
-    return QwenImageEditPipeline(scheduler=_flow_match(use_dynamic_shifting=True), vae=_qwen_vae(6, base_dim=4, num_res_blocks=0),
+    return QwenImageEditPipeline(scheduler=_flow_match(use_dynamic_shifting=True),
+                                 vae=_qwen_vae(6, base_dim=4, num_res_blocks=0),
                                  text_encoder=_qwen_vl_text_encoder(), tokenizer=tokenizer,
-                                 processor=QwenVLProcessor(image_processor, tokenizer), transformer=_qwen_transformer())
+                                 processor=QwenVLProcessor(image_processor, tokenizer),
+                                 transformer=_qwen_transformer())
 
 
 # ---- Z-Image: Qwen3 text encoder through its chat template ------------------------------------------------------

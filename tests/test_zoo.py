@@ -136,7 +136,8 @@ def test_every_builtin_family_has_a_zoo_entry():
     builtin = {cls for cls in registered_adapters() if hasattr(transformers, cls)}
     zoo_classes = {entry.model_class for entry in zoo.ZOO.values()}
     assert builtin - zoo_classes == set(), f"families without a tiny model in tests/zoo.py: {builtin - zoo_classes}"
-    assert zoo_classes - builtin == set(), f"zoo entries without an adapter in dcache/families/: {zoo_classes - builtin}"
+    assert zoo_classes - builtin == set(), (f"zoo entries without an adapter in dcache/families/: "
+                                            f"{zoo_classes - builtin}")
     assert len(zoo_classes) >= 22
 
 
@@ -188,7 +189,8 @@ def test_adapter_for_returns_the_family_adapter(name):
 def test_blocks_run_once_each_in_adapter_order(name, recorded):
     adapter, calls, _ = recorded(name)
     order = [(c.list_index, c.block_index) for c in calls]
-    expected = [(i, j) for i, spec in enumerate(adapter.block_lists) for j in range(len(_resolve(_model(name), spec.path)))]
+    expected = [(i, j) for i, spec in enumerate(adapter.block_lists)
+                for j in range(len(_resolve(_model(name), spec.path)))]
     assert order == expected, f"{name}: blocks ran as {order}, adapter order is {expected}"
 
 
@@ -284,7 +286,8 @@ def test_support_table_covers_every_transformer_class_and_matches_support_md():
     assert {r.status for r in rows} <= {support_matrix.SUPPORTED, support_matrix.GENERIC, support_matrix.NOT_YET}
     supported = {r.model_class for r in rows if r.status == support_matrix.SUPPORTED}
     assert supported == {entry.model_class for entry in zoo.ZOO.values()}
-    assert all(r.detail for r in rows if r.status != support_matrix.SUPPORTED), "every non-supported row needs a reason"
+    assert all(r.detail for r in rows if r.status != support_matrix.SUPPORTED), \
+        "every non-supported row needs a reason"
     support_md = pathlib.Path(__file__).resolve().parents[1] / "SUPPORT.md"
     assert support_md.read_text() == support_matrix.render_markdown(), \
         "SUPPORT.md is stale: regenerate it with `python -m dcache.support_matrix > SUPPORT.md`"

@@ -17,7 +17,8 @@ Import from another test file (pytest runs with --import-mode=importlib, so test
     import importlib.util, pathlib, sys
     def _zoo():
         if "dcache_test_zoo" not in sys.modules:
-            spec = importlib.util.spec_from_file_location("dcache_test_zoo", pathlib.Path(__file__).with_name("zoo.py"))
+            spec = importlib.util.spec_from_file_location("dcache_test_zoo",
+                                                          pathlib.Path(__file__).with_name("zoo.py"))
             sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
         return sys.modules["dcache_test_zoo"]

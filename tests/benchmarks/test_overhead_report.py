@@ -41,13 +41,13 @@ def test_report_splits_time_into_floor_blocks_and_overhead(overhead):
 
 def test_bound_line_states_the_cap_at_ratio_03(overhead):
     meta = {"t_bare": 1.0, "t_floor": 0.2, "rounds": 1, "torch": "x"}
-    line = next(l for l in overhead.report(meta, []) if "compute ratio 0.3" in l)
+    line = next(text for text in overhead.report(meta, []) if "compute ratio 0.3" in text)
     # 1 / (0.2 + 0.3 * 0.8) = 2.27x; measured/ideal <= 0.3 * 2.27 = 0.68
     assert "2.27x" in line and "<= 0.68" in line
 
 
 def test_memo_line_states_dcaches_cap_with_the_memoised_floor(overhead):
     meta = {"t_bare": 1.0, "t_floor": 0.2, "t_floor_memo": 0.1, "rounds": 1, "torch": "x"}
-    line = next(l for l in overhead.report(meta, []) if "step-invariant memo" in l)
+    line = next(text for text in overhead.report(meta, []) if "step-invariant memo" in text)
     # the blocks still cost 1 - 0.2 = 0.8; 1 / (0.1 + 0.3 * 0.8) = 2.94x; measured/ideal <= 0.3 * 2.94 = 0.88
     assert "10%" in line and "2.94x" in line and "<= 0.88" in line

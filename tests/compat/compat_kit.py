@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import torch
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
-from diffusers.hooks import HookRegistry
 from diffusers.utils.torch_utils import randn_tensor
 from torch import nn
 
@@ -57,8 +56,9 @@ class CompatPipeline(DiffusionPipeline):
     def _velocity(self, x, labels, timestep, txt_ids, img_ids):
         enc, pooled = self.label_encoder(labels.to(self._execution_device))
         dtype = x.dtype
-        return self.transformer(hidden_states=x, encoder_hidden_states=enc.to(dtype), pooled_projections=pooled.to(dtype),
-                                timestep=timestep, img_ids=img_ids, txt_ids=txt_ids, return_dict=False)[0]
+        return self.transformer(hidden_states=x, encoder_hidden_states=enc.to(dtype),
+                                pooled_projections=pooled.to(dtype), timestep=timestep, img_ids=img_ids,
+                                txt_ids=txt_ids, return_dict=False)[0]
 
     @torch.no_grad()
     def __call__(self, labels: list[int], height: int = 4, width: int = 4, num_inference_steps: int = 4,
@@ -67,7 +67,7 @@ class CompatPipeline(DiffusionPipeline):
                  latents: torch.Tensor | None = None) -> torch.Tensor:
         device = self._execution_device
         dtype = torch.float32
-        labels = [int(l) for l in labels for _ in range(num_images_per_prompt)]
+        labels = [int(label) for label in labels for _ in range(num_images_per_prompt)]
         batch = len(labels)
         cond = torch.tensor(labels, dtype=torch.long, device=device)
         uncond = torch.full_like(cond, self.label_encoder.null_label)

@@ -54,7 +54,8 @@ def generate(pipe):
 
 
 def reference(plan: str, memory: str | None = None) -> torch.Tensor:
-    """dcache with `plan` on a pipeline that has `memory` applied *first* (casting changes numbers; offload does not)."""
+    """dcache with `plan` on a pipeline that has `memory` applied *first* (casting changes numbers; offload does
+    not)."""
     pipe = make_pipeline()
     if memory == "layerwise-casting":
         DIFFUSERS_HOOKS[memory](pipe)
@@ -161,7 +162,8 @@ def test_sequential_cpu_offload(order):
     """Sequential offload puts accelerate hooks on leaf modules; dcache's hooks sit on blocks and the transformer."""
     upstream = _sequential_offload_works_without_dcache()
     if upstream is not None:
-        pytest.skip(f"enable_sequential_cpu_offload fails here without dcache (accelerate/torch, CPU-only): {upstream}")
+        pytest.skip(f"enable_sequential_cpu_offload fails here without dcache (accelerate/torch, CPU-only): "
+                    f"{upstream}")
     pipe = make_pipeline()
     if order == "before":
         pipe.enable_sequential_cpu_offload(device="cpu")

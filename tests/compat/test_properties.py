@@ -42,8 +42,8 @@ ELEMENTS = {
     ("teacache", "coefficients"): st.lists(st.floats(-1e3, 1e3), min_size=5, max_size=5),
 }
 POSITIVE_RATIOS = st.lists(st.floats(1e-3, 10.0), min_size=1, max_size=12)  # magcache ratios / ratios_uncond
-JUNK = st.one_of(st.text(max_size=8), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=4),
-                                                                                              st.integers(), max_size=2))
+JUNK = st.one_of(st.text(max_size=8), st.lists(st.integers(), max_size=3),
+                 st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,7 +348,8 @@ def test_plans_for_another_model_layout_or_step_count_name_both_sides(plan, othe
     if other_layout != plan.block_layout:
         with pytest.raises(PlanError, match=re.escape(f"sizes {plan.block_layout} but the model has {other_layout}")):
             plan.check_model(plan.model_class, other_layout, tuple(plan.units))
-    with pytest.raises(PlanError, match=f"addresses {len(plan.units)} units but the model exposes {len(plan.units) + 1}"):
+    with pytest.raises(PlanError, match=f"addresses {len(plan.units)} units but the model exposes "
+                                        f"{len(plan.units) + 1}"):
         plan.check_model(plan.model_class, plan.block_layout, tuple(plan.units) + ("extra",))
     branch = next(iter(plan.actions))
     if other_steps == plan.num_steps:

@@ -17,7 +17,8 @@ STEPS = 6
 @pytest.fixture(scope="module")
 def analysis(tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("analyze")
-    cfg = AnalyzeConfig(model=str(tiny_dir), prompts="0,1,2", steps=STEPS, guidance=3.0, out=str(out))  # CFG: 2 branches
+    # CFG: 2 branches
+    cfg = AnalyzeConfig(model=str(tiny_dir), prompts="0,1,2", steps=STEPS, guidance=3.0, out=str(out))
     return run_analyze(cfg, progress=False)
 
 

@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from eval_testkit import FAST, TINY_LABELS, HtmlChecker
 
 from dcache.eval.metrics import psnr_per_image
@@ -199,7 +198,8 @@ def test_two_processes_give_identical_numbers(eval_run, tiny_dir, classifier_pat
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            "--main_process_port", str(_free_port()),
-           "-m", "dcache.eval.cli", "eval", "--model", str(tiny_dir), "--methods", ",".join(METHODS + [str(plan_file)]),
+           "-m", "dcache.eval.cli", "eval", "--model", str(tiny_dir),
+           "--methods", ",".join(METHODS + [str(plan_file)]),
            "--prompts", TINY_LABELS, "--seeds", "2", "--batch-size", "2", "--steps", str(FAST["steps"]),
            "--guidance", str(FAST["guidance"]), "--repeats", "1", "--warmup", "0", "--metrics", METRICS,
            "--classifier", str(classifier_path), "--grid-items", "2", "--out", str(out)]

@@ -117,7 +117,8 @@ def test_classifier_accuracy():
 
 def test_temporal_error_ignores_constant_offset_and_sees_flicker():
     f = 4
-    ref = torch.linspace(0, 1, f, dtype=torch.float64).reshape(f, 1, 1, 1).expand(f, 1, 2, 2).clone()  # one video, a linear fade
+    # one video, a linear fade
+    ref = torch.linspace(0, 1, f, dtype=torch.float64).reshape(f, 1, 1, 1).expand(f, 1, 2, 2).clone()
     assert temporal_error(ref + 0.1, ref, f).tolist() == pytest.approx([0.0], abs=1e-12)
     flick = ref.clone()
     flick[1] += 0.2  # one frame brighter: diffs +0.2 then -0.2 vs the reference

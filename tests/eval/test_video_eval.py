@@ -9,7 +9,6 @@ import math
 import re
 
 import pytest
-import torch
 from eval_testkit import HtmlChecker
 from stand_ins import Brightness, SquaredError, tiny_clip
 from tiny_video import CALL, HEIGHT, PROMPTS, WIDTH, save_tiny_wan

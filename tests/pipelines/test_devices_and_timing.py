@@ -1,4 +1,5 @@
-"""Commands run on the best device by default and say so; a printed timing carries its spread, CPU time and warnings."""
+"""Commands run on the best device by default and say so; a printed timing carries its spread, CPU time and
+warnings."""
 
 from __future__ import annotations
 

@@ -65,7 +65,8 @@ def test_fresh_process_loads_offline_and_reproduces_in_process_images(pipe, tmp_
     )
     # Empty HF cache + offline mode + a cwd outside the repository: only the installed package can provide the model.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "TQDM_DISABLE": "1"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     fresh = torch.tensor(json.loads(result.stdout.strip().splitlines()[-1]))
     here = pipe([0, 7], num_inference_steps=8, generator=_seeded(0), output_type="pt").images.flatten()
@@ -205,7 +206,8 @@ def _recording(pipe):
 
 @pytest.mark.parametrize(
     "cfg_mode, guidance, per_step",
-    [("split", 3.0, ["cond", "uncond"]), ("batched", 3.0, ["cond_uncond"]), ("split", 1.0, ["cond"]), ("batched", 0.5, ["cond"])],
+    [("split", 3.0, ["cond", "uncond"]), ("batched", 3.0, ["cond_uncond"]), ("split", 1.0, ["cond"]),
+     ("batched", 0.5, ["cond"])],
 )
 def test_call_protocol_seen_by_cache_engines(pipe, cfg_mode, guidance, per_step):
     steps = 6

@@ -21,7 +21,7 @@ from dcache.pipelines.tiny_pipeline import DigitFlowPipeline
 from dcache.schedules.bac import BACConfig, bubbling_union, caching_error, update_steps
 from dcache.schedules.ertacache import ERTACacheConfig, ERTACacheSchedule, select_compute_steps
 from dcache.schedules.tuning.ertacache_calibration import calibrate_ertacache
-from dcache.schedules.flowcache import ChunkObservation, FlowCacheConfig, FlowCachePolicy, FlowCacheSchedule
+from dcache.schedules.flowcache import ChunkObservation, FlowCacheConfig, FlowCachePolicy
 from dcache.schedules.invardiff import InvarDiffConfig
 from dcache.schedules.profilingdit import ProfilingDiTConfig, classify_blocks
 from dcache.schedules.tuning import profiling as prof
@@ -60,8 +60,8 @@ def pipe():
 
 
 def generate(pipe, labels, seed, steps=STEPS, **kw) -> torch.Tensor:
-    return pipe(labels=labels, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed), output_type="pt",
-                **kw).images
+    return pipe(labels=labels, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
+                output_type="pt", **kw).images
 
 
 def calibration_run(pipe, steps=STEPS, labels=CAL_LABELS, seed=CAL_SEED):
@@ -252,7 +252,8 @@ def test_ertacache_plan_carries_coefficients_and_forecast_rows(plans):
 
 
 def _scaled_by_hand(pipe, phi):
-    """The reference: scheduler.step of the pipeline instance wrapped by hand, x_{i+1} <- x_i + phi_i (x_{i+1} - x_i)."""
+    """The reference: scheduler.step of the pipeline instance wrapped by hand,
+    x_{i+1} <- x_i + phi_i (x_{i+1} - x_i)."""
     scheduler = pipe.scheduler
     step = scheduler.step
 

@@ -10,7 +10,6 @@ import torch
 
 from dcache.plan import Plan
 from dcache.schedules.tuning.search import ECADConfig, ecad_search, make_template, measure, run_plan
-from dcache.schedules.tuning.search.disca import taylor_plan
 from dcache.schedules.tuning.search.ecad import genome_plan, heuristic_seeds, rows_to_genome, seed_rows, shift_moves
 
 from search_testkit import STEPS, make_calibration
@@ -109,7 +108,8 @@ def test_resume_refuses_a_checkpoint_of_another_genome(calib, template, tmp_path
 
 
 def test_stack_genome_search_finds_the_best_plan_of_a_small_space(calib, template, tmp_path):
-    """5 steps = 4 free bits: 16 genomes; a long enough search must reach the exhaustive optimum at 3 computed steps."""
+    """5 steps = 4 free bits: 16 genomes; a long enough search must reach the exhaustive optimum at 3 computed
+    steps."""
     cfg = ECADConfig(pop_size=8, generations=4, granularity="stack", forecast_order=1, seed=1)
     front = ecad_search(calib, tmp_path, cfg, template=template, progress=False)
     best = {}

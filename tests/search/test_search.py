@@ -109,7 +109,8 @@ def _brute_leximax(n, weights, budget):
 def test_leximax_path_matches_brute_force(seed):
     rng = random.Random(seed)
     n, span = 9, 4
-    weights = {(i, j): (0.0 if j == i + 1 else rng.random()) for i in range(n) for j in range(i + 1, min(n, i + span) + 1)}
+    weights = {(i, j): (0.0 if j == i + 1 else rng.random())
+               for i in range(n) for j in range(i + 1, min(n, i + span) + 1)}
     for budget in (3, 4, 6):
         nodes, vec = leximax_path(n, weights, budget)
         assert len(nodes) == budget and nodes[0] == 0
