@@ -47,6 +47,7 @@ from .actions import Action
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord
 from .hooks import install_outer_hook, remove_outer_hook, traced_twins
+from .memory import MemoryReport
 from .state import UnitHistory
 from .stats import Stats, stats_from_record
 from .streams import bind_arguments
@@ -119,6 +120,8 @@ class ControlNetCache:
         self.generations = 0
         self.branches: dict[str, CachedSamples] = {}
         self.peak_cache_bytes = 0
+        self.memory_at_end: dict[str, dict[str, int]] = {}  # {branch: {"controlnet": bytes}} of the last generation
+        self._dropped: dict[str, dict[str, int]] = {}  # the same for branches this generation already let go
         self._leader_record: GenerationRecord | None = None  # the transformer engine's record it belongs to
         self._step_calls: tuple[int, int] = (-1, 0)  # (step, ControlNet calls seen in it)
         self._removed = False
@@ -146,6 +149,7 @@ class ControlNetCache:
         self.record = GenerationRecord(num_steps=leader.num_steps, timesteps=leader.timesteps)
         self.generations += 1
         self._step_calls = (-1, 0)
+        self._dropped = {}
         self.decider.start(leader, type(self.module).__name__)
 
     def _finish_generation(self) -> None:
@@ -154,12 +158,26 @@ class ControlNetCache:
             return
         self._leader_record = None
         self.decider.end(leader.num_steps is not None and leader.step >= leader.num_steps)
+        if self.branches or self._dropped:  # handle.memory(): where the bytes were
+            self.peak_cache_bytes = max(self.peak_cache_bytes, self._cache_bytes())
+            self.memory_at_end = self._breakdown()
         self.branches = {}
         if self.record is not None:
             self.record.finished = True
 
     def _cache_bytes(self) -> int:
         return sum(b.history.nbytes for b in self.branches.values())
+
+    def _breakdown(self) -> dict[str, dict[str, int]]:
+        return {**self._dropped,
+                **{branch: {"controlnet": cached.history.nbytes} for branch, cached in self.branches.items()}}
+
+    def memory(self) -> MemoryReport:
+        """This ControlNet's cached samples: peak and live bytes, per call of the step (the running generation's
+        breakdown if one runs, else the last one's), as handle.memory() reports a transformer's."""
+        live = self._cache_bytes()
+        by_branch = self._breakdown() if self._leader_record is not None else dict(self.memory_at_end)
+        return MemoryReport(peak_bytes=max(self.peak_cache_bytes, live), live_bytes=live, by_branch=by_branch)
 
     # ------------------------------------------------------------------------------------------------ calls
     def _place(self) -> tuple[int, str] | None:
@@ -225,7 +243,9 @@ class ControlNetCache:
         self.record.calls.append(CallRecord(step, branch, action, {"flops_total": cost, "flops_computed": computed}))
         leader = self._leader_record
         if leader.num_steps is not None and step >= leader.num_steps - 1:
-            self.branches.pop(branch, None)  # its last call of the generation: nothing reads this cache again
+            dropped = self.branches.pop(branch, None)  # its last call of the generation: nothing reads it again
+            if dropped is not None:  # handle.memory() still reports where the generation's bytes were
+                self._dropped[branch] = {"controlnet": dropped.history.nbytes}
 
     def _store(self, branch: str, step: int, out: Any, scale: Any, signature: tuple) -> None:
         if not self.decider.may_reuse(branch):

@@ -70,13 +70,17 @@ class Handle:
     def memory(self, expert: str | None = None) -> MemoryReport:
         """Cache memory: peak and live bytes, and where they were (by unit kind and branch) in the last generation
         (dcache.memory.MemoryReport; `dcache estimate` predicts the same figures before a run). With several experts:
-        their sum (each keeps its cache for the whole generation), each expert's report in `.experts`."""
+        their sum (each keeps its cache for the whole generation), each expert's report in `.experts`; a cached
+        ControlNet's samples are one more part ("controlnet", kind "controlnet")."""
         if expert is not None:
+            if expert in self.controlnets:
+                return self.controlnets[expert].memory()
             return engine_report(self._expert(expert)._engine)
-        if not self.experts:
+        if not self.experts and not self.controlnets:
             return engine_report(self._engine)
         return combine_reports({"transformer": engine_report(self._engine),
-                                **{n: engine_report(h._engine) for n, h in self.experts.items()}})
+                                **{n: engine_report(h._engine) for n, h in self.experts.items()},
+                                **{n: c.memory() for n, c in self.controlnets.items()}})
 
     def plan(self, *, interpolate_steps: bool | str = False, quality: dict | None = None,
              expert: str | None = None) -> Plan:

@@ -21,7 +21,8 @@ from typing import Any
 
 from .state import BranchState
 
-KINDS = ("stack", "block", "module", "call", "signals")  # the order reports list them in
+# the order reports list them in; "controlnet": a cached ControlNet's samples (dcache.controlnet_cache)
+KINDS = ("stack", "block", "module", "call", "signals", "controlnet")
 
 
 def unit_kind(key: Any, granularity: str) -> str:

@@ -84,6 +84,12 @@ def test_follow_caches_the_controlnet_exactly_where_the_transformer_reuses(case)
     assert stats.compute_ratio == pytest.approx((tr.block_flops_computed + cn.block_flops_computed)
                                                 / (tr.block_flops_total + cn.block_flops_total))
     assert "controlnet:" in str(stats)
+    # handle.memory(): the samples are a part of their own, in the total and by kind
+    memory = handle.memory()
+    cn_memory, tr_memory = memory.experts["controlnet"], memory.experts["transformer"]
+    assert cn_memory.peak_bytes == cn.cache_bytes > 0 and set(cn_memory.by_branch) == {"call0"}
+    assert memory.peak_bytes == tr_memory.peak_bytes + cn_memory.peak_bytes
+    assert memory.by_kind["controlnet"] == cn_memory.peak_bytes and handle.memory("controlnet") == cn_memory
     # the reused samples cost about as much accuracy as the reused transformer stack (measured: x1.7 - x2.0)
     err, err_transformer_only = _rel(cached, reference), _rel(transformer_only, reference)
     assert 0.0 < err_transformer_only < err < 3 * err_transformer_only and err < 0.05
