@@ -52,3 +52,4 @@ class CallState:
     signal_values: dict[str, float] = field(default_factory=dict)  # pre signals read at the decision, by name
     flops_total: float = 0.0
     flops_computed: float = 0.0
+    arguments: dict[str, Any] | None = None  # the call's bound arguments, once per call for the signal providers

@@ -36,15 +36,20 @@ class CfgDifference:
     def __init__(self, engine: Any):
         self.engine = engine
 
+    @staticmethod
+    def couples(branch: str) -> bool:
+        """Whether a branch's Delta is needed: the reference (cond) and the coupled (uncond) one."""
+        return branch in (REFERENCE, COUPLED)
+
     def served(self, call: Any, forecast: bool) -> torch.Tensor | None:
         """Delta_c(i) - D^(i) for an unconditional call that is not computed, or None (serve its own cache)."""
         if call.branch != COUPLED:
             return None
         reference = self._reference(call.step)
         history = call.bstate.cfg_difference
-        if reference is None or history is None or history.tables is None or not history.matches([reference]):
+        if reference is None or history is None or history.tables is None or not history.matches([reference[1]]):
             return None
-        return reference - history.read(forecast, call.step)[0]
+        return reference[1] - history.read(forecast, call.step)[0]
 
     def note(self, call: Any, delta: torch.Tensor, computed: bool) -> None:
         """After a call's Delta is known: the conditional branch's becomes the step's reference; a computed
@@ -55,18 +60,18 @@ class CfgDifference:
             return
         if call.branch != COUPLED or not computed:
             return
-        ref_state = self.engine.branches.get(REFERENCE)
-        ref = ref_state.cfg_reference if ref_state is not None else None
-        if ref is None or ref[0] != call.step or not ref[2] or ref[1].shape != delta.shape:
+        reference = self._reference(call.step)
+        if reference is None or not reference[2] or reference[1].shape != delta.shape:
             return
         if bstate.cfg_difference is None:
             bstate.cfg_difference = UnitHistory(self.engine.order)
-        bstate.cfg_difference.update([ref[1] - delta], call.step)
+        bstate.cfg_difference.update([reference[1] - delta], call.step)
 
-    def _reference(self, step: int) -> torch.Tensor | None:
+    def _reference(self, step: int) -> tuple | None:
+        """The conditional branch's (step, Delta, computed) if it ran at `step`, else None."""
         ref_state = self.engine.branches.get(REFERENCE)
         ref = ref_state.cfg_reference if ref_state is not None else None
-        return ref[1] if ref is not None and ref[0] == step else None
+        return ref if ref is not None and ref[0] == step else None
 
 
 __all__ = ["CfgDifference", "REFERENCE", "COUPLED"]

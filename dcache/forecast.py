@@ -18,8 +18,9 @@ names one.
 
 from __future__ import annotations
 
-import difflib
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+from .plan_extensions import PlanExtension
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -45,34 +46,16 @@ class Forecaster:
         raise NotImplementedError
 
 
-# name -> loader(spec, plan) -> Forecaster; loaders raise dcache.PlanError with the reason and the fix.
-_FORECASTERS: dict[str, Callable[[dict, "Plan"], Forecaster]] = {}
+# Plans carry a forecaster in extras["forecaster"]; method packages register its loader (dcache.plan_extensions).
+FORECASTERS: PlanExtension[Forecaster] = PlanExtension("forecaster", "forecaster",
+                                                       "dcache.forecast.register_forecaster", "forecast with Taylor")
 
 
 def register_forecaster(name: str, loader: Callable[[dict, "Plan"], Forecaster]) -> None:
     """Make plans whose extras["forecaster"]["name"] == name loadable; loader(spec, plan) builds the forecaster."""
-    _FORECASTERS[name] = loader
+    FORECASTERS.register(name, loader)
 
 
 def forecaster_from_plan(plan: "Plan") -> Forecaster | None:
     """The forecaster a plan carries in extras["forecaster"], or None (Taylor forecasting)."""
-    from .plan import PlanError
-    from .plugins import load_method_packages
-
-    spec: Any = plan.extras.get("forecaster") if isinstance(plan.extras, dict) else None
-    if spec is None:
-        return None
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise PlanError("plan extras[\"forecaster\"] must be an object with a \"name\"; the plan file is damaged, "
-                        "re-export it (e.g. with dcache search --method disca).")
-    name = spec["name"]
-    if name not in _FORECASTERS:
-        load_method_packages()  # registers the built-in forecasters
-    loader = _FORECASTERS.get(name)
-    if loader is None:
-        close = difflib.get_close_matches(name, list(_FORECASTERS), n=2)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise PlanError(f"plan forecaster {name!r} is not registered.{hint} Known: {sorted(_FORECASTERS) or 'none'}; "
-                        f"register it with dcache.forecast.register_forecaster, or drop extras[\"forecaster\"] to "
-                        f"forecast with Taylor.")
-    return loader(spec, plan)
+    return FORECASTERS.from_plan(plan)

@@ -16,6 +16,7 @@ File format (version 1):
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import MISSING, asdict, dataclass, field
@@ -172,7 +173,7 @@ class Plan:
                                 f"num_inference_steps={self.num_steps}, or save the plan with interpolate_steps=True "
                                 f"(the nearest planned step) or interpolate_steps=\"{KEYFRAMES}\" (its computed "
                                 f"steps at their place in normalised time).")
-            rows = keyframe_interp(rows, n) if self.interpolate_steps == KEYFRAMES else nearest_interp(rows, n)
+            rows = _interpolated(tuple(rows), n, self.interpolate_steps == KEYFRAMES)
         if step >= len(rows):
             raise PlanError(f"step {step} is past the plan's {len(rows)} steps; the pipeline ran more steps than "
                             f"planned (num_inference_steps={len(rows)} expected).")
@@ -281,6 +282,12 @@ def keyframe_interp(rows: list[str], n: int) -> list[str]:
             out.append(col[min(idle, key=lambda s: (abs(s - at), s))])
         columns.append(out)
     return ["".join(cells) for cells in zip(*columns)]
+
+
+@functools.lru_cache(maxsize=256)
+def _interpolated(rows: tuple[str, ...], n: int, keyframes: bool) -> tuple[str, ...]:
+    """A plan's rows at n steps, computed once per (rows, n, mode): Plan.row asks at every transformer call."""
+    return tuple(keyframe_interp(list(rows), n) if keyframes else nearest_interp(list(rows), n))
 
 
 class PlanSchedule(Schedule):

@@ -54,11 +54,12 @@ class SignalMeter:
                  output: torch.Tensor | None = None) -> None:
         engine = self.engine
         args, kwargs = engine._call_inputs or ((), {})
-        arguments = bind_arguments(engine.transformer, args, kwargs)
+        if call.arguments is None:  # bound once per call, whichever phases measure
+            call.arguments = bind_arguments(engine.transformer, args, kwargs)
         record = call.record
         for p in providers:
             memory = call.bstate.provided.setdefault(p.name, {})
-            view = ProviderView(arguments, args, engine.adapter, engine.schedule, call.step, record.num_steps,
+            view = ProviderView(call.arguments, args, engine.adapter, engine.schedule, call.step, record.num_steps,
                                 record.timesteps, memory, engine.transformer, hidden, output)
             value = p.measure(view)
             if value is not None:

@@ -17,11 +17,12 @@ names one and a replayed plan acts on its steps as the method that wrote it did.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+
+from .plan_extensions import PlanExtension
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
@@ -62,35 +63,19 @@ class StepAction:
         raise NotImplementedError
 
 
-# name -> loader(spec, plan) -> StepAction; loaders raise dcache.PlanError with the reason and the fix.
-_STEP_ACTIONS: dict[str, Callable[[dict, "Plan"], StepAction]] = {}
+# Plans carry a step action in extras["step_action"]; method packages register its loader (dcache.plan_extensions).
+STEP_ACTIONS: PlanExtension[StepAction] = PlanExtension(
+    "step_action", "step action", "dcache.step_actions.register_step_action", "replay without it")
 
 
 def register_step_action(name: str, loader: Callable[[dict, "Plan"], StepAction]) -> None:
     """Make plans whose extras["step_action"]["name"] == name loadable; loader(spec, plan) builds the action."""
-    _STEP_ACTIONS[name] = loader
+    STEP_ACTIONS.register(name, loader)
 
 
 def step_action_from_plan(plan: "Plan") -> StepAction | None:
     """The step action a plan carries in extras["step_action"], or None."""
-    from .plan import PlanError
-    from .plugins import load_method_packages
-
-    spec = plan.extras.get("step_action")
-    if spec is None:
-        return None
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise PlanError("plan field 'extras.step_action' must be an object with a string 'name' (the registered step "
-                        f"action), got {spec!r}; remove the field to replay the plan without one.")
-    load_method_packages()
-    loader = _STEP_ACTIONS.get(spec["name"])
-    if loader is None:
-        close = difflib.get_close_matches(spec["name"], list(_STEP_ACTIONS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise PlanError(f"plan field 'extras.step_action.name' is {spec['name']!r}, which no installed method "
-                        f"registers (known: {', '.join(sorted(_STEP_ACTIONS)) or 'none'}).{hint} Install the method "
-                        f"package that wrote the plan, or remove 'extras.step_action'.")
-    return loader(spec, plan)
+    return STEP_ACTIONS.from_plan(plan)
 
 
 def scheduler_step_sample(args: tuple, kwargs: dict) -> Any:

@@ -230,35 +230,42 @@ class FlowCacheSchedule(Schedule):
 # Per-chunk signals: two providers the engine measures (dcache.signal_providers)
 # ----------------------------------------------------------------------------------------------------------------
 
-def _chunk_layout(view: ProviderView, tokens: int) -> tuple[list[slice], list[float] | None]:
-    """Token slices of the chunks ([B, L, D] tokens frame-major) and each chunk's timestep (None: unknown)."""
-    fpc = view.schedule.config.frames_per_chunk
-    hidden, timestep = view.arguments.get("hidden_states"), view.arguments.get("timestep")
+def _temporal_patch(view: ProviderView) -> int:
     patch = getattr(getattr(view.model, "config", None), "patch_size", None)
-    p_t = patch[0] if isinstance(patch, (tuple, list)) else 1
-    frames = hidden.shape[2] // p_t if isinstance(hidden, torch.Tensor) and hidden.ndim == 5 else None
-    if isinstance(timestep, torch.Tensor) and timestep.ndim == 2:
-        per_frame = [float(t) for t in timestep[0, ::p_t].tolist()]
+    return patch[0] if isinstance(patch, (tuple, list)) else 1
+
+
+def _chunk_slices(view: ProviderView, tokens: int) -> list[slice]:
+    """Token slices of the chunks of `tokens` frame-major tokens ([B, L, D]): frames_per_chunk latent frames each,
+    frames = the latent's frames after temporal patching."""
+    fpc = view.schedule.config.frames_per_chunk
+    hidden = view.arguments.get("hidden_states")
+    frames = hidden.shape[2] // _temporal_patch(view) if isinstance(hidden, torch.Tensor) and hidden.ndim == 5 else 0
+    frames = frames or 1
+    per_token = tokens // frames
+    return [slice(c * fpc * per_token, min(frames, (c + 1) * fpc) * per_token) for c in range(math.ceil(frames / fpc))]
+
+
+def _chunk_timesteps(view: ProviderView, n: int) -> list[float] | None:
+    """Each of the n chunks' timestep (its first frame's; one host read of the timestep argument), None: unknown."""
+    fpc, timestep = view.schedule.config.frames_per_chunk, view.arguments.get("timestep")
+    if isinstance(timestep, torch.Tensor) and timestep.ndim == 2:  # diffusion forcing: [B, F] per frame
+        per_frame = [float(t) for t in timestep[0, ::_temporal_patch(view)].tolist()]
     elif isinstance(timestep, torch.Tensor) and timestep.numel():
         per_frame = [float(timestep.reshape(-1)[0])]
     else:
-        per_frame = None
-    frames = frames or 1
-    per_token = tokens // frames
-    n = math.ceil(frames / fpc)
-    chunks = [slice(c * fpc * per_token, min(frames, (c + 1) * fpc) * per_token) for c in range(n)]
-    if per_frame is None:
-        return chunks, None
+        return None
     if len(per_frame) == 1:
-        return chunks, per_frame * n
-    return chunks, [per_frame[min(c * fpc, len(per_frame) - 1)] for c in range(n)]
+        return per_frame * n
+    return [per_frame[min(c * fpc, len(per_frame) - 1)] for c in range(n)]
 
 
 def _measure_chunk_input(view: ProviderView) -> torch.Tensor | None:
     """[2n]: per chunk mean|x_c - x_c,prev call| (NaN on the branch's first call), then active (1.0 / 0.0: the
     chunk's timestep changed since the branch's previous call)."""
     x = view.hidden
-    chunks, ts = _chunk_layout(view, x.shape[1])
+    chunks = _chunk_slices(view, x.shape[1])
+    ts = _chunk_timesteps(view, len(chunks))
     prev = view.memory.get("previous")  # (x, chunk timesteps) of the branch's previous call
     view.memory["previous"] = (x, ts)
     if prev is not None and prev[0].shape == x.shape:
@@ -273,7 +280,7 @@ def _measure_chunk_computed(view: ProviderView) -> torch.Tensor | None:
     """[3n] after a computed call: per chunk mean|v_c - v_c,prev compute|, mean|x_c - x_c,prev compute| (NaN until
     two computes), then mean|v_c|. The schedule divides on the host: k = output change / input change."""
     x, v = view.hidden, view.output
-    chunks, _ = _chunk_layout(view, v.shape[1])
+    chunks = _chunk_slices(view, v.shape[1])  # no timesteps: nothing here needs them (no host read)
     out_mean = torch.stack([v[:, c].abs().float().mean() for c in chunks])
     prev = view.memory.get("at_compute")  # (x, v) of the branch's previous computed call
     view.memory["at_compute"] = (x, v)

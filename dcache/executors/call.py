@@ -108,6 +108,6 @@ class CallExecutor(UnitExecutor):
         call.stack_input, call.stack_output = x, v
         if engine.schedule.may_reuse(call.branch, 0):
             store_residuals(engine.ops, call, CALL_UNIT, engine.order, [v], [x])
-        if self.cfg is not None:
+        if self.cfg is not None and self.cfg.couples(call.branch):
             self.cfg.note(call, (v - x).detach(), computed=True)
         return out

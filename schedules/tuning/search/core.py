@@ -31,7 +31,8 @@ from dcache.actions import Action, Granularity
 from dcache.adapters import reuse_composed_inputs
 from dcache.io import atomic_write_text, atomic_write_with
 from dcache.plan import KEYFRAMES, Plan
-from dcache.schedule import CallContext, Schedule
+
+from ..profiling import TrackSchedule
 
 QualityFn = Callable[[torch.Tensor, torch.Tensor], float]
 MetricsFn = Callable[[torch.Tensor, torch.Tensor], dict]
@@ -61,15 +62,11 @@ class Calibration:
         return self._reference
 
 
-class _AllCompute(Schedule):
+class _AllCompute(TrackSchedule):
+    """profiling's all-compute, cache-free schedule at module granularity (the template sees every unit)."""
+
     granularity = Granularity.MODULE
     name = "search-template"
-
-    def decide(self, ctx: CallContext) -> Action:
-        return Action.COMPUTE
-
-    def may_reuse(self, branch: str, unit: int) -> bool:
-        return False
 
 
 @dataclass
