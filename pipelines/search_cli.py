@@ -6,6 +6,7 @@
     dcache generate --cache search-lemica/plans/lemica-B14.plan.json
     dcache search --method disca --base-plans search-lemica/plans/lemica-B14.plan.json --out search-disca
     dcache generate --cache search-disca/plans/disca-lemica-B14.plan.json
+    dcache search --method lemica --forecast-order 2 --guidance 1.5,3 --out search-g   # plans that hold up at both
 
 DisCa trains a forecaster for the skipped cells of base plans (default: the DP plans at --budget) on --train-seeds
 calibration runs and writes each base plan with FORECAST cells served by it (the predictor rides in the plan file).
@@ -13,7 +14,9 @@ calibration runs and writes each base plan with FORECAST cells served by it (the
 Writes `<out>/plans/*.plan.json`, `<out>/front.json` (measured quality and compute ratio of every plan),
 `<out>/front.png` and `<out>/summary.md`. Quality objective: PSNR of the cached images against the uncached ones
 on the calibration set; for the bundled digit model the classifier's accuracy on the requested labels is reported
-beside it. This is the wiring layer: the search code (`dcache.schedules.tuning.search`) takes the calibration as
+beside it. With several `--guidance` scales the calibration set runs at each, ECAD / the routers / DisCa's validation
+score a plan by its worst scale, LeMiCa's edge errors and DP's residuals pool the scales, and the metrics are given
+per scale. This is the wiring layer: the search code (`dcache.schedules.tuning.search`) takes the calibration as
 callables.
 """
 
@@ -68,15 +71,86 @@ def tiny_metrics(labels: list[int]):
     return metrics
 
 
+def parse_guidance(text: str) -> list[float]:
+    """--guidance: '' -> [] (the pipeline's default scale); '1.5,3' -> [1.5, 3.0] (a plan searched on both)."""
+    try:
+        scales = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--guidance {text!r} must be guidance scales like 3 or 1.5,3.") from None
+    if any(not math.isfinite(g) for g in scales):
+        raise typer.BadParameter(f"--guidance {text!r} must list finite numbers.")
+    if len(set(scales)) != len(scales):
+        raise typer.BadParameter(f"--guidance {text!r} lists a scale twice; give each scale once.")
+    if any(g <= 1 for g in scales) and any(g > 1 for g in scales):
+        raise typer.BadParameter(
+            f"--guidance {text!r} mixes scales <= 1 (one branch per step) with CFG scales > 1 (a conditional and an "
+            f"unconditional branch); a plan's rows are per branch, so search the two settings separately.")
+    return scales
+
+
+class GuidanceSweep:
+    """The calibration set at several guidance scales, one generation per scale: () -> the images of every scale,
+    concatenated in the order of `scales` ([S * N, C, H, W]). A plan searched on it has to hold up at each scale."""
+
+    def __init__(self, jobs: list, scales: list[float]):
+        self.jobs, self.scales = jobs, scales
+        self.sizes: list[int] = []  # images per scale, known after the first call
+
+    def __call__(self) -> torch.Tensor:
+        import torch
+
+        parts = [job() for job in self.jobs]
+        self.sizes = [len(p) for p in parts]
+        return torch.cat(parts)
+
+    def split(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """`images` of one call (or the reference) cut back into one tensor per scale."""
+        if sum(self.sizes) != len(images):
+            raise ValueError(f"{len(images)} images do not match the guidance sweep's {self.sizes} per scale; "
+                             f"score only images this sweep generated.")
+        return list(images.split(self.sizes))
+
+
+def worst_scale(sweep: GuidanceSweep, quality):
+    """quality_fn of a guidance sweep: the plan's quality at its worst scale (a plan that collapses at one scale
+    cannot hide behind a good score at another)."""
+    def score(images: torch.Tensor, reference: torch.Tensor) -> float:
+        return min(quality(a, b) for a, b in zip(sweep.split(images), sweep.split(reference)))
+
+    return score
+
+
+def sweep_metrics(sweep: GuidanceSweep, metrics):
+    """metrics_fn of a guidance sweep: `metrics` on each scale, keys suffixed '@g<scale>', plus the worst PSNR."""
+    def per_scale(images: torch.Tensor, reference: torch.Tensor) -> dict:
+        out: dict = {}
+        for g, a, b in zip(sweep.scales, sweep.split(images), sweep.split(reference)):
+            part = metrics(a, b) if metrics is not None else {"psnr": quality_psnr(a, b)}
+            out.update({f"{k}@g{g:g}": v for k, v in part.items()})
+        out["psnr_worst_scale"] = min(v for k, v in out.items() if k.startswith("psnr@"))
+        return out
+
+    return per_scale
+
+
 def make_calibration(pipe: Any, is_tiny: bool, prompts: list[str], *, steps: int | None, seed: int,
-                     guidance: float | None = None):
+                     guidance: float | list[float] | None = None):
+    """The search's calibration set: the prompts at `seed`, at one guidance scale (None: the pipeline's default) or
+    at each of a list of scales (`GuidanceSweep`, scored by the worst scale)."""
     from dcache.schedules.tuning.search import Calibration
 
     from .runner import GenerationJob
 
-    job = GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=guidance, seed=seed)
+    scales = guidance if isinstance(guidance, list) else [guidance]
+    settings = {"prompts": list(prompts), "seed": seed, "steps": steps,
+                "guidance": scales if len(scales) > 1 else scales[0]}
+    jobs = [GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=g, seed=seed) for g in scales]
     metrics = tiny_metrics([int(p) for p in prompts]) if is_tiny else None
-    return Calibration(pipe, job, quality_psnr, metrics)
+    if len(jobs) == 1:
+        return Calibration(pipe, jobs[0], quality_psnr, metrics, settings=settings)
+    sweep = GuidanceSweep(jobs, [float(g) for g in scales])
+    return Calibration(pipe, sweep, worst_scale(sweep, quality_psnr), sweep_metrics(sweep, metrics),
+                       settings=settings)
 
 
 def parse_budget(budget: str, num_steps: int) -> tuple[list[float], tuple[int, ...]]:
@@ -154,6 +228,9 @@ def search_command(
     prompts: str = typer.Option(DEFAULT_CALIB_LABELS,
                                 help="calibration prompts (tiny model: class labels), comma-separated"),
     seed: int = typer.Option(0, help="calibration seed (noise) and search seed"),
+    guidance: str = typer.Option("", help="guidance scale(s) of the calibration set, comma-separated (default: the "
+                                          "pipeline's); several, e.g. 1.5,3: every candidate runs at each and is "
+                                          "scored by its worst scale, so the plans hold up across guidance"),
     pop_size: int = typer.Option(16, help="ECAD population size"),
     generations: int = typer.Option(8, help="ECAD generations"),
     resume: bool = typer.Option(False, help="ECAD / routers / DisCa: continue from the checkpoint in <out>"),
@@ -185,11 +262,14 @@ def search_command(
         device, dtype = resolve_device(device, dtype)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    scales = parse_guidance(guidance)
     stages = Progress(enabled=progress)
     stages.stage(f"loading {model or 'the bundled tiny model'} on {describe(device, dtype)}")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
-    stages.stage(f"{method} search on the calibration prompts (seed {seed}), writing to {out}/")
+    at = f", guidance {', '.join(f'{g:g}' for g in scales)}" if scales else ""
+    stages.stage(f"{method} search on the calibration prompts (seed {seed}{at}), writing to {out}/")
     front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts, seed=seed,
+                       guidance=scales,
                        pop_size=pop_size, generations=generations, resume=resume, max_span=max_span,
                        iterations=iterations, progress=progress, base_plans=base_plans, train_seeds=train_seeds,
                        online_iterations=online_iterations, forecast_order=forecast_order, granularity=granularity,
@@ -215,8 +295,10 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                generations: int = 8, resume: bool = False, max_span: int = 8, iterations: int | None = None,
                progress: bool = True, seed_methods: tuple[str, ...] = REUSE_SEEDS,
                on_generation=None, base_plans: str = "", train_seeds: int = 2,
-               online_iterations: int | None = None, forecast_order: int = 0, granularity: str = "module") -> dict:
-    """The search behind `dcache search`, on an already loaded pipeline; returns the front (as in front.json)."""
+               online_iterations: int | None = None, forecast_order: int = 0, granularity: str = "module",
+               guidance: list[float] | None = None) -> dict:
+    """The search behind `dcache search`, on an already loaded pipeline; returns the front (as in front.json).
+    `guidance`: the calibration set's scales (None / []: the pipeline's default; several: scored by the worst)."""
     from dcache.schedules.tuning import search
 
     if method not in METHODS:
@@ -224,7 +306,9 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     prompt_list = [p.strip() for p in prompts.split(",") if p.strip()]
-    calib = make_calibration(pipe, is_tiny, prompt_list, steps=steps, seed=seed)
+    scales = list(guidance or [])
+    calib = make_calibration(pipe, is_tiny, prompt_list, steps=steps, seed=seed,
+                             guidance=scales if len(scales) > 1 else (scales[0] if scales else None))
     template = search.make_template(calib)
     ratios, counts = parse_budget(budget, template.num_steps)
     if method == "ecad":
@@ -244,6 +328,7 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
         return search.dp_search(calib, out, search.DPConfig(budgets=counts), template=template, progress=progress)
     if method == "disca":
         return _run_disca(pipe, is_tiny, calib, template, out=out, steps=steps, prompts=prompt_list, seed=seed,
+                          scales=scales,
                           counts=counts, base_plans=base_plans, train_seeds=train_seeds, iterations=iterations,
                           online_iterations=online_iterations, resume=resume, progress=progress)
     from dcache.schedules.tuning.search import router
@@ -254,7 +339,7 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
 
 
 def _run_disca(pipe: Any, is_tiny: bool, calib, template, *, out: str, steps: int, prompts: list[str], seed: int,
-               counts: tuple[int, ...], base_plans: str, train_seeds: int, iterations: int | None,
+               scales: list[float], counts: tuple[int, ...], base_plans: str, train_seeds: int, iterations: int | None,
                online_iterations: int | None, resume: bool, progress: bool) -> dict:
     from dcache.plan import Plan
     from dcache.schedules.tuning import search
@@ -272,8 +357,8 @@ def _run_disca(pipe: Any, is_tiny: bool, calib, template, *, out: str, steps: in
                                  progress=progress)
         bases = {Path(p["plan"]).name.removesuffix(".plan.json"): Plan.load(Path(out) / "base-dp" / p["plan"])
                  for p in front["points"]}
-    runs = [GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, seed=seed + k)
-            for k in range(train_seeds)]
+    runs = [GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, seed=seed + k, guidance=g)
+            for k in range(train_seeds) for g in (scales or [None])]  # every training seed at every scale
     overrides = {k: v for k, v in (("iterations", iterations), ("online_iterations", online_iterations))
                  if v is not None}
     cfg = disca.DisCaConfig(seed=seed, **overrides)

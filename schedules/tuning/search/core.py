@@ -46,12 +46,15 @@ class Calibration:
     generate:   () -> images tensor of the whole calibration set; must be deterministic (seeded inside).
     quality_fn: (images, reference images) -> float, higher is better (e.g. PSNR to the uncached images).
     metrics_fn: optional (images, reference) -> dict of extra numbers to report (e.g. classifier accuracy).
+    settings:   what the calibration set is (prompts, seed, steps, guidance ...); JSON values, recorded in the
+                provenance of every plan the search writes.
     """
 
     pipe: Any
     generate: Callable[[], torch.Tensor]
     quality_fn: QualityFn
     metrics_fn: MetricsFn | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
     _reference: torch.Tensor | None = field(default=None, repr=False)
 
     def reference(self) -> torch.Tensor:
@@ -81,6 +84,7 @@ class Template:
     block_cost: list[float]  # FLOPs of each block per call (all branches have the same shapes in split CFG)
     module_cost: list[float]  # FLOPs of each module unit per call
     composed: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # (unit, input units), see Adapter
+    calibration: dict[str, Any] = field(default_factory=dict)  # Calibration.settings, into every plan's provenance
 
     @property
     def num_blocks(self) -> int:
@@ -107,7 +111,8 @@ class Template:
         return Plan(granularity=Granularity(granularity).value, units=self.units(granularity),
                     num_steps=self.num_steps, actions=actions, extras=extras or {},
                     provenance={"method": method, "config": config or {}, "quality": quality or {},
-                                "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
+                                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                **({"calibration": self.calibration} if self.calibration else {})},
                     **self.header)
 
     # -------------------------------------------------------------------------------------------- cost
@@ -137,7 +142,8 @@ class Template:
     def to_dict(self) -> dict:
         return dict(header=self.header, num_steps=self.num_steps, branches=self.branches,
                     module_units=self.module_units, module_block=self.module_block,
-                    block_cost=self.block_cost, module_cost=self.module_cost, composed=self.composed)
+                    block_cost=self.block_cost, module_cost=self.module_cost, composed=self.composed,
+                    calibration=self.calibration)
 
 
 def make_template(calib: Calibration) -> Template:
@@ -158,7 +164,8 @@ def make_template(calib: Calibration) -> Template:
         branches = list(dict.fromkeys(c.branch for c in rec.calls))  # in call order within a step
         return Template(header=header, num_steps=plan.num_steps, branches=branches,
                         module_units=[f"b{b}.{m}" for b, m in pairs], module_block=[b for b, _ in pairs],
-                        block_cost=block_cost, module_cost=module_cost, composed=list(eng.composed_units))
+                        block_cost=block_cost, module_cost=module_cost, composed=list(eng.composed_units),
+                        calibration=dict(calib.settings))
     finally:
         handle.remove()
 
