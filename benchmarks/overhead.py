@@ -41,6 +41,8 @@ LABEL = 3
 THRESHOLDS = (0.0, 0.1, 0.2, 0.4)
 MAGCACHE_THRESHOLDS = (0.06, 0.5)  # with K=4, retention 0.1: compute ratios ~0.5 and ~0.3 on this model
 MAGCACHE_K, MAGCACHE_RETENTION = 4, 0.1
+# --magcache-thresholds entries are "threshold" (K and retention above) or "threshold:K:retention"; e.g. 100:4:0 and
+# 100:7:0 reuse as often as K allows: compute ratios ~0.2 and ~0.14, the frontier's bands.
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,8 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--thresholds", default=",".join(f"{t:g}" for t in THRESHOLDS),
                     help="comma-separated probe thresholds, the same for every library")
     ap.add_argument("--magcache-thresholds", default=",".join(f"{t:g}" for t in MAGCACHE_THRESHOLDS),
-                    help=f"comma-separated MagCache thresholds (K={MAGCACHE_K}, retention {MAGCACHE_RETENTION:g}, "
-                         f"one shared ratio table) for the block-scope / call-scope / diffusers rows; '' for none")
+                    help=f"comma-separated MagCache settings, 'threshold' (K={MAGCACHE_K}, retention "
+                         f"{MAGCACHE_RETENTION:g}) or 'threshold:K:retention' (one shared ratio table) for the "
+                         f"block-scope / call-scope / diffusers rows; '' for none")
+    ap.add_argument("--keyframes", default="",
+                    help="comma-separated names of benchmarks/frontier.py's no-CFG keyframe plans (e.g. 6,4: 6 and 4 "
+                         "computed steps of 28) for keyframe rows in block and call scope; '' for none")
     ap.add_argument("--out", type=Path, default=SCRATCH,
                     help="folder for overhead.md (default benchmarks/out/, git-ignored; --out benchmarks/results "
                          "refreshes the table BENCHMARKS.md is assembled from)")
@@ -153,23 +159,49 @@ class NoTransformer:
         del self.transformer.forward
 
 
-def magcache_contenders(ratios: list[float], thresholds: tuple[float, ...]) -> list[Row]:
+def parse_magcache(text: str) -> tuple[tuple[float, int, float], ...]:
+    """'0.06,100:7:0' -> ((0.06, K, retention), (100.0, 7, 0.0)) with the default K and retention."""
+    out = []
+    for entry in (e.strip() for e in text.split(",") if e.strip()):
+        parts = entry.split(":")
+        if len(parts) not in (1, 3):
+            raise SystemExit(f"error: --magcache-thresholds entry {entry!r} must be 'threshold' or "
+                             f"'threshold:K:retention'")
+        thr, k, retention = (float(parts[0]), MAGCACHE_K, MAGCACHE_RETENTION) if len(parts) == 1 else (
+            float(parts[0]), int(parts[1]), float(parts[2]))
+        out.append((thr, k, retention))
+    return tuple(out)
+
+
+def keyframe_contenders(names: list[str]) -> list[Row]:
+    """benchmarks/frontier.py's no-CFG keyframe plans in block scope and call scope (identical decisions)."""
+    from frontier import KEYFRAMES
+
+    rows = []
+    for name in names:
+        setting = dict(KEYFRAMES["nocfg"][name])
+        text = f"plan {name} (frontier nocfg)"
+        for scope in ("blocks", "call"):
+            rows.append(Row("dcache", f"keyframe scope={scope}", text,
+                            lambda p, c=setting, sc=scope: dcache.apply(p, "keyframe", scope=sc, **c).remove))
+    return rows
+
+
+def magcache_contenders(ratios: list[float], settings: tuple[tuple[float, int, float], ...]) -> list[Row]:
     """MagCache at identical decisions: the same ratio table, threshold, K and retention in all three rows."""
     from diffusers import MagCacheConfig
 
     rows = []
-    for thr in thresholds:
-        setting = f"threshold={thr:g} K={MAGCACHE_K} retention={MAGCACHE_RETENTION:g}"
-        common = dict(ratios=list(ratios), threshold=thr, max_skip_steps=MAGCACHE_K,
-                      retention_ratio=MAGCACHE_RETENTION)
+    for thr, k, retention in settings:
+        setting = f"threshold={thr:g} K={k} retention={retention:g}"
+        common = dict(ratios=list(ratios), threshold=thr, max_skip_steps=k, retention_ratio=retention)
         for scope in ("blocks", "call"):
             rows.append(Row("dcache", f"magcache scope={scope}", setting,
                             lambda p, c=common, sc=scope: dcache.apply(p, "magcache", scope=sc, **c).remove))
 
-        def diffusers_mag(p, t=thr):
-            p.transformer.enable_cache(MagCacheConfig(threshold=t, max_skip_steps=MAGCACHE_K,
-                                                      retention_ratio=MAGCACHE_RETENTION, mag_ratios=list(ratios),
-                                                      num_inference_steps=STEPS))
+        def diffusers_mag(p, t=thr, k=k, retention=retention):
+            p.transformer.enable_cache(MagCacheConfig(threshold=t, max_skip_steps=k, retention_ratio=retention,
+                                                      mag_ratios=list(ratios), num_inference_steps=STEPS))
             return p.transformer.disable_cache
 
         rows.append(Row("diffusers", "MagCache", setting, diffusers_mag))
@@ -211,8 +243,9 @@ def measure_ratio(pipe, meter: BlockMeter, bare_flops: float, row: Row) -> None:
 
 
 def run(rounds: int, log: Callable[[str], None], thresholds: tuple[float, ...] = THRESHOLDS,
-        magcache_thresholds: tuple[float, ...] = MAGCACHE_THRESHOLDS,
-        cache_dit: bool = True) -> tuple[dict, list[Row]]:
+        magcache_thresholds: tuple[tuple[float, int, float], ...] = tuple(
+            (t, MAGCACHE_K, MAGCACHE_RETENTION) for t in MAGCACHE_THRESHOLDS),
+        cache_dit: bool = True, keyframes: tuple[str, ...] = ()) -> tuple[dict, list[Row]]:
     from _peers import calibrate_diffusers_magcache
 
     torch.set_num_threads(1)
@@ -226,6 +259,7 @@ def run(rounds: int, log: Callable[[str], None], thresholds: tuple[float, ...] =
     if magcache_thresholds:
         ratios, _ = calibrate_diffusers_magcache(pipe, lambda: generate(pipe), STEPS)
         rows += magcache_contenders(ratios, magcache_thresholds)
+    rows += keyframe_contenders(list(keyframes))
     for row in rows:
         row.pipe = load_tiny_pipeline()
         row_meter = BlockMeter(row.pipe.transformer)  # before the cache, see _peers.BlockMeter
@@ -315,11 +349,16 @@ def main(argv: list[str] | None = None) -> Path:
         ap.error(missing)
     t0 = time.time()
     thresholds = tuple(float(t) for t in args.thresholds.split(","))
-    mag = tuple(float(t) for t in args.magcache_thresholds.split(",") if t.strip())
-    meta, rows = run(args.rounds, lambda m: print(m, flush=True), thresholds, mag, cache_dit=not args.no_cache_dit)
+    mag = parse_magcache(args.magcache_thresholds)
+    keyframes = tuple(k.strip() for k in args.keyframes.split(",") if k.strip())
+    meta, rows = run(args.rounds, lambda m: print(m, flush=True), thresholds, mag, cache_dit=not args.no_cache_dit,
+                     keyframes=keyframes)
     lines = report(meta, rows)
     lines += ["", f"Command: `python benchmarks/overhead.py --rounds {args.rounds} --thresholds {args.thresholds} "
-                  f"--magcache-thresholds {args.magcache_thresholds}` ({(time.time() - t0) / 60:.1f} min)."]
+                  f"--magcache-thresholds {args.magcache_thresholds}"
+                  + (f" --keyframes {args.keyframes}" if keyframes else "")
+                  + (" --no-cache-dit" if args.no_cache_dit else "")
+                  + f"` ({(time.time() - t0) / 60:.1f} min)."]
     notes = RESULTS / "overhead_notes.md"
     if notes.is_file():  # the hand-written reading of these numbers (kept across reruns)
         lines += ["", notes.read_text().rstrip()]
