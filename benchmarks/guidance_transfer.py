@@ -11,6 +11,8 @@ Protocol (bundled digit model, 28 steps, split CFG):
     --out/search-*; a rerun reuses their measured edges.
   * Held-out: seeds 1000.. x labels 0-9 at guidance 1.5, 2, 3 and 4.5; PSNR of every row against the uncached
     images of the same seeds and scale; the compute ratio from the engine's counters.
+  * Each searched plan replays as written (block scope: the stack's residual forecast, the output head recomputed)
+    and in call scope (`scope="call"`: the whole call's offset v - x forecast).
   * Beside the plans: dynamic SeaCache (SEA gate, order 2, call scope, threshold 4, consecutive-reuse cap 4 / 6:
     the ratios of the plans), and the frontier's CFG-1.5 keyframes 6 + 5 (benchmarks/frontier.py KEYFRAMES) with
     the branches forecast on their own and with `cfg_difference=True`.
@@ -99,8 +101,10 @@ def run(args: argparse.Namespace, log) -> dict:
         for point in front["points"]:
             plan = Plan.load(folder / point["plan"])
             computed = round(point["compute_ratio"] * steps)
-            plans[f"lemica {computed}/{steps} searched at {'+'.join(f'{g:g}' for g in scales)}"] = dict(
-                target=plan, kw={}, searched_at=scales, tuning=point["quality"], computed=computed)
+            label = f"lemica {computed}/{steps} searched at {'+'.join(f'{g:g}' for g in scales)}"
+            plans[label] = dict(target=plan, kw={}, searched_at=scales, tuning=point["quality"], computed=computed)
+            plans[f"{label}, call scope"] = dict(target=plan, kw=dict(scope="call"), searched_at=scales,
+                                                 tuning=None, computed=computed)
     for computed in budgets:
         cap = SEACACHE_CAPS.get(computed, 4)
         plans[f"seacache o2 call cap {cap}"] = dict(

@@ -174,13 +174,20 @@ class DigitFlowPipeline(DiffusionPipeline):
             )
         return [int(label) for label in labels]
 
-    def _velocity(self, x, labels, timestep, txt_ids, img_ids):
-        """Transformer call: packed x [B, 64, 4], labels [B] -> velocity [B, 64, 4] (v = noise - x_0)."""
+    def _encode(self, labels, dtype):
+        """labels [B] -> (encoder_hidden_states [B, T, D], pooled [B, P]) in `dtype`: the prompt embedding, made once
+        per generation (as diffusers pipelines encode their prompts before the denoising loop)."""
         encoder_hidden_states, pooled = self.label_encoder(labels)
+        return encoder_hidden_states.to(dtype), pooled.to(dtype)
+
+    def _velocity(self, x, labels, timestep, txt_ids, img_ids, embedded=None):
+        """Transformer call: packed x [B, 64, 4], labels [B] -> velocity [B, 64, 4] (v = noise - x_0). `embedded`:
+        the labels' `_encode` output (encoded here when not given)."""
+        encoder_hidden_states, pooled = embedded if embedded is not None else self._encode(labels, x.dtype)
         return self.transformer(
             hidden_states=x,
-            encoder_hidden_states=encoder_hidden_states.to(x.dtype),
-            pooled_projections=pooled.to(x.dtype),
+            encoder_hidden_states=encoder_hidden_states,
+            pooled_projections=pooled,
             timestep=timestep,
             img_ids=img_ids,
             txt_ids=txt_ids,
@@ -229,6 +236,10 @@ class DigitFlowPipeline(DiffusionPipeline):
         both = torch.cat([uncond, cond])  # [2B], batched CFG order: [uncond; cond]
         txt_ids = text_ids(self.label_encoder.config.num_tokens, device=device, dtype=dtype)  # [T, 3]
         img_ids = image_ids(device=device, dtype=dtype)  # [64, 3]
+        # the labels' embeddings, once per generation: (encoder_hidden_states [B or 2B, T, D], pooled)
+        cond_embeds = self._encode(cond, dtype)
+        uncond_embeds = self._encode(uncond, dtype) if do_cfg and cfg_mode == "split" else None
+        both_embeds = self._encode(both, dtype) if do_cfg and cfg_mode != "split" else None
 
         if latents is None:
             latents = randn_tensor((batch, 1, IMAGE_SIZE, IMAGE_SIZE), generator=generator, device=device, dtype=dtype)
@@ -246,16 +257,17 @@ class DigitFlowPipeline(DiffusionPipeline):
                 context = dict(step_index=i, num_inference_steps=num_inference_steps, timestep=t, sigma=sigmas[i])
                 if not do_cfg:
                     with self.transformer.cache_context("cond", **context):
-                        velocity = self._velocity(x, cond, timestep, txt_ids, img_ids)
+                        velocity = self._velocity(x, cond, timestep, txt_ids, img_ids, cond_embeds)
                 elif cfg_mode == "split":
                     with self.transformer.cache_context("cond", **context):
-                        v_cond = self._velocity(x, cond, timestep, txt_ids, img_ids)
+                        v_cond = self._velocity(x, cond, timestep, txt_ids, img_ids, cond_embeds)
                     with self.transformer.cache_context("uncond", **context):
-                        v_uncond = self._velocity(x, uncond, timestep, txt_ids, img_ids)
+                        v_uncond = self._velocity(x, uncond, timestep, txt_ids, img_ids, uncond_embeds)
                     velocity = v_uncond + guidance_scale * (v_cond - v_uncond)
                 else:
                     with self.transformer.cache_context("cond_uncond", **context):
-                        v_both = self._velocity(torch.cat([x, x]), both, timestep.repeat(2), txt_ids, img_ids)
+                        v_both = self._velocity(torch.cat([x, x]), both, timestep.repeat(2), txt_ids, img_ids,
+                                                both_embeds)
                     v_uncond, v_cond = v_both.chunk(2)
                     velocity = v_uncond + guidance_scale * (v_cond - v_uncond)
                 x = self.scheduler.step(velocity, t, x, return_dict=False)[0]  # x + (sigma_next - sigma) * v
