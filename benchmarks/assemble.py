@@ -30,6 +30,7 @@ RERUN = {
     "frontier": "python benchmarks/frontier.py --out benchmarks/results",
     "cfg_difference": "python benchmarks/frontier.py --only '^cfg3$' --search-cfg-difference --no-robustness "
                       "--out benchmarks/results/cfg_difference",
+    "guidance_transfer": "python benchmarks/guidance_transfer.py --out benchmarks/results/guidance_transfer",
     "eval": "bash benchmarks/eval_tiny.sh",
     "kernels": "OMP_NUM_THREADS=1 python benchmarks/kernels.py --out benchmarks/results/kernels_cpu.md",
     "kernels-gpu": "python benchmarks/kernels.py --device cuda --dtype bf16 --out benchmarks/results/kernels_cuda.md",
@@ -281,6 +282,45 @@ def cfg_difference_part() -> str:
     return "\n".join(lines)
 
 
+GUIDANCE_TRANSFER = RESULTS / "guidance_transfer" / "transfer.json"
+
+
+def guidance_transfer_part() -> str:
+    """Searched plans (one guidance scale vs several), dynamic SeaCache and the frontier keyframes replayed at other
+    guidance scales on held-out seeds; the hand-written reading from the folder's notes.md."""
+    if not GUIDANCE_TRANSFER.is_file():
+        return ""
+    data = json.loads(GUIDANCE_TRANSFER.read_text())
+    meta = data["meta"]
+    check_provenance(meta.get("git_commit"), GUIDANCE_TRANSFER, RERUN["guidance_transfer"])
+    scales = [f"{g:g}" for g in data["heldout_guidance"]]
+    lines = ["### Searched plans at other guidance scales", "",
+             "`dcache search --guidance` runs the calibration set at each listed scale and scores a plan by its "
+             "worst one. Plans searched at 1.5 and at 1.5 + 3 (LeMiCa, Taylor-2 forecasts), replayed as written and "
+             f"in call scope, against dynamic SeaCache and the frontier's CFG-1.5 keyframes; {data['steps']} steps, "
+             f"held-out seeds {data['seeds'][0]}..{data['seeds'][-1]} x 10 labels, PSNR vs the uncached images "
+             f"of the same scale; commit {meta['git_commit']}, {meta['date'][:10]} (load average "
+             f"{meta['load_start']} at the start, {meta.get('load_end', '?')} at the end).", "",
+             "| row | searched at | compute ratio | " + " | ".join(f"guidance {g}" for g in scales)
+             + " | loss 1.5 -> 3 |", "|" + "---|" * (len(scales) + 4)]
+    for name, row in data["rows"].items():
+        at = row["at"]
+        if not at:
+            continue
+        loss = at["1.5"]["psnr"] - at["3"]["psnr"] if "1.5" in at and "3" in at else None
+        lines.append(f"| {name} | {', '.join(f'{g:g}' for g in row['searched_at']) or 'dynamic'} | "
+                     f"{next(iter(at.values()))['ratio']:.3f} | "
+                     + " | ".join(f"{at[g]['psnr']:.2f}" if g in at else "-" for g in scales)
+                     + f" | {'-' if loss is None else format(loss, '.2f')} |")
+    rel = GUIDANCE_TRANSFER.parent.relative_to(ROOT)
+    notes = GUIDANCE_TRANSFER.parent / "notes.md"
+    if notes.is_file():
+        lines += ["", notes.read_text().strip()]
+    lines += ["", f"Plot: [{rel}/transfer.png]({rel}/transfer.png); the searches' fronts and plans: {rel}/search-*/. "
+                  f"Rerun: `{RERUN['guidance_transfer']}` (~30 min; a rerun reuses the searches' measured edges)."]
+    return "\n".join(lines)
+
+
 def kernels_part() -> str:
     return "\n".join([
         "The fused kernels (residual apply / capture with statistics, relative L1, Taylor update and forecast, axpy) "
@@ -302,7 +342,7 @@ def build() -> str:
                                                                missing.format(RERUN["search"])))
     parts.append("## Beyond 4x: the frontier below 0.25\n\n" + (frontier_part(frontier) if frontier else
                                                                  missing.format(RERUN["frontier"]))
-                 + "\n\n" + cfg_difference_part())
+                 + "\n\n" + cfg_difference_part() + "\n\n" + guidance_transfer_part())
     parts.append("## A `dcache eval` report\n\n" + _eval_part())
     parts.append("## Kernels\n\n" + kernels_part())
     return "\n\n".join(part.strip() for part in parts) + "\n"

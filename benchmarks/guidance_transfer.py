@@ -6,7 +6,8 @@
 Protocol (bundled digit model, 28 steps, split CFG):
   * Searches: `dcache search --method lemica --forecast-order 2 --max-span 8 --budget 6,4` (6 and 4 computed steps
     of 28: compute ratios 0.214 and 0.143) on the tuning batch (labels 0-9, seed 0), once per --searches entry: at
-    guidance 1.5 only (the pipeline's default) and at 1.5 and 3 together (every candidate scored by its worst scale).
+    guidance 1.5 only (the pipeline's default), at 1.5 and 3 together (every candidate scored by its worst scale),
+    and at 1.5 and 3 with `--scope auto` (each plan kept in the scope whose worst-scale score is higher).
     The searches run through the same code as the CLI (`dcache.pipelines.search_cli.run_search`) and are kept in
     --out/search-*; a rerun reuses their measured edges.
   * Held-out: seeds 1000.. x labels 0-9 at guidance 1.5, 2, 3 and 4.5; PSNR of every row against the uncached
@@ -30,7 +31,8 @@ import time
 from pathlib import Path
 
 SCRATCH = Path(__file__).resolve().parent / "out" / "guidance_transfer"
-SEARCHES = {"g1.5": [1.5], "g1.5+3": [1.5, 3.0]}
+# search setting -> (guidance scales of the calibration set, --scope)
+SEARCHES = {"g1.5": ([1.5], "blocks"), "g1.5+3": ([1.5, 3.0], "blocks"), "g1.5+3-auto": ([1.5, 3.0], "auto")}
 HELDOUT_GUIDANCE = (1.5, 2.0, 3.0, 4.5)
 BUDGETS = (6, 4)  # computed steps of 28
 SEACACHE_CAPS = {6: 4, 4: 6}  # consecutive reuses: 1 compute per 5 / 7 calls at most, the plans' ratios
@@ -41,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=SCRATCH, help="folder for the searches and transfer.md / .json / "
                                                               ".png (default benchmarks/out/guidance_transfer)")
     ap.add_argument("--searches", default=",".join(SEARCHES),
-                    help=f"comma-separated search settings, of {list(SEARCHES)} or 'g<a>+<b>' (default: all)")
+                    help=f"comma-separated search settings, of {list(SEARCHES)} or 'g<a>+<b>[-auto]' (default: "
+                         f"all)")
     ap.add_argument("--heldout-seeds", type=int, default=3, help="held-out seeds x 10 labels (default 3)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (quality only: nothing here is timed)")
     ap.add_argument("--quick", action="store_true", help="8 steps, labels 1 and 7, one held-out seed")
@@ -67,13 +70,15 @@ def _load_script(stem: str):
     return sys.modules[name]
 
 
-def scales_of(name: str) -> list[float]:
-    """'g1.5+3' -> [1.5, 3.0]."""
+def setting_of(name: str) -> tuple[list[float], str]:
+    """'g1.5+3' -> ([1.5, 3.0], "blocks"); 'g1.5+3-auto' -> ([1.5, 3.0], "auto")."""
     if name in SEARCHES:
         return SEARCHES[name]
-    if not name.startswith("g"):
-        raise SystemExit(f"error: search setting {name!r} must look like g1.5 or g1.5+3")
-    return [float(v) for v in name[1:].split("+")]
+    scope = "auto" if name.endswith("-auto") else "blocks"
+    try:
+        return [float(v) for v in name.removesuffix("-auto")[1:].split("+")], scope
+    except ValueError:
+        raise SystemExit(f"error: search setting {name!r} must look like g1.5, g1.5+3 or g1.5+3-auto") from None
 
 
 def run(args: argparse.Namespace, log) -> dict:
@@ -92,19 +97,23 @@ def run(args: argparse.Namespace, log) -> dict:
 
     plans: dict[str, dict] = {}  # row name -> {"target": plan or method, "kw": apply kwargs, "searched_at": [...]}
     for name in [s.strip() for s in args.searches.split(",") if s.strip()]:
-        scales = scales_of(name)
+        scales, scope = setting_of(name)
         folder = args.out / f"search-{name}"
-        log(f"search {name}: lemica, forecast order 2, budgets {budgets}, guidance {scales} -> {folder}")
+        log(f"search {name}: lemica, forecast order 2, budgets {budgets}, guidance {scales}, scope {scope} -> "
+            f"{folder}")
         front = run_search("lemica", pipe, True, budget=",".join(map(str, budgets)), out=str(folder), steps=steps,
                            prompts=",".join(map(str, labels)), seed=0, max_span=8, forecast_order=2,
-                           guidance=scales, progress=False)
+                           guidance=scales, scope=scope, progress=False)
         for point in front["points"]:
             plan = Plan.load(folder / point["plan"])
             computed = round(point["compute_ratio"] * steps)
             label = f"lemica {computed}/{steps} searched at {'+'.join(f'{g:g}' for g in scales)}"
+            if scope == "auto":
+                label += f", scope auto ({plan.extras.get('scope', 'blocks')})"
             plans[label] = dict(target=plan, kw={}, searched_at=scales, tuning=point["quality"], computed=computed)
-            plans[f"{label}, call scope"] = dict(target=plan, kw=dict(scope="call"), searched_at=scales,
-                                                 tuning=None, computed=computed)
+            if scope == "blocks":
+                plans[f"{label}, call scope"] = dict(target=plan, kw=dict(scope="call"), searched_at=scales,
+                                                     tuning=None, computed=computed)
     for computed in budgets:
         cap = SEACACHE_CAPS.get(computed, 4)
         plans[f"seacache o2 call cap {cap}"] = dict(
@@ -187,8 +196,9 @@ def _plot(data: dict, path: Path) -> None:
                 continue
             gs = sorted(r["at"], key=float)
             style = "o-" if r["searched_at"] and "lemica" in name else ("s--" if r["searched_at"] else "^:")
-            ax.plot([float(g) for g in gs], [r["at"][g]["psnr"] for g in gs], style, label=name)
-        ax.set_title(f"{computed} computed steps of {data['steps']} per branch")
+            ratio = next(iter(r["at"].values()))["ratio"]
+            ax.plot([float(g) for g in gs], [r["at"][g]["psnr"] for g in gs], style, label=f"{name} @ {ratio:.3f}")
+        ax.set_title(f"plans with {computed} of {data['steps']} steps computed (legend: compute ratio)", fontsize=9)
         ax.set_xlabel("guidance scale (held-out)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

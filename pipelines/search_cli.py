@@ -6,7 +6,7 @@
     dcache generate --cache search-lemica/plans/lemica-B14.plan.json
     dcache search --method disca --base-plans search-lemica/plans/lemica-B14.plan.json --out search-disca
     dcache generate --cache search-disca/plans/disca-lemica-B14.plan.json
-    dcache search --method lemica --forecast-order 2 --guidance 1.5,3 --out search-g   # plans that hold up at both
+    dcache search --method lemica --forecast-order 2 --guidance 1.5,3 --scope auto --out search-g   # hold up at both
 
 DisCa trains a forecaster for the skipped cells of base plans (default: the DP plans at --budget) on --train-seeds
 calibration runs and writes each base plan with FORECAST cells served by it (the predictor rides in the plan file).
@@ -16,8 +16,9 @@ Writes `<out>/plans/*.plan.json`, `<out>/front.json` (measured quality and compu
 on the calibration set; for the bundled digit model the classifier's accuracy on the requested labels is reported
 beside it. With several `--guidance` scales the calibration set runs at each, ECAD / the routers / DisCa's validation
 score a plan by its worst scale, LeMiCa's edge errors and DP's residuals pool the scales, and the metrics are given
-per scale. This is the wiring layer: the search code (`dcache.schedules.tuning.search`) takes the calibration as
-callables.
+per scale. `--scope auto` replays each stack plan of the front in block scope and in call scope on the calibration
+set and keeps the better one in the plan file (`--scope call`: call scope). This is the wiring layer: the search
+code (`dcache.schedules.tuning.search`) takes the calibration as callables.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     import torch
 
 METHODS = ("ecad", "lemica", "dp", "harmonica", "l2c", "disca")
+SCOPE_CHOICES = ("blocks", "call", "auto")  # --scope: as searched, call scope, the better of the two per plan
 DEFAULT_CALIB_LABELS = "0,1,2,3,4,5,6,7,8,9"
 
 
@@ -231,6 +233,9 @@ def search_command(
     guidance: str = typer.Option("", help="guidance scale(s) of the calibration set, comma-separated (default: the "
                                           "pipeline's); several, e.g. 1.5,3: every candidate runs at each and is "
                                           "scored by its worst scale, so the plans hold up across guidance"),
+    scope: str = typer.Option("blocks", help="scope the plans replay in: blocks (as searched), call (the whole "
+                                             "call forecast; stack plans) or auto (each stack plan replayed in both "
+                                             "on the calibration set, the better kept)"),
     pop_size: int = typer.Option(16, help="ECAD population size"),
     generations: int = typer.Option(8, help="ECAD generations"),
     resume: bool = typer.Option(False, help="ECAD / routers / DisCa: continue from the checkpoint in <out>"),
@@ -263,13 +268,15 @@ def search_command(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     scales = parse_guidance(guidance)
+    if scope not in SCOPE_CHOICES:
+        raise typer.BadParameter(f"--scope {scope!r} must be one of {', '.join(SCOPE_CHOICES)}.")
     stages = Progress(enabled=progress)
     stages.stage(f"loading {model or 'the bundled tiny model'} on {describe(device, dtype)}")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
     at = f", guidance {', '.join(f'{g:g}' for g in scales)}" if scales else ""
     stages.stage(f"{method} search on the calibration prompts (seed {seed}{at}), writing to {out}/")
     front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts, seed=seed,
-                       guidance=scales,
+                       guidance=scales, scope=scope,
                        pop_size=pop_size, generations=generations, resume=resume, max_span=max_span,
                        iterations=iterations, progress=progress, base_plans=base_plans, train_seeds=train_seeds,
                        online_iterations=online_iterations, forecast_order=forecast_order, granularity=granularity,
@@ -296,13 +303,17 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                progress: bool = True, seed_methods: tuple[str, ...] = REUSE_SEEDS,
                on_generation=None, base_plans: str = "", train_seeds: int = 2,
                online_iterations: int | None = None, forecast_order: int = 0, granularity: str = "module",
-               guidance: list[float] | None = None) -> dict:
+               guidance: list[float] | None = None, scope: str = "blocks") -> dict:
     """The search behind `dcache search`, on an already loaded pipeline; returns the front (as in front.json).
-    `guidance`: the calibration set's scales (None / []: the pipeline's default; several: scored by the worst)."""
+    `guidance`: the calibration set's scales (None / []: the pipeline's default; several: scored by the worst).
+    `scope`: "blocks" keeps the plans as searched; "call" / "auto" rescore the front's stack plans in call scope / in
+    both scopes and keep the better (`search.choose_scope`)."""
     from dcache.schedules.tuning import search
 
     if method not in METHODS:
         raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}.")
+    if scope not in SCOPE_CHOICES:
+        raise ValueError(f"scope {scope!r} must be one of {', '.join(SCOPE_CHOICES)}.")
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     prompt_list = [p.strip() for p in prompts.split(",") if p.strip()]
@@ -310,6 +321,27 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
     calib = make_calibration(pipe, is_tiny, prompt_list, steps=steps, seed=seed,
                              guidance=scales if len(scales) > 1 else (scales[0] if scales else None))
     template = search.make_template(calib)
+    front = _run_method(method, pipe, is_tiny, calib, template, budget=budget, out=out, steps=steps,
+                        prompts=prompt_list, seed=seed, scales=scales, pop_size=pop_size, generations=generations,
+                        resume=resume, max_span=max_span, iterations=iterations, progress=progress,
+                        seed_methods=seed_methods, on_generation=on_generation, base_plans=base_plans,
+                        train_seeds=train_seeds, online_iterations=online_iterations,
+                        forecast_order=forecast_order, granularity=granularity)
+    if scope == "blocks":
+        return front
+    from dcache.schedules.tuning.search.scope_choice import SCOPES
+
+    return search.choose_scope(calib, template, out, ("call",) if scope == "call" else SCOPES)
+
+
+def _run_method(method: str, pipe: Any, is_tiny: bool, calib, template, *, budget: str, out: str, steps: int,
+                prompts: list[str], seed: int, scales: list[float], pop_size: int, generations: int, resume: bool,
+                max_span: int, iterations: int | None, progress: bool, seed_methods: tuple[str, ...],
+                on_generation, base_plans: str, train_seeds: int, online_iterations: int | None,
+                forecast_order: int, granularity: str) -> dict:
+    """One search method on the calibration set; writes and returns its front."""
+    from dcache.schedules.tuning import search
+
     ratios, counts = parse_budget(budget, template.num_steps)
     if method == "ecad":
         try:
@@ -322,15 +354,14 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                                   progress=progress, on_generation=on_generation)
     if method == "lemica":
         cfg = search.LeMiCaConfig(budgets=counts, max_span=max_span, forecast_order=forecast_order)
-        return search.lemica_search(calib, out, cfg,
-                                    template=template, progress=progress)
+        return search.lemica_search(calib, out, cfg, template=template, progress=progress)
     if method == "dp":
         return search.dp_search(calib, out, search.DPConfig(budgets=counts), template=template, progress=progress)
     if method == "disca":
-        return _run_disca(pipe, is_tiny, calib, template, out=out, steps=steps, prompts=prompt_list, seed=seed,
-                          scales=scales,
-                          counts=counts, base_plans=base_plans, train_seeds=train_seeds, iterations=iterations,
-                          online_iterations=online_iterations, resume=resume, progress=progress)
+        return _run_disca(pipe, is_tiny, calib, template, out=out, steps=steps, prompts=prompts, seed=seed,
+                          scales=scales, counts=counts, base_plans=base_plans, train_seeds=train_seeds,
+                          iterations=iterations, online_iterations=online_iterations, resume=resume,
+                          progress=progress)
     from dcache.schedules.tuning.search import router
 
     cfg = router.RouterConfig(objective=method, iterations=60 if iterations is None else iterations, seed=seed,

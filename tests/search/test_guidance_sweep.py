@@ -91,3 +91,35 @@ def test_cli_refuses_mixed_scales_before_loading_anything(tmp_path):
     assert result.exit_code != 0
     assert "mixes scales <= 1" in result.output
     assert not any(tmp_path.iterdir())
+
+
+def _replay_quality(pipe, plan, scope, guidance):
+    scoped = dict(plan.to_dict())
+    scoped["extras"] = {**plan.extras, "scope": scope}
+    return quality_psnr(_images(pipe, guidance, Plan.from_dict(scoped)), _images(pipe, guidance))
+
+
+@pytest.mark.parametrize("scope", ["auto", "call"])
+def test_scope_choice_keeps_the_better_replay_on_the_calibration_set(tiny_pipe, tmp_path, scope):
+    front = run_search("lemica", tiny_pipe, True, budget="2", out=str(tmp_path), steps=STEPS, prompts="1,7",
+                       max_span=4, forecast_order=1, guidance=[4.0], scope=scope, progress=False)
+    (point,) = front["points"]
+    plan = Plan.load(tmp_path / point["plan"])
+    by_scope = {s: _replay_quality(tiny_pipe, plan, s, 4.0) for s in ("blocks", "call")}
+    assert by_scope["blocks"] != pytest.approx(by_scope["call"], abs=1e-3)  # the choice matters on this model
+    chosen = max(by_scope, key=by_scope.get) if scope == "auto" else "call"
+    assert plan.extras["scope"] == chosen
+    assert point["quality"] == pytest.approx(by_scope[chosen], abs=1e-4)  # the front's number is the chosen replay
+    assert point["metrics"]["quality_call_scope"] == pytest.approx(by_scope["call"], abs=1e-4)
+    with dcache.apply(tiny_pipe, plan) as handle:  # the plan file alone replays in the chosen scope
+        assert handle.engine.scope == chosen
+
+
+def test_scope_choice_refuses_unknown_scopes(tiny_pipe, tmp_path):
+    from dcache.schedules.tuning.search import choose_scope
+
+    with pytest.raises(ValueError, match="subset of"):
+        choose_scope(None, None, tmp_path, ("everywhere",))
+    with pytest.raises(ValueError, match="scope 'everywhere' must be one of"):
+        run_search("dp", tiny_pipe, True, budget="3", out=str(tmp_path), steps=STEPS, prompts="1,7",
+                   scope="everywhere", progress=False)

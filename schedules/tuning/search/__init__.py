@@ -12,7 +12,9 @@ from .core import Calibration, FrontPoint, Measured, Template, convert_rows, mak
 from .dp import DPConfig, dp_schedule, dp_search
 from .ecad import ECADConfig, ecad_search
 from .lemica import LeMiCaConfig, leximax_path, lemica_search
+from .scope_choice import choose_scope
 
 __all__ = ["Calibration", "FrontPoint", "Measured", "Template", "convert_rows", "make_template", "measure",
            "run_plan", "ECADConfig", "ecad_search",
-           "DPConfig", "dp_schedule", "dp_search", "LeMiCaConfig", "leximax_path", "lemica_search"]
+           "DPConfig", "dp_schedule", "dp_search", "LeMiCaConfig", "leximax_path", "lemica_search",
+           "choose_scope"]
