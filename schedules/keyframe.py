@@ -63,7 +63,9 @@ class KeyframeConfig(MethodConfig):
     Use it below compute ratio 0.25, where a fixed cadence wastes computes: with `scope="call"` and the searched
     presets (`keyframe-5x`, `keyframe-8x`) it is dcache's best setting at ratios 0.196 and 0.125 on the bundled
     model at CFG 1.5 (BENCHMARKS.md, "Beyond 4x"). Being fractions, keyframes replay at other step counts (a step
-    plan does not); another guidance scale needs its own search (`benchmarks/frontier.py --search`).
+    plan does not). At a higher guidance scale the uneven presets lose most (keyframe-5x: 44.4 -> 35.0 dB at CFG 3);
+    add `cfg_difference=True` (39.3 dB there) or search the keyframes at that scale (`benchmarks/frontier.py
+    --search`).
 
     Example (the bundled tiny model, 28 steps, split CFG: 6 + 5 of 56 calls computed, ratio 0.196):
         >>> import dcache
