@@ -83,11 +83,22 @@ def parse_guidance(text: str) -> list[float]:
         raise typer.BadParameter(f"--guidance {text!r} must list finite numbers.")
     if len(set(scales)) != len(scales):
         raise typer.BadParameter(f"--guidance {text!r} lists a scale twice; give each scale once.")
-    if any(g <= 1 for g in scales) and any(g > 1 for g in scales):
-        raise typer.BadParameter(
-            f"--guidance {text!r} mixes scales <= 1 (one branch per step) with CFG scales > 1 (a conditional and an "
-            f"unconditional branch); a plan's rows are per branch, so search the two settings separately.")
     return scales
+
+
+def check_same_branches(pipe: Any, is_tiny: bool, prompts: list[str], *, steps: int | None, seed: int,
+                        scales: list[float]) -> None:
+    """Refuse a guidance sweep whose scales run different branches (e.g. 1 = one call per step, 3 = split CFG's cond
+    and uncond calls): a plan's rows are per branch. One all-compute generation of the first prompt per scale."""
+    from dcache.schedules.tuning import search
+
+    branches = {g: search.make_template(make_calibration(pipe, is_tiny, prompts[:1], steps=steps, seed=seed,
+                                                         guidance=g)).branches for g in scales}
+    if len({tuple(b) for b in branches.values()}) > 1:
+        seen = ", ".join(f"guidance {g:g}: {b}" for g, b in branches.items())
+        raise typer.BadParameter(
+            f"--guidance scales run different branches ({seen}); a plan's rows are per branch, so search each "
+            f"setting separately (e.g. CFG scales > 1 together, guidance 1 on its own).")
 
 
 class GuidanceSweep:
@@ -318,6 +329,8 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
         pipe.set_progress_bar_config(disable=True)
     prompt_list = [p.strip() for p in prompts.split(",") if p.strip()]
     scales = list(guidance or [])
+    if len(scales) > 1:
+        check_same_branches(pipe, is_tiny, prompt_list, steps=steps, seed=seed, scales=scales)
     calib = make_calibration(pipe, is_tiny, prompt_list, steps=steps, seed=seed,
                              guidance=scales if len(scales) > 1 else (scales[0] if scales else None))
     template = search.make_template(calib)
