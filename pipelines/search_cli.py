@@ -14,11 +14,12 @@ calibration runs and writes each base plan with FORECAST cells served by it (the
 Writes `<out>/plans/*.plan.json`, `<out>/front.json` (measured quality and compute ratio of every plan),
 `<out>/front.png` and `<out>/summary.md`. Quality objective: PSNR of the cached images against the uncached ones
 on the calibration set; for the bundled digit model the classifier's accuracy on the requested labels is reported
-beside it. With several `--guidance` scales the calibration set runs at each, ECAD / the routers / DisCa's validation
-score a plan by its worst scale, LeMiCa's edge errors and DP's residuals pool the scales, and the metrics are given
-per scale. `--scope auto` replays each stack plan of the front in block scope and in call scope on the calibration
-set and keeps the better one in the plan file (`--scope call`: call scope). This is the wiring layer: the search
-code (`dcache.schedules.tuning.search`) takes the calibration as callables.
+beside it. With several `--guidance` scales the calibration set runs at each: ECAD's candidates and every front's
+plans are scored by their worst scale, LeMiCa's edge errors, DP's residuals and the routers' training losses pool the
+scales, DisCa trains at every scale, and the metrics are given per scale. `--scope auto` replays each stack plan of
+the front in block scope and in call scope on the calibration set and keeps the better one in the plan file
+(`--scope call`: call scope). This is the wiring layer: the search code (`dcache.schedules.tuning.search`) takes the
+calibration as callables.
 """
 
 from __future__ import annotations
