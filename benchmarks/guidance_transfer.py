@@ -23,7 +23,6 @@ Writes <out>/transfer.md, transfer.json and transfer.png with the command, the c
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shlex
 import sys
@@ -56,18 +55,8 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
-BENCH_DIR = Path(__file__).resolve().parent
-
-
-def _load_script(stem: str):
-    """benchmarks/<stem>.py by path (benchmarks/ is not a package)."""
-    name = f"dcache_benchmark_{stem}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, BENCH_DIR / f"{stem}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import frontier  # noqa: E402  (its KEYFRAMES, and the methods sweep it loads: load average helpers)
 
 
 def setting_of(name: str) -> tuple[list[float], str]:
@@ -88,7 +77,6 @@ def run(args: argparse.Namespace, log) -> dict:
     from dcache.plan import Plan
     from dcache.quality import psnr
 
-    frontier = _load_script("frontier")
     pipe, _ = load_pipeline(None, device="cpu", dtype="float32")
     pipe.set_progress_bar_config(disable=True)
     steps, labels = (8, [1, 7]) if args.quick else (28, list(range(10)))
@@ -213,7 +201,7 @@ def _plot(data: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    methods = _load_script("methods")
+    methods = frontier.methods
     started = time.time()
 
     def log(msg: str) -> None:

@@ -332,8 +332,7 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
     scales = list(guidance or [])
     if len(scales) > 1:
         check_same_branches(pipe, is_tiny, prompt_list, steps=steps, seed=seed, scales=scales)
-    calib = make_calibration(pipe, is_tiny, prompt_list, steps=steps, seed=seed,
-                             guidance=scales if len(scales) > 1 else (scales[0] if scales else None))
+    calib = make_calibration(pipe, is_tiny, prompt_list, steps=steps, seed=seed, guidance=scales or None)
     template = search.make_template(calib)
     front = _run_method(method, pipe, is_tiny, calib, template, budget=budget, out=out, steps=steps,
                         prompts=prompt_list, seed=seed, scales=scales, pop_size=pop_size, generations=generations,

@@ -44,12 +44,14 @@ def choose_scope(calib: Calibration, template: Template, out_dir: str | Path,
     points = []
     for row in front["points"]:
         plan = Plan.load(out / row["plan"])
-        candidates = scopes if Granularity(plan.granularity) is Granularity.STACK else [plan.extras.get("scope",
-                                                                                                        "blocks")]
+        searched = plan.extras.get("scope", "blocks")  # the scope the search measured the plan in (row's numbers)
+        candidates = scopes if Granularity(plan.granularity) is Granularity.STACK else [searched]
         scored = []
         for scope in candidates:
             replay = with_scope(plan, scope)
-            scored.append((measure(calib, template, replay), scope, replay))
+            measured = (Measured(row["quality"], row["compute_ratio"], dict(row["metrics"])) if scope == searched
+                        else measure(calib, template, replay))
+            scored.append((measured, scope, replay))
         best, scope, replay = max(scored, key=lambda s: s[0].quality)  # ties: the first listed scope
         best.metrics = {**best.metrics, **{f"quality_{s}_scope": m.quality for m, s, _ in scored}}
         points.append(FrontPoint(Path(row["plan"]).name.removesuffix(".plan.json"), replay,
