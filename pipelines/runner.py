@@ -69,18 +69,13 @@ def load_pipeline(model: str | None, *, device: str = "auto", dtype: str = "auto
     from .bundled import load_tiny_pipeline
     from .tiny_pipeline import DigitFlowPipeline
 
-    if model in (None, "", TINY):
+    kind = check_model(model)
+    if kind == TINY:
         return load_tiny_pipeline(device=device, dtype=torch_dtype), True
-    path = Path(model)
-    if path.is_dir():
-        index = path / "model_index.json"
-        if not index.is_file():
-            raise ValueError(f"{model!r} is a folder without model_index.json; pass a diffusers pipeline folder "
-                             f"(saved with save_pretrained) or a hub id.")
+    if kind == "folder":
+        index = Path(model) / "model_index.json"
         if json.loads(index.read_text()).get("_class_name") == DigitFlowPipeline.__name__:
-            return DigitFlowPipeline.from_pretrained(str(path), torch_dtype=torch_dtype).to(device), True
-    elif path.suffix or model.count("/") != 1:
-        raise ValueError(f"--model {model!r} is neither an existing folder nor a hub id like 'org/name'.")
+            return DigitFlowPipeline.from_pretrained(str(model), torch_dtype=torch_dtype).to(device), True
     from diffusers import DiffusionPipeline
 
     try:
@@ -89,6 +84,40 @@ def load_pipeline(model: str | None, *, device: str = "auto", dtype: str = "auto
         raise RuntimeError(f"could not load {model!r} with diffusers ({type(exc).__name__}: {exc}). Check the id, "
                            f"your network / HF token, or pass a local folder.") from exc
     return pipe.to(device), False
+
+
+def check_model(model: str | None) -> str:
+    """What `--model` names, checked without loading anything: "tiny" (None, "" or "tiny": the bundled model),
+    "folder" (a diffusers pipeline folder with model_index.json) or "hub" (a hub id 'org/name').
+
+    A hub id is what the hub accepts (huggingface_hub's validate_repo_id: letters, digits, '-', '_', '.', at most
+    96 characters, no '--' or '..', starting and ending with a letter or digit) with exactly one '/': so
+    'black-forest-labs/FLUX.1-dev' is one, and 'flux.1-dev' (a shipped estimate config, not a pipeline) is not."""
+    if model in (None, "", TINY):
+        return TINY
+    path = Path(model)
+    if path.is_dir():
+        if not (path / "model_index.json").is_file():
+            raise ValueError(f"--model {model!r} is a folder without model_index.json; pass a diffusers pipeline "
+                             f"folder (saved with save_pretrained) or a hub id like 'org/name'.")
+        return "folder"
+    if is_hub_id(model):
+        return "hub"
+    raise ValueError(f"--model {model!r} is neither an existing folder nor a hub id like 'org/name' (letters, digits, "
+                     f"'-', '_' and '.', e.g. black-forest-labs/FLUX.1-dev); check the path or the id.")
+
+
+def is_hub_id(name: str) -> bool:
+    """True for a valid hub repository id with an owner: 'org/name' (see check_model)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if name.count("/") != 1:
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
 
 
 @dataclass
