@@ -69,9 +69,27 @@ def load_state(path: str | os.PathLike, kind: str, fix: str) -> Any:
         raise StateFileError(f"the {kind} {str(path)!r} is damaged ({str(exc)[:160]}); {fix}.") from None
 
 
+# How a pickle starts: protocol 2-5 with PROTO (0x80) and the protocol number; protocols 0-1 with an opcode that
+# opens their first object: MARK '(', EMPTY_LIST ']', EMPTY_DICT '}', EMPTY_TUPLE ')'.
+_PICKLE_STARTS = tuple(b"\x80" + bytes([p]) for p in range(2, 6)) + (b"(", b"]", b"}", b")")
+_ZIP_START = b"PK\x03\x04"  # torch.save's zip archive (a pickle inside)
+
+
 def is_pickle(raw: bytes) -> bool:
-    """A pickle stream (protocol 2+ starts with PROTO 0x80) or torch.save's zip archive of one."""
-    return raw[:1] == b"\x80" or raw[:4] == b"PK\x03\x04"
+    """A pickle stream or torch.save's zip archive of one. A safetensors file is told apart by its structure first:
+    a little-endian u64 header length n that fits the file, then a JSON object ('{'). Its first byte is n's lowest
+    byte, so it can be 0x80 (or '(' ...) for some header sizes: a test of the first byte alone refuses real files."""
+    if looks_like_safetensors(raw):
+        return False
+    return raw.startswith(_PICKLE_STARTS) or raw.startswith(_ZIP_START)
+
+
+def looks_like_safetensors(raw: bytes) -> bool:
+    """The safetensors layout without parsing it: u64 header length n with 2 <= n <= len - 8, and '{' at byte 8."""
+    if len(raw) < 10:
+        return False
+    (n,) = struct.unpack("<Q", raw[:8])
+    return 2 <= n <= len(raw) - 8 and raw[8:9] == b"{"
 
 
 def pickle_message(path: Path, kind: str, fix: str) -> str:
@@ -156,4 +174,5 @@ def _hashable(key: Any) -> Any:
     return key
 
 
-__all__ = ["StateFileError", "save_state", "load_state", "refuse_legacy", "is_pickle", "safetensors_header"]
+__all__ = ["StateFileError", "save_state", "load_state", "refuse_legacy", "is_pickle", "looks_like_safetensors",
+           "safetensors_header"]

@@ -1,0 +1,41 @@
+"""Resume state files (dcache.state_file): genuine files are never mistaken for pickles."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+
+import pytest
+import torch
+
+from dcache.state_file import StateFileError, is_pickle, load_state, save_state
+
+
+def test_every_header_size_loads_back(tmp_path):
+    """The first byte of a safetensors file is its header length's lowest byte (a multiple of 8: safetensors pads
+    the header): 0x80 (pickle's PROTO) or '(' (protocol 0-1's MARK) for some string lengths. Every header size from
+    these 1024 string lengths must load back."""
+    path, lows = tmp_path / "s.safetensors", set()
+    for n in range(0, 1024):
+        save_state(path, {"s": "a" * n, "t": torch.ones(2)}, kind="k")
+        raw = path.read_bytes()
+        lows.add(raw[0])
+        assert load_state(path, "k", "fix")["s"] == "a" * n, n
+    assert {0x80, ord("(")} <= lows  # the sizes that a first-byte test refused were covered
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_pickles_of_every_protocol_are_still_refused(tmp_path, protocol):
+    path = tmp_path / "s.safetensors"
+    path.write_bytes(pickle.dumps({"x": [1, 2]}, protocol=protocol))
+    assert is_pickle(path.read_bytes())
+    with pytest.raises(StateFileError, match="is a pickle"):
+        load_state(path, "k", "delete it")
+
+
+def test_a_safetensors_looking_pickle_prefix_is_judged_by_structure():
+    """A header length whose low byte is 0x80 with a JSON object behind it is safetensors; the same 8 bytes with
+    no JSON behind them (or a length past the end) is not."""
+    header = b'{"__metadata__":{}}' + b" " * (0x80 - 19)
+    assert not is_pickle(struct.pack("<Q", len(header)) + header)
+    assert is_pickle(b"\x80\x04" + b"\x00" * 200)
