@@ -72,6 +72,7 @@ class Schedule:
     forecaster = None
     acts_on_steps: bool = False
     cfg_difference: bool = False
+    calibrating: bool = False  # the next generation measures (computes every step); see measured_config
     name: str = "schedule"
 
     @property
@@ -91,6 +92,13 @@ class Schedule:
     def after_step(self, step: "SchedulerStep") -> "torch.Tensor | None":
         """After every scheduler step (only when `acts_on_steps`): a replacement for the step's result x_{i+1},
         or None to keep it."""
+        return None
+
+    def measured_config(self) -> dict | None:
+        """A schedule that calibrates itself (`calibrating`: its next generation computes every step to measure
+        what it needs): the config fields that carry what it measured, so that a new handle caches from its first
+        generation (None until a generation measured it, and for every other schedule). Offline tuning reads it to
+        calibrate once before sweeping a knob."""
         return None
 
     def may_reuse(self, branch: str, unit: int) -> bool:

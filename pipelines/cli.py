@@ -108,9 +108,7 @@ def generate(
         return
     from .generate import format_summary, generate as run
 
-    prompts = None
-    if prompt is not None:
-        prompts = [p.strip() for p in prompt.split(",")] if (model in (None, "tiny")) else [prompt]
+    prompts = None if prompt is None else [prompt]  # the digit model's "0,1,2" is split once it is known
     try:
         result = run(model=model, prompts=prompts, cache=cache, steps=steps, seed=seed, guidance=guidance, out=out,
                      repeats=repeats, device=device, dtype=dtype, height=height, width=width,

@@ -54,8 +54,8 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         if threads < 1:
             raise ValueError(f"--threads {threads} must be >= 1.")
         torch.set_num_threads(threads)
-    if is_tiny:
-        prompts = prompts or TINY_DEFAULT_LABELS
+    if is_tiny:  # labels: "3", "seven", or several in one prompt: "0,1,2"
+        prompts = [p.strip() for text in prompts for p in text.split(",")] if prompts else TINY_DEFAULT_LABELS
         bad = [p for p in prompts if not _names_a_digit(p)]
         if bad:
             raise ValueError(f"the bundled digit model takes class labels 0-9 (or digit words: 'seven') as --prompt, "
@@ -74,7 +74,8 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
                                     seed=seed + 1, height=height, width=width, extra=dict(pipeline_kwargs or {}))
         progress.stage(f"finding the {cache} setting for {speed or quality} on a calibration run (seed {seed + 1})")
         method, target = resolve_for_apply(pipe, cache, speed=speed, quality=quality, calibration_run=calibration,
-                                           num_steps=None, scope=scope, overrides=dict(overrides or {}))
+                                           num_steps=None, scope=scope, overrides=dict(overrides or {}),
+                                           progress=progress.runs(f"{cache} sweep"))
         overrides = {}
     progress.stage(f"timing uncached vs cached: one warm-up each, then {repeats} alternating round(s)")
     if hasattr(pipe, "set_progress_bar_config"):  # steps of the big models; the tiny model's calls take ~0.3 s

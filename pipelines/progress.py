@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 class _Bar:
@@ -50,6 +50,13 @@ class Progress:
             tqdm.write(f"[dcache] {text}", file=sys.stderr)  # above any open bar
         else:
             print(f"[dcache] {text}", file=sys.stderr, flush=True)
+
+    def runs(self, what: str) -> bool | Callable[[str], None]:
+        """What a callee that counts its own runs takes as `progress=`: True (draw its bar), a function printing
+        one stage line per run (--no-progress), or False (quiet)."""
+        if self.quiet:
+            return False
+        return True if self.enabled else (lambda line: self.stage(f"{what}: {line}"))
 
     @contextmanager
     def bar(self, total: int, desc: str, unit: str = "it") -> Iterator[_Bar]:

@@ -75,11 +75,11 @@ def load_pipeline(model: str | None, *, device: str = "auto", dtype: str = "auto
     if kind == "folder":
         index = Path(model) / "model_index.json"
         if json.loads(index.read_text()).get("_class_name") == DigitFlowPipeline.__name__:
-            return DigitFlowPipeline.from_pretrained(str(model), torch_dtype=torch_dtype).to(device), True
+            return DigitFlowPipeline.from_pretrained(str(model), dtype=torch_dtype).to(device), True
     from diffusers import DiffusionPipeline
 
     try:
-        pipe = DiffusionPipeline.from_pretrained(model, torch_dtype=torch_dtype)
+        pipe = DiffusionPipeline.from_pretrained(model, dtype=torch_dtype)
     except Exception as exc:  # network, auth, missing files: say what to do
         raise RuntimeError(f"could not load {model!r} with diffusers ({type(exc).__name__}: {exc}). Check the id, "
                            f"your network / HF token, or pass a local folder.") from exc

@@ -167,6 +167,13 @@ class MagCacheSchedule(Schedule):
             first_curve = next(iter(curves.values()))
             self._default = (curves.get("cond", first_curve), curves.get("uncond"))
 
+    def measured_config(self) -> dict | None:
+        """{"ratios": gamma per step (cond / single branch), "ratios_uncond": ...} once self-calibrated."""
+        if not self.measured:
+            return None
+        ratios, uncond = self._default
+        return {"ratios": list(ratios), "ratios_uncond": list(uncond) if uncond else None}
+
     def _curve(self, branch: str, num_steps: int) -> list[float]:
         curve = self._curves.get(branch)
         if curve is None:

@@ -94,7 +94,7 @@ def _output_tensor(result: Any) -> torch.Tensor:
 def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | float | None = None,
                    quality: str | None = None, reference_fn: RunFn | None = None, grid: Sequence | None = None,
                    knob: str | None = None, num_steps: int | None = None, scope: str | None = None,
-                   **fixed: Any) -> TargetResult:
+                   progress: bool | Callable[[str], None] = True, **fixed: Any) -> TargetResult:
     """Sweep `method`'s main knob over `grid` and pick the fastest setting meeting the target.
 
     speed="2x":       among settings with ideal speed-up >= 2, the one with the best PSNR (the least lossy way to
@@ -103,6 +103,9 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
     run_fn runs one generation and returns its output (tensor, or pipeline output with .images); reference_fn
     (default run_fn without caching) gives the uncached output. `knob` / `grid` override the swept knob and its
     values (MAIN_KNOBS holds the defaults); `fixed` are other knobs of the method; `scope` is dcache.apply's.
+    A method that calibrates itself on its first generation (MagCache on a model without shipped ratios) is
+    calibrated once first, on run_fn, and every setting then runs with that calibration (1 + len(grid) runs).
+    progress: a bar over the runs on stderr (True), a callable given one line per run, or nothing (False).
     """
     kind, goal = _parse_target(speed, quality)
     preset = dcache.presets().get(method)
@@ -116,21 +119,37 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
         target, "transformer", None)
     if getattr(transformer, "_dcache_engine", None) is not None:
         raise RuntimeError("resolve_target needs the model without dcache applied; remove the handle first.")
-    reference = _output_tensor((reference_fn or run_fn)())
-    sweep: list[dict[str, float]] = []
-    configs: list[Any] = []
-    for value in values:
-        config = dcache.config_for(method, **{**fixed, knob_name: value})
-        handle = dcache.apply(target, config, num_steps=num_steps, scope=scope)
-        try:
-            out = _output_tensor(run_fn())
-            stats = handle.stats()
-        finally:
-            handle.remove()
-        sweep.append({"value": value, "compute_ratio": stats.compute_ratio, "ideal_speedup": stats.ideal_speedup,
-                      # float32, data range 1 for [0, 1] outputs, else the reference's max - min
-                      "psnr": psnr(out, reference, data_range=None, dtype=torch.float32)})
-        configs.append(config)
+    runs = _RunCounter(progress, 1 + len(values), f"dcache {'speed' if kind == 'speed' else 'quality'} target: "
+                                                  f"{method} {knob_name} sweep")
+    try:
+        # a method that calibrates itself (MagCache without shipped ratios) would spend every setting's run on its
+        # measuring generation (all computed, ratio 1.000): measure once here and sweep with what it measured
+        measured, reference = _calibrate_once(method, target, run_fn, runs, num_steps=num_steps, scope=scope,
+                                              fixed={**fixed, knob_name: values[0]})
+        fixed = {**fixed, **measured}
+        if reference is None or reference_fn is not None:
+            if reference is not None:  # measured and a reference of the caller's: one run more than counted
+                runs.grow(1)
+            reference = _output_tensor((reference_fn or run_fn)())
+            runs.done("uncached reference")
+        sweep: list[dict[str, float]] = []
+        configs: list[Any] = []
+        for value in values:
+            config = dcache.config_for(method, **{**fixed, knob_name: value})
+            handle = dcache.apply(target, config, num_steps=num_steps, scope=scope)
+            try:
+                out = _output_tensor(run_fn())
+                stats = handle.stats()
+            finally:
+                handle.remove()
+            sweep.append({"value": value, "compute_ratio": stats.compute_ratio,
+                          "ideal_speedup": stats.ideal_speedup,
+                          # float32, data range 1 for [0, 1] outputs, else the reference's max - min
+                          "psnr": psnr(out, reference, data_range=None, dtype=torch.float32)})
+            configs.append(config)
+            runs.done(f"{knob_name}={value}: ideal {stats.ideal_speedup:.2f}x, {sweep[-1]['psnr']:.1f} dB")
+    finally:
+        runs.close()
     if kind == "speed":
         ok = [i for i, row in enumerate(sweep) if row["ideal_speedup"] >= goal]
         best = max(ok, key=lambda i: (sweep[i]["psnr"], -sweep[i]["compute_ratio"])) if ok else None
@@ -141,6 +160,62 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
         return TargetResult(method, knob_name, None, None, False, sweep)
     return TargetResult(method, knob_name, values[best], configs[best], True, sweep)
 
+
+
+def _calibrate_once(method: str, target: Any, run_fn: RunFn, runs: "_RunCounter", *, num_steps: int | None,
+                    scope: str | None, fixed: dict) -> tuple[dict, torch.Tensor | None]:
+    """({config fields of the measured calibration}, the measuring run's output) for a schedule that calibrates
+    itself on its first generation (Schedule.calibrating); ({}, None) for every other. The measuring generation
+    computes every step, so its output is the uncached reference and doubles as it."""
+    handle = dcache.apply(target, dcache.config_for(method, **fixed), num_steps=num_steps, scope=scope)
+    try:
+        schedule = handle.engine.schedule
+        if not schedule.calibrating:
+            return {}, None
+        out = _output_tensor(run_fn())
+        measured = schedule.measured_config()
+    finally:
+        handle.remove()
+    if measured is None:
+        raise RuntimeError(f"{method!r} calibrates itself on its first generation, but the calibration run did not "
+                           f"complete one (every step of every branch); pass a calibration_run that runs one whole "
+                           f"generation.")
+    runs.done(f"calibrating {method} (all steps computed)")
+    return measured, out
+
+
+class _RunCounter:
+    """The sweep's progress, one tick per generation: a tqdm bar on stderr (progress=True), a callable given one
+    line per run (progress=fn), or nothing (False)."""
+
+    def __init__(self, progress: bool | Callable[[str], None], total: int, desc: str):
+        self._line = progress if callable(progress) else None
+        self._bar = None
+        if progress is True:
+            import sys
+
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit="run", dynamic_ncols=True, file=sys.stderr)
+        self.total, self.count = total, 0
+
+    def grow(self, n: int) -> None:
+        self.total += n
+        if self._bar is not None:
+            self._bar.total = self.total
+            self._bar.refresh()
+
+    def done(self, name: str) -> None:
+        self.count += 1
+        if self._bar is not None:
+            self._bar.set_postfix_str(name, refresh=False)
+            self._bar.update(1)
+        elif self._line is not None:
+            self._line(f"run {self.count}/{self.total}: {name}")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
 
 
 def format_sweep(result: TargetResult) -> str:
@@ -155,7 +230,8 @@ def format_sweep(result: TargetResult) -> str:
 
 @register_target_resolver
 def resolve_for_apply(target: Any, method: Any, *, speed: Any, quality: Any, calibration_run: Any, num_steps: Any,
-                      scope: Any, overrides: dict) -> tuple[Any, TargetResult]:
+                      scope: Any, overrides: dict, progress: bool | Callable[[str], None] = True
+                      ) -> tuple[Any, TargetResult]:
     """dcache.apply(speed= / quality=): the chosen config of `method` (resolve_target on calibration_run), or a
     teaching error (no name to sweep, no calibration run, target not met: the sweep is shown)."""
     _parse_target(speed, quality)  # a malformed target fails first, before asking for a run or sweeping
@@ -168,7 +244,7 @@ def resolve_for_apply(target: Any, method: Any, *, speed: Any, quality: Any, cal
                          f"calibration_run=lambda: pipe(prompt, generator=torch.Generator().manual_seed(1), ...) "
                          f"(one generation, compared with the same generation uncached).")
     result = resolve_target(method, target=target, run_fn=calibration_run, speed=speed, quality=quality,
-                            num_steps=num_steps, scope=scope, **overrides)
+                            num_steps=num_steps, scope=scope, progress=progress, **overrides)
     if not result.met:
         raise ValueError(f"no setting of {method!r} meets {what} on the calibration run:\n{format_sweep(result)}\n"
                          f"Relax the target, or pick another method (dcache methods).")
