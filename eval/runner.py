@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from dcache.io import atomic_write_text, prepare_out_dir
-from dcache.pipelines.runner import parse_setting
+from dcache.pipelines.runner import check_threads, parse_setting, use_threads
 from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
 
 from .judges import Judges, is_auto, resolve_eval_metrics
@@ -87,12 +87,14 @@ class EvalConfig:
     image_reward_model: str = DEFAULT_IMAGE_REWARD  # image_reward: a model name or an ImageReward.pt path
     out: str = "dcache-eval"
     command: str | None = None  # the command line, recorded in the report
+    threads: int | None = None  # torch CPU threads; None: 1 for the bundled model on the CPU (as dcache generate)
 
     def check(self) -> None:
         if self.seeds < 1:
             raise ValueError(f"--seeds {self.seeds} must be >= 1 (the number of seeds per prompt).")
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError(f"--repeats {self.repeats} must be >= 1 and --warmup {self.warmup} >= 0.")
+        check_threads(self.threads)
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"--batch-size {self.batch_size} must be >= 1.")
         if not self.methods:
@@ -258,6 +260,7 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, networks: dict[str, Any
     variants = make_variants(cfg.methods)
     device = _process_device(cfg.device, state)
     pipe, is_tiny = _quiet_load(load_pipeline, cfg.model, device, cfg.dtype)
+    use_threads(cfg.threads, is_tiny=is_tiny, device=device)
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)  # our bars count items; diffusers' would count steps
     prompts = load_prompts(cfg.prompts, is_tiny=is_tiny, limit=cfg.num_prompts)
