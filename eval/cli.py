@@ -19,6 +19,7 @@ import typer
 from dcache.extras import explain_missing
 
 ERRORS = (ValueError, FileNotFoundError, ImportError, RuntimeError, TypeError)
+THREADS_HELP = "torch CPU threads (default: 1 for the bundled model on the CPU, as dcache generate; else torch's)"
 
 
 def _fail(exc: Exception) -> None:
@@ -101,6 +102,7 @@ def eval_command(
     image_reward_model: str = typer.Option("ImageReward-v1.0", help="image_reward: a model name or an ImageReward.pt "
                                                                     "path"),
     out: str = typer.Option("dcache-eval", help="report folder (resumes when it holds the same eval)"),
+    threads: Optional[int] = typer.Option(None, help=THREADS_HELP),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="a progress bar with ETA (stderr); "
                                                                          "--no-progress: one line per method"),
 ) -> None:
@@ -115,7 +117,7 @@ def eval_command(
                      warmup=warmup, flops=flops, metrics=metrics, device=device, dtype=dtype, height=height,
                      width=width, pipeline_kwargs=pipeline_kwargs, grid_items=grid_items, classifier=classifier,
                      clip_model=clip_model, image_reward_model=image_reward_model, out=out,
-                     command=_command_line("eval"))
+                     command=_command_line("eval"), threads=threads)
     try:
         result = run_eval(cfg, progress=progress, on_record=None if progress else _stage_lines("eval"))
     except ERRORS as exc:
@@ -124,9 +126,11 @@ def eval_command(
     from accelerate import PartialState
 
     if PartialState().is_main_process:  # already initialised by the run
-        from .report import markdown_table, table_rows
+        from .report import caveats, markdown_table, table_rows
 
         typer.echo(markdown_table(*table_rows(result.results)))
+        for line in caveats(result.results):
+            typer.echo(f"warning: {line}")
         typer.echo(f"wrote {result.out_dir}/: {', '.join(result.files)}")
 
 

@@ -44,6 +44,7 @@ class ParetoPoint:
     speedup: float | None  # measured
     ideal_speedup: float | None
     quality: float | None
+    timing_valid: bool = True  # False: the measured speed-up exceeds the ideal one (eval.report.invalid_timings)
 
 
 def pareto_front(points: Sequence[tuple[float, float]], higher_is_better: bool = True) -> list[int]:
@@ -70,9 +71,11 @@ def pareto_plot(points: Sequence[ParetoPoint], path: str | Path, *, quality_name
                 measured: str = "measured latency",
                 identical_label: str = "identical to uncached (drawn above the scale, not at a value)") -> Path:
     """Measured speed-up (filled) and ideal speed-up from the compute ratio (hollow) against quality; the Pareto
-    front of the measured points is a line. Non-finite quality (output identical to the uncached one, PSNR inf)
-    is drawn on a dashed line above the finite points, labelled `identical_label`: the line's height is not a
-    value, so it sits well clear of the finite points and the axis ticks stop below it. The reference
+    front of the measured points is a line. A point whose timing is invalid (timing_valid False: measured above
+    ideal) is drawn hollow at its ideal speed-up only, its label saying so, and stays off the front. Non-finite
+    quality (output identical to the uncached one, PSNR inf) is drawn on a dashed line above the finite points,
+    labelled `identical_label`: the line's height is not a value, so it sits well clear of the finite points and
+    the axis ticks stop below it. The reference
     (`reference` label) is a black star."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -100,6 +103,8 @@ def pareto_plot(points: Sequence[ParetoPoint], path: str | Path, *, quality_name
             drawn.append((x, q))
             continue
         color = colors(i % 10)
+        if not p.timing_valid:  # not drawn at a speed-up it cannot have: only its ideal, named as such
+            p = ParetoPoint(f"{p.label} (measured timing invalid)", None, p.ideal_speedup, p.quality)
         if _ok(p.speedup):
             ax.scatter([p.speedup], [q], color=color, s=55, zorder=3, label=p.label)
             drawn.append((p.speedup, q))

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 
-import torch
 
 import dcache
 from dcache.memory import format_bytes
@@ -19,7 +18,7 @@ from .images import heat, save_grid, save_video
 from .progress import Progress
 from dcache.quality import median, psnr
 
-from .runner import GenerationJob, interleaved_runs, load_pipeline
+from .runner import GenerationJob, check_threads, interleaved_runs, load_pipeline, use_threads
 from .timing_checks import spread, timing_warnings
 
 TINY_DEFAULT_LABELS = [str(i) for i in range(10)]
@@ -43,17 +42,13 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
     progress: bars or one line per stage (default: silent)."""
     if repeats < 1:
         raise ValueError(f"--repeats {repeats} must be >= 1.")
+    check_threads(threads)
     prepare_out_dir(out)  # a file or a read-only folder fails before the model loads
     progress = progress or Progress(enabled=False, quiet=True)
     device, dtype = resolve_device(device, dtype)
     progress.stage(f"loading {model or 'the bundled tiny model'} on {device} ({dtype})")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
-    if is_tiny and str(device) == "cpu" and threads is None:
-        threads = 1  # the bundled model's tensors are tiny: extra intra-op threads only add contention
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"--threads {threads} must be >= 1.")
-        torch.set_num_threads(threads)
+    use_threads(threads, is_tiny=is_tiny, device=device)
     if is_tiny:  # labels: "3", "seven", or several in one prompt: "0,1,2"
         prompts = [p.strip() for text in prompts for p in text.split(",")] if prompts else TINY_DEFAULT_LABELS
         bad = [p for p in prompts if not _names_a_digit(p)]

@@ -266,12 +266,14 @@ def search_command(
     train_seeds: int = typer.Option(2, help="DisCa: calibration runs (seeds seed, seed+1, ...) it trains on"),
     device: str = typer.Option(AUTO, help=DEVICE_HELP),
     dtype: str = typer.Option(AUTO, help=DTYPE_HELP),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: 1 for the bundled model on the CPU, "
+                                                     "as dcache generate; else torch's)"),
     progress: bool = typer.Option(True, help="progress bars with ETA (ECAD: the best quality at ratio 0.5 so "
                                              "far); --no-progress: one line per stage (ECAD: per generation)"),
 ) -> None:
     """Search cache plans on a calibration set and write the Pareto front (plans, JSON, plot, summary)."""
     from .progress import Progress
-    from .runner import load_pipeline
+    from .runner import load_pipeline, use_threads
 
     if method not in METHODS:
         raise typer.BadParameter(f"--method {method!r} is not one of {', '.join(METHODS)}.")
@@ -285,6 +287,7 @@ def search_command(
     stages = Progress(enabled=progress)
     stages.stage(f"loading {model or 'the bundled tiny model'} on {describe(device, dtype)}")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
+    use_threads(threads, is_tiny=is_tiny, device=device)
     at = f", guidance {', '.join(f'{g:g}' for g in scales)}" if scales else ""
     stages.stage(f"{method} search on the calibration prompts (seed {seed}{at}), writing to {out}/")
     front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts, seed=seed,
