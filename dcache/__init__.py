@@ -8,6 +8,7 @@
 from .actions import Action, Granularity, Signal
 from .adapters import Adapter, BlockList, UnsupportedModelError, adapter_for, register_adapter
 from .api import apply
+from .concurrency import ConcurrentGenerationError
 from .config import MethodConfig, knob
 from .handle import Handle
 from .methods import config_for, config_from_dict, methods, presets, register_method, register_preset
@@ -22,4 +23,4 @@ __all__ = ["apply", "Handle", "Plan", "PlanError", "PlanSchedule", "Schedule", "
            "Action", "Granularity", "Signal", "SignalProvider", "ProviderView", "register_signal", "Adapter",
            "BlockList", "register_adapter", "adapter_for", "UnsupportedModelError", "MethodConfig", "knob",
            "register_method", "register_preset", "methods", "presets", "config_for", "config_from_dict",
-           "Stats", "__version__"]
+           "Stats", "ConcurrentGenerationError", "__version__"]

@@ -27,6 +27,7 @@ from .adapters import Adapter
 from .cache_ops import VALIDATED
 from .call_scope import check_scope
 from .call_state import BlockSlot, CallState
+from .concurrency import GenerationGuard
 from .executors import EXECUTORS, executor_kind
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
@@ -61,6 +62,7 @@ class Engine:
         self.schedule = schedule
         self.pipeline = pipeline
         self.tracker = StepTracker(num_steps)
+        self.guard = GenerationGuard()  # one generation at a time on this transformer (dcache.concurrency)
         self.granularity = Granularity(schedule.granularity)
         self.meter = SignalMeter(self)  # the signals the schedule reads
         self.order = int(schedule.forecast_order)
@@ -116,7 +118,10 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------------ generations
     def on_set_timesteps(self, scheduler: Any) -> None:
+        """A new pipeline generation (the scheduler wrapper calls this under `guard.lock`); an open generation of
+        another thread is taken over (its thread's next call is refused: dcache.concurrency)."""
         self.scheduler_name = type(scheduler).__name__
+        self.guard.take_over(self.tracker.record)
         self.finish_generation()
         ts = getattr(scheduler, "timesteps", None)
         timesteps = tuple(float(t) for t in ts.tolist()) if isinstance(ts, torch.Tensor) else None
@@ -125,6 +130,7 @@ class Engine:
 
     def _start_generation(self, record: GenerationRecord) -> None:
         self.executor.start_generation()
+        self.guard.own(record)
         self.record = record
         self.generations += 1
         self.branches = {}
@@ -171,13 +177,32 @@ class Engine:
 
     def begin_call(self, args: tuple, kwargs: dict) -> None:
         """Open a transformer call: its generation (a new one starts the schedule over), step, branch and the
-        branch's state; measure the provider signals the schedule reads."""
+        branch's state; measure the provider signals the schedule reads. A call that would mix two threads'
+        generations is refused before it changes anything (dcache.concurrency)."""
+        with self.guard.lock:
+            self.guard.enter_call()
+            try:
+                self._open_call(args, kwargs)
+            except BaseException:
+                self.guard.exit_call()
+                raise
+
+    def _open_call(self, args: tuple, kwargs: dict) -> None:
+        guard = self.guard
+        guard.check_not_taken()
+        name, pos = self._timestep_slot
+        timestep = kwargs.get(name) if name in kwargs else args[pos] if pos is not None and pos < len(args) else None
+        foreign = guard.other_owner(self.tracker.record)
+        if foreign is not None and self.tracker.scheduler_driven:
+            # Another thread's pipeline generation is open: this thread's pipeline starts its own (taking over).
+            self.scheduler_hook.follow_calling_pipeline(take_over=True)
+            guard.refuse_foreign(self.tracker.record, "a transformer call")
+        elif foreign is not None and not self.tracker.starts_generation(timestep):
+            guard.refuse_foreign(self.tracker.record, "a transformer call")
         self._call_inputs = (args, kwargs)
         if self.pipeline is not None and self.leader is None and not self.tracker.in_generation():
             self.scheduler_hook.follow_calling_pipeline()
         self.scheduler_hook.hook()
-        name, pos = self._timestep_slot
-        timestep = kwargs.get(name) if name in kwargs else args[pos] if pos is not None and pos < len(args) else None
         record, new = self.tracker.begin_call(timestep)
         if new or record is not self.record:
             if self.record is not record:
@@ -195,6 +220,12 @@ class Engine:
     def end_call(self) -> None:
         """Close the call: its actions and signals go into the generation record; a computed call measures the post
         signals (delivered with the branch's next decision)."""
+        try:
+            self._close_call()
+        finally:
+            self.guard.exit_call()
+
+    def _close_call(self) -> None:
         call, self.call = self.call, None
         self.executor.end_call(call)
         if call is None or call.actions is None:
@@ -221,6 +252,8 @@ class Engine:
         self.executor.abort_call(self.call)
         self.call = None
         self._call_inputs = None
+        if whole_call:
+            self.guard.exit_call()
 
 
 # The same entry points behind torch.compiler.disable, for hook frames that run while torch.compile traces the model

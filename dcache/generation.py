@@ -14,6 +14,7 @@ Branch: the diffusers `cache_context` name when the pipeline sets one, else the 
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,8 @@ class GenerationRecord:
     direction: int | None = None  # +1 / -1 once the timestep has moved (transformer-only tracking)
     finished: bool = False
     input_shape: tuple[int, ...] | None = None  # hidden states entering the first block, for plans and stats
+    owner: tuple[int, str] | None = None  # (ident, name) of the thread that started it (dcache.concurrency)
+    taken_by: tuple[int, str] | None = None  # the thread whose new generation ended this one while it was open
 
     def branches(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -87,7 +90,16 @@ class StepTracker:
         self.record: GenerationRecord | None = None
         self.records_started = 0
         self.scheduler_driven = False
-        self.context_name: str | None = None
+        self._context = threading.local()  # diffusers' cache_context is per thread (dcache.concurrency)
+
+    @property
+    def context_name(self) -> str | None:
+        """The `cache_context` name the calling thread set (None: none)."""
+        return getattr(self._context, "name", None)
+
+    @context_name.setter
+    def context_name(self, name: str | None) -> None:
+        self._context.name = name
 
     # -- pipeline (scheduler) events --------------------------------------------------------------------------
     def on_set_timesteps(self, timesteps: tuple[float, ...] | None) -> None:
@@ -111,30 +123,49 @@ class StepTracker:
     # -- transformer calls ---------------------------------------------------------------------------------------
     def begin_call(self, timestep: Any) -> tuple[GenerationRecord, bool]:
         """Place a transformer call; returns (record, started_new_record)."""
-        new = False
         rec = self.record
         if not self.scheduler_driven:
             t = timestep_value(timestep)
-            if rec is None or rec.finished:
-                rec, new = self._new_transformer_only_record(), True
-            elif t is not None and rec.last_timestep is not None and t != rec.last_timestep:
-                direction = 1 if t > rec.last_timestep else -1
+            move = self._transformer_only_move(t)
+            if move == "new":
+                if rec is not None and not rec.finished:
+                    rec.step += 1  # the step that ended it counts: a full count tells the schedule it completed
+                rec = self._new_transformer_only_record()
+            elif move == "next":
+                rec.direction = 1 if t > rec.last_timestep else -1
                 rec.step += 1
                 rec.calls_in_step = 0
-                # Time runs one way within a generation (down for most models, up for Lumina-style ones): a move
-                # against the established direction, or a full count of steps, starts the next generation.
-                turned = rec.direction is not None and direction != rec.direction
-                if turned or (rec.num_steps is not None and rec.step >= rec.num_steps):
-                    rec, new = self._new_transformer_only_record(), True
-                else:
-                    rec.direction = direction
             rec.last_timestep = t
-        elif rec is None or rec.finished:
+            return rec, move == "new"
+        if rec is None or rec.finished:
             # A call outside set_timesteps/step bookkeeping (e.g. a second pipeline run without set_timesteps).
-            rec, new = self._new_transformer_only_record(), True
+            rec = self._new_transformer_only_record()
             self.scheduler_driven = False
             rec.last_timestep = timestep_value(timestep)
-        return rec, new
+            return rec, True
+        return rec, False
+
+    def starts_generation(self, timestep: Any) -> bool:
+        """Whether a call with this timestep would start a new record (read-only: nothing moves)."""
+        rec = self.record
+        if self.scheduler_driven:
+            return rec is None or rec.finished
+        return self._transformer_only_move(timestep_value(timestep)) == "new"
+
+    def _transformer_only_move(self, t: float | None) -> str:
+        """'new' (a new record), 'next' (the next step of the open record) or 'same' (the same step)."""
+        rec = self.record
+        if rec is None or rec.finished:
+            return "new"
+        if t is None or rec.last_timestep is None or t == rec.last_timestep:
+            return "same"
+        # Time runs one way within a generation (down for most models, up for Lumina-style ones): a move against the
+        # established direction, or a full count of steps, starts the next generation.
+        direction = 1 if t > rec.last_timestep else -1
+        turned = rec.direction is not None and direction != rec.direction
+        if turned or (rec.num_steps is not None and rec.step + 1 >= rec.num_steps):
+            return "new"
+        return "next"
 
     def abort(self) -> None:
         """A transformer call raised (Ctrl-C, an error): its generation is over. In transformer-only use the next

@@ -44,25 +44,31 @@ class SchedulerHook:
         # functools.wraps keeps the scheduler's own name, docstring and (through __wrapped__) signature: diffusers'
         # retrieve_timesteps reads `inspect.signature(scheduler.set_timesteps)` to decide whether sigmas/timesteps
         # may be passed, and refuses them when it sees a bare (*args, **kwargs).
+        # Both run under the engine's guard lock: a generation belongs to one thread (dcache.concurrency).
         @functools.wraps(set_timesteps)
         def wrapped_set_timesteps(sched, *args, **kwargs):
-            out = set_timesteps(sched, *args, **kwargs)
-            if sched is hook.hooked:
-                for eng in (engine, *engine.followers):
-                    eng.on_set_timesteps(sched)
-            return out
+            with engine.guard.lock:
+                out = set_timesteps(sched, *args, **kwargs)
+                if sched is hook.hooked:
+                    for eng in (engine, *engine.followers):
+                        eng.on_set_timesteps(sched)
+                return out
 
         @functools.wraps(step)
         def wrapped_step(sched, *args, **kwargs):
-            out = step(sched, *args, **kwargs)
-            if sched is hook.hooked:
-                engines = (engine, *engine.followers)
-                if any(eng.schedule.acts_on_steps for eng in engines):
-                    out = run_step_actions(engines, sched, args, kwargs, out)
-                for eng in engines:
-                    if eng.tracker.on_scheduler_step():
-                        eng.finish_generation()
-            return out
+            with engine.guard.lock:
+                if sched is hook.hooked:  # refused before the scheduler moves: the owner's generation stays whole
+                    engine.guard.check_not_taken()
+                    engine.guard.refuse_foreign(engine.tracker.record, "a scheduler step")
+                out = step(sched, *args, **kwargs)
+                if sched is hook.hooked:
+                    engines = (engine, *engine.followers)
+                    if any(eng.schedule.acts_on_steps for eng in engines):
+                        out = run_step_actions(engines, sched, args, kwargs, out)
+                    for eng in engines:
+                        if eng.tracker.on_scheduler_step():
+                            eng.finish_generation()
+                return out
 
         scheduler.set_timesteps = types.MethodType(wrapped_set_timesteps, scheduler)
         scheduler.step = types.MethodType(wrapped_step, scheduler)
@@ -76,13 +82,17 @@ class SchedulerHook:
                 scheduler.__dict__.pop(name, None)
         self.hooked = None
 
-    def follow_calling_pipeline(self) -> None:
+    def follow_calling_pipeline(self, take_over: bool = False) -> None:
         """A call outside any generation of the hooked scheduler: when another pipeline object that shares the
         transformer is calling (`Pipeline(**pipe.components)` with its own scheduler), hook that scheduler and start
-        the generation its set_timesteps (already run) began, so it is tracked like the pipeline applied to."""
+        the generation its set_timesteps (already run) began, so it is tracked like the pipeline applied to.
+        take_over: the call comes from another thread than the open generation's; the caller's generation replaces
+        it (dcache.concurrency), and nothing changes when the caller has none to start."""
         engine = self.engine
         caller = calling_pipeline(engine.transformer)
         if caller is None or caller is engine.pipeline:
+            return
+        if take_over and not isinstance(getattr(getattr(caller, "scheduler", None), "timesteps", None), torch.Tensor):
             return
         engine.pipeline = caller
         self.hook()
