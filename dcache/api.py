@@ -18,6 +18,7 @@ from .controlnet import attach_controlnets, check_controlnet_option
 from .engine import Engine
 from .experts import check_expert_names, expert_method, extra_experts
 from .handle import Handle
+from .hooks import refuse_other_cache
 from .memory import parse_bytes
 from .methods import config_for, target_resolver
 from .plan import Plan, PlanError, PlanSchedule
@@ -90,6 +91,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
         if getattr(module, "_dcache_engine", None) is not None:
             raise RuntimeError(f"dcache is already applied to this {type(module).__name__}; call handle.remove() "
                                f"on the first handle before applying another method.")
+        refuse_other_cache(module, "so dcache.apply is refused")
     chosen = None
     if speed is not None or quality is not None:
         method, chosen = target_resolver()(target, method, speed=speed, quality=quality,

@@ -31,7 +31,8 @@ from .concurrency import GenerationGuard
 from .executors import EXECUTORS, executor_kind
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
-from .hooks import HOOK_NAME, TransformerHook, install_outer_hook, remove_outer_hook, timestep_slot, traced_twins
+from .hooks import (HOOK_NAME, TransformerHook, install_outer_hook, refuse_other_cache, remove_outer_hook,
+                    timestep_slot, traced_twins)
 from .memo import install_memos
 from .memory import branch_breakdown
 from .schedule import GenerationInfo, Schedule
@@ -188,6 +189,8 @@ class Engine:
                 raise
 
     def _open_call(self, args: tuple, kwargs: dict) -> None:
+        if getattr(self.transformer, "_cache_config", None) is not None:  # diffusers' enable_cache after apply
+            refuse_other_cache(self.transformer, "enabled after dcache.apply; the call is refused")
         guard = self.guard
         guard.check_not_taken()
         name, pos = self._timestep_slot

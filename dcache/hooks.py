@@ -116,6 +116,40 @@ class UnitHook(ModelHook):
         return exit_(self.key, state, out)
 
 
+# diffusers' own caches (the hook modules of `transformer.enable_cache(...)` and of its apply_* functions). Two caches
+# on one transformer would each skip work on the other's outputs; dcache's stats would count its own calls as computed
+# while the image is the other cache's.
+_DIFFUSERS_CACHE_MODULES = ("first_block_cache", "mag_cache", "sea_cache", "faster_cache", "taylorseer_cache",
+                            "pyramid_attention_broadcast", "text_kv_cache")
+
+
+def other_cache(transformer: nn.Module) -> str | None:
+    """A description of a feature cache other than dcache's on `transformer` (diffusers' enable_cache / apply_*
+    hooks on it or its submodules), or None. Costs one attribute read when there is none of enable_cache's."""
+    config = getattr(transformer, "_cache_config", None)
+    if config is not None:
+        return f"diffusers' {type(config).__name__} (transformer.enable_cache)"
+    for module in transformer.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        for hook in getattr(registry, "hooks", {}).values():
+            source = type(hook).__module__.rsplit(".", 1)[-1]
+            if source in _DIFFUSERS_CACHE_MODULES:
+                return f"diffusers' {source} hooks ({type(hook).__name__})"
+    return None
+
+
+def refuse_other_cache(transformer: nn.Module, when: str) -> None:
+    """Raise when another feature cache is on `transformer` (see other_cache)."""
+    found = other_cache(transformer)
+    if found is None:
+        return
+    raise RuntimeError(
+        f"{type(transformer).__name__} already has a feature cache: {found}, {when}. Two caches on one transformer "
+        f"serve each other's outputs (the image would be the other cache's, while dcache's stats count every call "
+        f"as computed). Use one: call transformer.disable_cache() (or remove the other library's cache) before "
+        f"dcache.apply, or handle.remove() before enable_cache.")
+
+
 def has_accelerate_hook(module: nn.Module) -> bool:
     return hasattr(module, "_hf_hook") and hasattr(module, "_old_forward")
 
