@@ -3,7 +3,13 @@
 A `CacheCodec` stores every cached unit tensor (residuals, module outputs, Taylor tables) in a narrower dtype and
 restores it to the dtype it was computed in when the engine reads it:
 
-    bfloat16 / float16:   stored = x.to(dtype)                         decode: stored.to(compute dtype)
+    bfloat16:             stored = x.to(dtype)                         decode: stored.to(compute dtype)
+    float16:              s = max(1, absmax / 65504)  (fp32, per tensor) stored = (x / s).to(float16), s beside it
+                          decode: (stored.float() * s).to(compute dtype)
+        an overflow guard, not a quantiser: s = 1 whenever the tensor fits float16's range (|x| <= 65504), where
+        the stored bits equal a plain cast; a tensor beyond it (activations of 1e5 and more occur in large DiTs)
+        is scaled into range instead of turning into infinity, and then NaN in every image it touches. No host
+        read: s is computed and applied on the device.
     float8_e4m3fn:        s = absmax / 448  (fp32, 1 where absmax = 0)  stored = (x / s).to(float8), s beside it
                           decode: (stored.float() * s).to(compute dtype)
         cache_scale="tensor": one absmax per cached tensor (per Taylor row d_k: derivatives differ in magnitude)
@@ -41,6 +47,7 @@ from .state import UnitHistory
 CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float8_e4m3fn": torch.float8_e4m3fn}
 CACHE_SCALES = ("tensor", "token")
 _FP8_MAX = 448.0  # largest finite float8_e4m3fn
+_FP16_MAX = 65504.0  # largest finite float16
 
 
 @dataclass
@@ -49,7 +56,7 @@ class Stored:
     broadcastable, beside `data`) for fp8."""
 
     data: torch.Tensor
-    scale: torch.Tensor | None
+    scale: torch.Tensor | None  # fp8 and float16 (dcache.cache_codec's table), None otherwise
     dtype: torch.dtype  # the dtype it was computed in (restored on decode)
     home: torch.device | None = None  # the device it was computed on (restored on decode); None: data.device
 
@@ -92,14 +99,18 @@ class CacheCodec:
         dtype = dtype or x.dtype
         if self.dtype is None or not dtype.is_floating_point or dtype.itemsize <= self.dtype.itemsize:
             return self._place(Stored(x.to(dtype), None, dtype))  # never widened nor reinterpreted
-        if self.scale is None:
+        guard = self.dtype is torch.float16  # scaled only beyond the range (see the table above)
+        if self.scale is None and not guard:
             return self._place(Stored(x.to(self.dtype), None, dtype))
         if self.scale == "token" and x.dim() > lead:
             amax = x.abs().amax(dim=-1, keepdim=True).float()  # [..., L, 1]
         else:
             dims = tuple(range(lead, x.dim()))
             amax = x.abs().amax(dim=dims, keepdim=True).float() if dims else x.abs().float()
-        scale = torch.where(amax > 0, amax / _FP8_MAX, torch.ones_like(amax))
+        if guard:
+            scale = torch.where(amax > _FP16_MAX, amax / _FP16_MAX, torch.ones_like(amax))
+        else:
+            scale = torch.where(amax > 0, amax / _FP8_MAX, torch.ones_like(amax))
         return self._place(Stored((x.float() / scale).to(self.dtype), scale, dtype))
 
     def _place(self, stored: Stored) -> Stored:

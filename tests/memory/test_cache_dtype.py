@@ -1,7 +1,8 @@
 """Low-precision caches (`cache_dtype`, dcache.cache_codec) on the zoo's tiny Flux, against the same run with a
 full-precision (fp32) cache: for every unit kind (stack, block, module, call scope) and forecast order 0 / 1, the
 static schedules take the same decisions, the outputs stay within a measured bound, the reported memory is 1/2
-(bf16 / fp16) or 1/4 plus the fp32 scales (fp8) of the fp32 cache, and estimate == measured still holds."""
+(bf16), 1/2 plus a scale per tensor (fp16) or 1/4 plus the fp32 scales (fp8) of the fp32 cache, and estimate ==
+measured still holds."""
 
 from __future__ import annotations
 
@@ -66,8 +67,10 @@ def test_low_precision_cache_same_decisions_bounded_error_smaller_memory(flux, k
     assert 0 < rel <= BOUNDS[scope][cache_dtype], rel
     assert list(memory.by_kind) == list(ref_memory.by_kind) == [kind]
     ratio = memory.by_kind[kind] / ref_memory.by_kind[kind]
-    if cache_scale is None:
+    if cache_dtype == "bfloat16":
         assert ratio == 0.5
+    elif cache_dtype == "float16":  # plus its overflow guard: one fp32 scale per tensor (per Taylor row)
+        assert 0.5 < ratio < 0.5 + 0.01
     elif cache_scale == "tensor":  # one fp32 scale per tensor (per Taylor row)
         assert 0.25 < ratio < 0.25 + 0.01
     else:  # one fp32 scale per token: 4 bytes per `last dim` bytes of fp8 (module outputs: some are wider, MLPs)
@@ -189,3 +192,43 @@ def test_a_schedule_forecaster_reads_decoded_tables(flux):
             outs[name] = [model(**kw, return_dict=False)[0] for kw in inputs[:4]]
     assert seen and all(entry == (torch.Tensor, torch.float32) for row in seen for entry in row)
     assert all(torch.equal(a, b) for a, b in zip(outs["reuse"], outs["forecaster"]))
+
+
+def test_a_float16_cache_keeps_values_beyond_its_range_finite():
+    """Activations above float16's 65504 are scaled into range, not stored as infinity (which turns every image the
+    cache touches into NaN); within the range the stored bits equal a plain cast."""
+    codec = cache_codec("float16")
+    big = torch.randn(2, 7, 33) * 3e5  # |x| up to ~1.5e6
+    big[0, 0, 0] = 7e6
+    stored = codec.encode(big)
+    back = codec.decode(stored)
+    assert torch.isfinite(back).all()
+    assert float(((back - big).abs() / big.abs().clamp_min(1.0)).max()) < 2e-3  # float16's relative precision
+    small = torch.randn(3, 5, 9) * 100
+    plain = codec.encode(small)
+    assert torch.equal(plain.data, small.to(torch.float16))
+    assert torch.equal(codec.decode(plain), small.to(torch.float16).float())
+    rows = torch.stack([small, small * 1e4])  # a Taylor table: each row d_k scaled on its own
+    table = codec.encode(rows, lead=1)
+    assert torch.equal(table.data[0], small.to(torch.float16)) and torch.isfinite(codec.decode(table)).all()
+
+
+def test_a_float16_cache_on_a_model_with_huge_activations_gives_a_finite_image(flux):
+    """End to end: residuals beyond float16's range (the tiny Flux's MLP outputs scaled by 1e6), cached in
+    float16 while blocks are reused: the outputs stay finite and within float16's precision of the fp32 cache's."""
+    model, inputs = flux
+    original = [b.ff.net[-1].weight.detach().clone() for b in model.transformer_blocks]
+    try:
+        with torch.no_grad():
+            for block in model.transformer_blocks:
+                block.ff.net[-1].weight.mul_(1e6)
+        method, config, scope = UNITS["block"]
+        reference, _, _ = _run(flux, method, config(0), scope)
+        half, _, _ = _run(flux, method, config(0), scope, cache_dtype="float16")
+    finally:
+        with torch.no_grad():
+            for block, weight in zip(model.transformer_blocks, original):
+                block.ff.net[-1].weight.copy_(weight)
+    assert torch.isfinite(reference).all()
+    assert torch.isfinite(half).all()
+    assert float((half - reference).norm() / reference.norm()) < 1e-3
