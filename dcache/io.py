@@ -16,10 +16,12 @@ suffix, so writers that pick a format from the suffix (matplotlib, PIL) write th
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 NEW_FILE_MODE = 0o666  # minus the umask, as open(path, "w") creates files
 
@@ -78,6 +80,81 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return _atomic(path, fill)
 
 
+# The temporary names _create_temporary gives: .<stem>.<pid>.<8 hex>.tmp<suffix>
+TEMPORARY_NAME = re.compile(r"^\..*\.(\d+)\.[0-9a-f]{8}\.tmp(\.[^./]*)?$")
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, *, recursive: bool = False) -> list[Path]:
+    """Delete the temporary files that a killed dcache process (kill -9, power loss) left in `folder`: names of
+    _create_temporary's pattern whose writer process is gone. A live writer's file (its pid exists on this machine)
+    is kept. Returns the removed paths; resumes call this on the folders they write to."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in folder.rglob(".*.tmp*") if recursive else folder.glob(".*.tmp*"):
+        match = TEMPORARY_NAME.match(path.name)
+        if match is None or path.is_symlink() or not path.is_file() or _alive(int(match.group(1))):
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # another user's process (or an unusual pid): not ours to judge, keep its file
+    return True
+
+
+def read_limited(path: str | os.PathLike, limit: int, what: str, fix: str,
+                 error: type[Exception] = ValueError) -> bytes:
+    """The bytes of the file `path`, refused before reading when it is larger than `limit` bytes (os.stat first:
+    a 2 GB file costs one system call, not 2 GB of memory). `what` names the kind of file in the messages, `fix`
+    says what to do; errors are `error(message)`."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size <= limit:
+            with open(path, "rb") as f:
+                data = f.read(limit + 1)  # a file that grew since stat() is cut at the limit + 1 and refused
+            size = max(size, len(data))
+    except OSError as exc:
+        raise error(f"cannot read the {what} {str(path)!r} ({exc.strerror or exc}); {fix}.") from None
+    if size > limit:
+        raise error(f"the {what} {str(path)!r} has {size:,} bytes, more than the {limit:,} dcache reads for one "
+                    f"(no {what} it writes is that large: the file is another program's or damaged); {fix}.")
+    return data
+
+
+def read_json(path: str | os.PathLike, limit: int, what: str, fix: str, error: type[Exception] = ValueError) -> Any:
+    """The JSON value in the file `path` (at most `limit` bytes, see read_limited); invalid UTF-8 or JSON, integers
+    too long to convert and nesting too deep to parse are `error` naming the file and `fix`."""
+    raw = read_limited(path, limit, what, fix, error)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, int digits limit: ValueErrors
+        detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:160]
+        raise error(f"the {what} {str(path)!r} is not valid JSON ({detail}); it is corrupted or truncated, "
+                    f"{fix}.") from None
+
+
+def check_inside(root: str | os.PathLike, path: str | os.PathLike, what: str, fix: str,
+                 error: type[Exception] = ValueError) -> Path:
+    """`path` resolved (symbolic links followed), refused unless it lies inside `root` (resolved too): a `..`
+    component, an absolute path or a link that leaves the output folder is `error` naming it and `fix`."""
+    base = Path(root).resolve()
+    full = (Path(root) / path).resolve()
+    if full != base and base not in full.parents:
+        raise error(f"{what} {str(Path(root) / path)!r} leads out of {str(base)!r} (to {str(full)!r}): dcache "
+                    f"reads and writes only inside its output folder; {fix}.")
+    return full
 
 
 class OutputDirError(ValueError):
@@ -109,4 +186,5 @@ def prepare_out_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
     return path
 
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_write_with", "prepare_out_dir", "OutputDirError"]
+__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_write_with", "prepare_out_dir", "OutputDirError",
+           "read_limited", "read_json", "check_inside", "remove_stale_temporaries"]

@@ -24,12 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from .actions import ACTION_CHARS, Action, Granularity
-from .io import atomic_write_text  # re-exported: older code imports it from here
+from .io import atomic_write_text, read_json  # atomic_write_text re-exported: older code imports it from here
 from .state import MAX_FORECAST_ORDER
 from .schedule import CallContext, GenerationInfo, Schedule
 
 PLAN_FORMAT = "dcache.plan"
 PLAN_VERSION = 1
+# The largest plan file read: action rows are steps x units characters per branch (1000 x 1000 = 1 MB), but a DisCa
+# plan carries its predictor's weights as base64 (one net per cached tensor: ~0.75 GB for every tensor of a 12B
+# model). A larger file is refused from its size, before it is read.
+MAX_PLAN_BYTES = 1 << 30
 
 
 class PlanError(ValueError):
@@ -233,11 +237,7 @@ class Plan:
         if not path.is_file():
             what = "is a folder, not a file" if path.is_dir() else "does not exist"
             raise PlanError(f"plan file {str(path)!r} {what}; pass the path of a file written by Plan.save.")
-        try:
-            data = json.loads(path.read_text())
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, too-long integers
-            raise PlanError(f"plan file {str(path)!r} is not valid JSON ({exc}); it is corrupted or truncated, "
-                            f"re-export it.") from None
+        data = read_json(path, MAX_PLAN_BYTES, "plan file", "re-export it", PlanError)
         return cls.from_dict(data, source=f"plan file {str(path)!r}")
 
 

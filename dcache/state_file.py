@@ -23,11 +23,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from .io import atomic_write_bytes
+from .io import atomic_write_bytes, read_limited
 
 FORMAT = "dcache.state"
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 28  # a safetensors header larger than 256 MiB is not one dcache wrote
+# The largest state file read back: an eval record holds one item's images in float32 (a 81-frame 720p video is
+# 81 x 3 x 720 x 1280 x 4 B = 0.9 GB) and a DisCa checkpoint its weights and two Adam moments (~1.7 GB for every
+# cached tensor of a 12B model); a larger file is refused from its size, before it is read.
+MAX_STATE_BYTES = 4 << 30
 _TENSOR, _ARRAY, _TUPLE, _ITEMS = "$tensor", "$ndarray", "$tuple", "$items"
 
 
@@ -49,10 +53,7 @@ def load_state(path: str | os.PathLike, kind: str, fix: str) -> Any:
     from safetensors.torch import load
 
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise StateFileError(f"cannot read the {kind} {str(path)!r} ({exc.strerror or exc}); {fix}.") from None
+    raw = read_limited(path, MAX_STATE_BYTES, kind, fix, StateFileError)
     if is_pickle(raw):
         raise StateFileError(pickle_message(path, kind, fix))
     meta = _metadata(raw)
@@ -175,4 +176,4 @@ def _hashable(key: Any) -> Any:
 
 
 __all__ = ["StateFileError", "save_state", "load_state", "refuse_legacy", "is_pickle", "looks_like_safetensors",
-           "safetensors_header"]
+           "safetensors_header", "MAX_STATE_BYTES"]

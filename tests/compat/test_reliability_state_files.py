@@ -1,14 +1,15 @@
-"""Resume state files (dcache.state_file): genuine files are never mistaken for pickles."""
+"""Resume state files (dcache.state_file) and the JSON files dcache reads: genuine files are never mistaken for
+pickles, and oversized files are refused from their size, before they are read."""
 
 from __future__ import annotations
 
 import pickle
+import resource
 import struct
 
 import pytest
 import torch
-
-from dcache.state_file import StateFileError, is_pickle, load_state, save_state
+from dcache.state_file import MAX_STATE_BYTES, StateFileError, is_pickle, load_state, save_state
 
 
 def test_every_header_size_loads_back(tmp_path):
@@ -39,3 +40,32 @@ def test_a_safetensors_looking_pickle_prefix_is_judged_by_structure():
     header = b'{"__metadata__":{}}' + b" " * (0x80 - 19)
     assert not is_pickle(struct.pack("<Q", len(header)) + header)
     assert is_pickle(b"\x80\x04" + b"\x00" * 200)
+
+
+def sparse(path, size: int):
+    with open(path, "wb") as f:
+        f.truncate(size)  # a hole: the size is real, no disk blocks or memory are used
+    return path
+
+
+def test_an_oversized_state_file_is_refused_before_it_is_read(tmp_path):
+    path = sparse(tmp_path / "record.safetensors", MAX_STATE_BYTES + 1)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(StateFileError) as info:
+        load_state(path, "eval record", "delete it")
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert str(path) in str(info.value) and "delete it" in str(info.value)
+    assert f"{MAX_STATE_BYTES:,}" in str(info.value)
+    assert grown_kib < 64 * 1024, f"peak memory grew by {grown_kib} KiB while refusing"
+
+
+def test_an_oversized_plan_is_refused_before_it_is_read(tmp_path):
+    from dcache.plan import MAX_PLAN_BYTES, Plan, PlanError
+
+    path = sparse(tmp_path / "big.plan.json", MAX_PLAN_BYTES + 1)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(PlanError) as info:
+        Plan.load(path)
+    assert str(path) in str(info.value) and f"{MAX_PLAN_BYTES:,}" in str(info.value)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024
+
