@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,8 @@ from .handle import Handle
 from .hooks import refuse_other_cache
 from .memory import parse_bytes
 from .methods import config_for, target_resolver
-from .plan import Plan, PlanError, PlanSchedule
+from .io import read_json
+from .plan import MAX_PLAN_BYTES, Plan, PlanError, PlanSchedule
 from .schedule import Schedule
 
 DEFAULT_METHOD = "magcache"
@@ -195,10 +195,8 @@ def _plan_schedule(plan: Plan, overrides: dict) -> tuple[Schedule, str, dict]:
 def _from_file(path: Path, overrides: dict, transformer: nn.Module) -> tuple[Schedule, str, dict]:
     if not path.is_file():
         raise PlanError(f"plan/config file {str(path)!r} does not exist.")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PlanError(f"{str(path)!r} is not valid JSON ({exc}); the file is corrupted or truncated.") from None
+    data = read_json(path, MAX_PLAN_BYTES, "plan/config file", "fix it or write it again (handle.plan().save(path), "
+                     "config.to_json())", PlanError)  # a size cap, and deep nesting / huge integers as PlanError
     if isinstance(data, dict) and data.get("format") == "dcache.plan":
         return _plan_schedule(Plan.from_dict(data, source=f"plan file {str(path)!r}"), overrides)
     if isinstance(data, dict) and "method" in data:

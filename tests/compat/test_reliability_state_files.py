@@ -9,6 +9,9 @@ import struct
 
 import pytest
 import torch
+from compat_kit import make_transformer
+
+import dcache
 from dcache.state_file import MAX_STATE_BYTES, StateFileError, is_pickle, load_state, save_state
 
 
@@ -64,8 +67,20 @@ def test_an_oversized_plan_is_refused_before_it_is_read(tmp_path):
 
     path = sparse(tmp_path / "big.plan.json", MAX_PLAN_BYTES + 1)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(PlanError) as info:
-        Plan.load(path)
-    assert str(path) in str(info.value) and f"{MAX_PLAN_BYTES:,}" in str(info.value)
+    for load in (Plan.load, lambda p: dcache.apply(make_transformer(), p, num_steps=2)):
+        with pytest.raises(PlanError) as info:
+            load(path)
+        assert str(path) in str(info.value) and f"{MAX_PLAN_BYTES:,}" in str(info.value)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024
 
+
+@pytest.mark.parametrize("content", ["[" * 100_000 + "]" * 100_000, '{"method": 1' + "0" * 5000 + "}"])
+def test_apply_wraps_deep_nesting_and_huge_integers_in_a_plan_error(tmp_path, content):
+    """dcache.apply reads plan and config files itself: nesting too deep for the parser and integers too long to
+    convert are a PlanError naming the file, as Plan.load gives."""
+    from dcache.plan import PlanError
+
+    path = tmp_path / "deep.json"
+    path.write_text(content)
+    with pytest.raises(PlanError, match="deep.json.*not valid JSON"):
+        dcache.apply(make_transformer(), str(path), num_steps=2)
