@@ -24,7 +24,8 @@ from typing import Any
 
 from torch import nn
 
-from dcache.plan import PLAN_FORMAT, Plan
+import dcache.io
+from dcache.plan import MAX_PLAN_BYTES, PLAN_FORMAT, Plan
 
 from .calibration_file import CALIBRATION_FORMAT, CalibrationFile
 from .tables import known_identities, lookup_table, model_identity
@@ -53,11 +54,9 @@ def plan_method_title(method: str) -> str:
 
 
 def read_json(path: Path, what: str) -> Any:
-    """The JSON value in `path`; a ValueError naming `what` and the file when it is not valid JSON."""
-    try:
-        return json.loads(path.read_text())
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise ValueError(f"{what} {str(path)!r} is not valid JSON ({exc}); it is corrupted or truncated.") from None
+    """The JSON value in `path` (a plan or a calibration file: at most MAX_PLAN_BYTES, checked before reading); a
+    ValueError naming `what` and the file when it is larger or not valid JSON."""
+    return dcache.io.read_json(path, MAX_PLAN_BYTES, what, "calibrate again (dcache calibrate)")
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -20,16 +20,28 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from torch import nn
 
-from dcache.plan import atomic_write_text
+from dcache.checks import is_count, is_number
+from dcache.io import read_json
+from dcache.plan import PLAN_FORMAT, Plan, PlanError, atomic_write_text
 
 from .tables import model_identity, register_table
 
 CALIBRATION_FORMAT = "dcache.calibration"
 CALIBRATION_VERSION = 1
+# A calibration file holds a few tables per model (a ratio or coefficient list per step count and resolution, and
+# the profiled methods' action plans): kilobytes each, so thousands of entries fit in this. A larger file is refused
+# from its size, before it is read.
+MAX_CALIBRATION_BYTES = 64 << 20
+MAX_TABLE_STEPS = 10_000  # one ratio per denoising step; diffusers' schedulers train on 1000 timesteps
+RECALIBRATE = "recalibrate (dcache calibrate --method <method>) or delete the entry"
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be used; the message names the file, the entry and field, and the fix."""
 
 
 @dataclass
@@ -93,8 +105,11 @@ class CalibrationFile:
             raise ValueError(f"{source} is not a dcache calibration file (missing \"format\": "
                              f"\"{CALIBRATION_FORMAT}\"); write one with calibrate_magcache / calibrate_teacache.")
         if data.get("version") != CALIBRATION_VERSION:
-            raise ValueError(f"{source} has calibration version {data.get('version')!r}; this dcache reads version "
-                             f"{CALIBRATION_VERSION}. Recalibrate or upgrade dcache.")
+            raise ValueError(f"{source} has calibration version {data.get('version')!r:.40}; this dcache reads "
+                             f"version {CALIBRATION_VERSION}. Recalibrate or upgrade dcache.")
+        if not isinstance(data.get("entries", []), list):
+            raise CalibrationError(f"{source}: \"entries\" must be a list of calibration entries; the file is "
+                                   f"corrupted or hand-edited. Recalibrate.")
         entries = []
         known = set(CalibrationEntry.__dataclass_fields__)
         for i, raw in enumerate(data.get("entries", [])):
@@ -103,8 +118,9 @@ class CalibrationFile:
                                  f"is corrupted or hand-edited. Recalibrate.")
             unknown = set(raw) - known
             if unknown:
-                raise ValueError(f"{source}: entry {i} has unknown fields {sorted(unknown)}; it was written by "
-                                 f"another version.")
+                raise ValueError(f"{source}: entry {i} has unknown fields {sorted(unknown, key=str)}; it was written "
+                                 f"by another version.")
+            check_entry(raw, f"{source}: entry {i}")
             entries.append(CalibrationEntry(**raw))
         return cls(entries, source)
 
@@ -115,15 +131,93 @@ def load_calibration(path: str | os.PathLike, *, register: bool = False) -> Cali
     if not path.is_file():
         raise ValueError(f"calibration file {str(path)!r} does not exist; write one with calibrate_magcache(...) or "
                          f"calibrate_teacache(..., path={str(path)!r}).")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"calibration file {str(path)!r} is not valid JSON ({exc}); it is corrupted or truncated, "
-                         f"recalibrate.") from None
+    data = read_json(path, MAX_CALIBRATION_BYTES, "calibration file", "recalibrate", CalibrationError)
     cal = CalibrationFile.from_dict(data, source=f"calibration file {str(path)!r}")
     if register:
         cal.register()
     return cal
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Validation: every field and table checked when the file is read, so that a damaged or hand-edited file fails
+# here, naming the file, the entry and the field, and never later inside a generation (an IndexError on an empty
+# ratio list) or silently (a NaN or zero ratio, an empty TeaCache entry, which switch caching off).
+# ------------------------------------------------------------------------------------------------------------------
+
+def _ratios(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and 1 <= len(v) <= MAX_TABLE_STEPS and all(is_number(g, 0.0) and g > 0
+                                                                                   for g in v)
+
+
+def _check_magcache(table: Any) -> list[tuple[str, str]]:
+    """{"cond": [gamma per step], "uncond": [...] or null}: gamma = ||R_t|| / ||R_t-1||, finite and > 0 (a zero
+    or NaN ratio makes every accumulated error 1 or NaN: nothing is ever reused)."""
+    what = f"a list of 1..{MAX_TABLE_STEPS} finite magnitude ratios > 0, one per step"
+    if not isinstance(table, dict):
+        return [("table", '{"cond": [ratios], "uncond": [ratios] or null}')]
+    bad = [] if _ratios(table.get("cond")) else [("table.cond", what)]
+    if table.get("uncond") not in (None, []) and not _ratios(table.get("uncond")):
+        bad.append(("table.uncond", what + " (or null)"))
+    return bad
+
+
+def _check_teacache(table: Any) -> list[tuple[str, str]]:
+    """[c0..c4] or {"coefficients": [c0..c4], "threshold", "ret_steps", "ret_ratio", "cutoff_steps", "x_range"}."""
+    entry = table if isinstance(table, dict) else {"coefficients": table}
+    coeffs = entry.get("coefficients")
+    bad = []
+    if not (isinstance(coeffs, (list, tuple)) and len(coeffs) == 5 and all(is_number(c) for c in coeffs)):
+        bad.append(("table.coefficients", "5 finite polynomial coefficients, highest power first"))
+    limits: dict[str, tuple[Callable[[Any], bool], str]] = {
+        "threshold": (lambda v: is_number(v, 0.0) and v > 0, "a finite number > 0"),
+        "ret_steps": (is_count, "an int >= 0"), "cutoff_steps": (is_count, "an int >= 0"),
+        "ret_ratio": (lambda v: is_number(v, 0.0, 1.0), "a number in [0, 1]"),
+        "x_range": (lambda v: isinstance(v, list) and len(v) == 2 and all(is_number(x) for x in v) and v[0] < v[1],
+                    "[low, high] with low < high")}
+    bad += [(f"table.{k}", what) for k, (ok, what) in limits.items() if entry.get(k) is not None and not ok(entry[k])]
+    return bad
+
+
+# The table kind of each method that writes calibration entries (schedules/tuning/calibrate.py); the profiled
+# methods' entries hold a plan (schedules/calibrated_plans.py) and are checked as plans.
+TABLE_CHECKS: dict[str, Callable[[Any], list[tuple[str, str]]]] = {"magcache": _check_magcache,
+                                                                   "teacache": _check_teacache}
+
+
+def check_entry(raw: dict, where: str) -> None:
+    """CalibrationError naming `where` (the file and entry), the field and the fix for any invalid field."""
+    fields: dict[str, tuple[bool, str]] = {
+        "method": (isinstance(raw["method"], str), "a method name"),
+        "model_identity": (isinstance(raw["model_identity"], str), "a string"),
+        "model_class": (isinstance(raw["model_class"], str), "a string"),
+        "num_steps": (raw.get("num_steps") is None or (is_count(raw["num_steps"], 1)
+                                                       and raw["num_steps"] <= MAX_TABLE_STEPS),
+                      f"an int in 1..{MAX_TABLE_STEPS} or null"),
+        "scheduler": (raw.get("scheduler") is None or isinstance(raw["scheduler"], str), "a class name or null"),
+        "resolution": (raw.get("resolution") is None or (isinstance(raw["resolution"], list) and len(
+            raw["resolution"]) <= 8 and all(is_count(n) for n in raw["resolution"])), "a list of ints or null"),
+        "runs": (is_count(raw.get("runs", 1), 1), "an int >= 1"),
+        "provenance": (isinstance(raw.get("provenance", {}), dict), "a JSON object")}
+    bad = [(name, what) for name, (ok, what) in fields.items() if not ok]
+    if not bad:
+        method, table = raw["method"], raw["table"]
+        if method in TABLE_CHECKS:
+            bad = TABLE_CHECKS[method](table)
+        elif isinstance(table, dict) and table.get("format") == PLAN_FORMAT:
+            try:
+                Plan.from_dict(table, source=f"{where} (a {method} plan)")
+            except PlanError as exc:
+                raise CalibrationError(f"{exc} (the calibration entry is damaged: {RECALIBRATE})") from None
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise CalibrationError(f"{where}: its {method} plan is invalid ({str(exc)[:160]}); "
+                                       f"{RECALIBRATE}.") from None
+        else:
+            bad = [("method", f"one of {sorted(TABLE_CHECKS)} or a profiled method with a plan table")]
+    if bad:
+        name, what = bad[0]
+        shown = f"={raw[name]!r:.60}" if name in raw else ""
+        raise CalibrationError(f"{where}: field {name}{shown} is invalid: it must be {what}. The file is corrupted "
+                               f"or edited by hand; {RECALIBRATE}.")
 
 
 def save_calibration(path: str | os.PathLike, entry: CalibrationEntry) -> Path:
@@ -134,5 +228,5 @@ def save_calibration(path: str | os.PathLike, entry: CalibrationEntry) -> Path:
     return cal.save(path)
 
 
-__all__ = ["CALIBRATION_FORMAT", "CALIBRATION_VERSION", "CalibrationEntry", "CalibrationFile",
-           "load_calibration", "save_calibration"]
+__all__ = ["CALIBRATION_FORMAT", "CALIBRATION_VERSION", "CalibrationEntry", "CalibrationFile", "CalibrationError",
+           "load_calibration", "save_calibration", "check_entry", "MAX_CALIBRATION_BYTES"]
