@@ -5,17 +5,52 @@
     print(handle.stats()); handle.plan().save("plan.json"); handle.remove()
 """
 
+from typing import TYPE_CHECKING
+
+# Light modules (no torch, no diffusers) are imported now; `methods` must be: it is also a submodule's name, which
+# Python binds on the package once the submodule is imported, hiding a lazy function of the same name.
 from .actions import Action, Granularity, Signal
-from .adapters import Adapter, BlockList, UnsupportedModelError, adapter_for, register_adapter
-from .api import apply
-from .concurrency import ConcurrentGenerationError
 from .config import MethodConfig, knob
-from .handle import Handle
 from .methods import config_for, config_from_dict, methods, presets, register_method, register_preset
-from .plan import Plan, PlanError, PlanSchedule
 from .schedule import CallContext, GenerationInfo, Schedule
-from .signal_providers import ProviderView, SignalProvider, register_signal
-from .stats import Stats
+
+# The other public names -> the module that defines them, imported on first use (PEP 562): `import dcache` stays
+# light, so the `dcache` command starts without torch / diffusers where it needs neither (`dcache --help`).
+_LAZY = {
+    "adapters": ("Adapter", "BlockList", "UnsupportedModelError", "adapter_for", "register_adapter"),
+    "api": ("apply",),
+    "concurrency": ("ConcurrentGenerationError",),
+    "handle": ("Handle",),
+    "plan": ("Plan", "PlanError", "PlanSchedule"),
+    "signal_providers": ("ProviderView", "SignalProvider", "register_signal"),
+    "stats": ("Stats",),
+}
+_HOME = {name: module for module, names in _LAZY.items() for name in names}
+
+if TYPE_CHECKING:  # what type checkers and IDEs see
+    from .adapters import Adapter, BlockList, UnsupportedModelError, adapter_for, register_adapter
+    from .api import apply
+    from .concurrency import ConcurrentGenerationError
+    from .handle import Handle
+    from .plan import Plan, PlanError, PlanSchedule
+    from .signal_providers import ProviderView, SignalProvider, register_signal
+    from .stats import Stats
+
+
+def __getattr__(name: str):
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dcache' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
+
 
 __version__ = "0.1.0"
 

@@ -11,11 +11,12 @@ import dataclasses
 import difflib
 import json
 import math
-from typing import Any, ClassVar
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .schedule import Schedule
+
+if TYPE_CHECKING:  # an annotation only: `import dcache` and `dcache methods` do not need torch for it
+    from torch import nn
 
 CONFIG_VERSION = 1
 

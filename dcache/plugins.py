@@ -15,16 +15,29 @@ every package of that group once. dcache's own methods (the dcache.schedules pac
 from __future__ import annotations
 
 import importlib.metadata
+from typing import Any, Callable
 
 ENTRY_POINT_GROUP = "dcache.methods"
 
-_loaded = False
+_loaded = False  # the packages are being imported or have been
+_imported = False  # every package has been imported
+_DEFERRED: list[Callable[[], Any]] = []  # registrations that import the method packages, run at the first lookup
+
+
+def defer_registration(register: Callable[[], Any]) -> None:
+    """Run `register()` at the first registry lookup instead of now: a package that registers data for the methods
+    (dcache.pipelines: the bundled model's calibration) stays cheap to import, so the `dcache` command starts
+    without torch where it needs none (`dcache --help`)."""
+    _DEFERRED.append(register)
 
 
 def load_method_packages() -> None:
-    """Import every package declared under the `dcache.methods` entry point group, once per process."""
-    global _loaded
+    """Import every package declared under the `dcache.methods` entry point group, once per process, then run the
+    deferred registrations."""
+    global _loaded, _imported
     if _loaded:
+        if _imported:  # not while the packages are being imported: a registration may need all their methods
+            _run_deferred()
         return
     _loaded = True  # set first: a package that looks up the registry while it is imported must not recurse
     try:
@@ -38,6 +51,13 @@ def load_method_packages() -> None:
     except BaseException:
         _loaded = False  # the next lookup retries and reports the same error
         raise
+    _imported = True
+    _run_deferred()
+
+
+def _run_deferred() -> None:
+    while _DEFERRED:
+        _DEFERRED.pop(0)()  # popped first: a registration that looks up the registry must not run itself again
 
 
 def _declared() -> list[importlib.metadata.EntryPoint]:

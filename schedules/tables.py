@@ -10,6 +10,8 @@ from typing import Any
 
 from torch import nn
 
+from dcache.plugins import load_method_packages
+
 # Config keys that tell model variants of one class apart.
 _SIZE_KEYS = ("num_layers", "num_single_layers", "num_attention_heads", "attention_head_dim", "hidden_size",
               "num_transformer_blocks", "depth", "num_blocks", "in_channels", "joint_attention_dim")
@@ -34,13 +36,16 @@ def register_table(kind: str, identity: str, table: Any, *, variant: str = "defa
 
 
 def lookup_table(kind: str, model: nn.Module, variant: str = "default") -> Any | None:
+    load_method_packages()  # and the registrations deferred to the first lookup (the bundled model's tables)
     return _TABLES.get((kind, model_identity(model), variant))
 
 
 def known_identities(kind: str) -> list[str]:
+    load_method_packages()
     return sorted({ident for (k, ident, _v) in _TABLES if k == kind})
 
 
 def known_variants(kind: str, identity: str) -> list[str]:
     """Variants registered for one identity (e.g. "480p" / "720p" where one architecture has several tables)."""
+    load_method_packages()
     return sorted(v for (k, ident, v) in _TABLES if k == kind and ident == identity)

@@ -72,9 +72,12 @@ _TABLES_AT_START: dict = {}
 
 
 def pytest_sessionstart(session):
-    import dcache.pipelines  # noqa: F401  (registers the bundled model's shipped calibration)
+    import dcache.pipelines  # noqa: F401  (defers the bundled model's shipped calibration to the first lookup)
     import dcache.schedules  # noqa: F401  (registers the published tables)
+    from dcache.plugins import load_method_packages
     from dcache.schedules import tables
+
+    load_method_packages()  # the first registry lookup: runs the deferred registrations
 
     _TABLES_AT_START.update(tables._TABLES)
 

@@ -1,0 +1,53 @@
+"""`dcache --help` and `dcache methods` start without what they do not need, and print nothing but their output.
+
+`dcache --help` imports neither torch nor diffusers (dcache/__init__.py resolves its names on first use, and the
+bundled model's calibration registers at the first registry lookup); `dcache methods` needs torch (the method configs)
+but not diffusers. Neither prints import noise on stderr: no torchao binary load failures, no pytree deprecation
+warnings (the dev extra installs no torchao; diffusers imports an installed one at start-up).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import json, sys
+from dcache.pipelines.cli import main
+sys.argv = ["dcache", *{args!r}]
+try:
+    main()
+except SystemExit:
+    pass
+print(json.dumps({{name: name in sys.modules for name in ("torch", "diffusers", "torchao")}}), file=sys.stderr)
+"""
+NOISE = ("torchao", "Failed to load", "_pytree", "register_constant", "Warning", "WARNING")
+
+
+def run(args: list[str]) -> tuple[str, dict, str]:
+    done = subprocess.run([sys.executable, "-c", PROBE.format(args=args)], capture_output=True, text=True,
+                          timeout=120)
+    *noise, modules = done.stderr.strip().splitlines()
+    return done.stdout, json.loads(modules), "\n".join(noise)
+
+
+@pytest.mark.parametrize("args, heavy", [(["--help"], ("torch", "diffusers", "torchao")),
+                                         (["methods"], ("diffusers", "torchao"))])
+def test_start_up_imports_only_what_the_command_needs_and_is_quiet(args, heavy):
+    out, modules, noise = run(args)
+    assert "generate" in out or "magcache" in out  # the command did its work
+    assert not [name for name in heavy if modules[name]], modules
+    assert not [word for word in NOISE if word in noise], noise
+    assert noise == ""
+
+
+def test_names_of_the_package_resolve_on_first_use():
+    import dcache
+
+    assert dcache.apply.__module__ == "dcache.api" and dcache.Plan.__name__ == "Plan"
+    assert {"apply", "Plan", "Handle", "methods", "MethodConfig"} <= set(dir(dcache))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        dcache.nope  # noqa: B018
