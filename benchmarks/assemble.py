@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_report import gpu_part  # noqa: E402
 from summary import (BATCH1_RANGE, batch1_efficiency, best_per_band, fmt_row, frontier_best,  # noqa: E402
                      methods_rows, plot_methods, plot_search, search_vs_dynamic)
 
@@ -345,6 +346,7 @@ def build() -> str:
                  + "\n\n" + cfg_difference_part() + "\n\n" + guidance_transfer_part())
     parts.append("## A `dcache eval` report\n\n" + _eval_part())
     parts.append("## Kernels\n\n" + kernels_part())
+    parts.append("## On a GPU, at real scale\n\n" + gpu_part(RESULTS / "gpu"))
     return "\n\n".join(part.strip() for part in parts) + "\n"
 
 
