@@ -258,6 +258,7 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, networks: dict[str, Any
     prepare_out_dir(cfg.out)  # so does an --out that is a file or a read-only folder
     state = process_state(cfg.device)
     variants = make_variants(cfg.methods)
+    check_before_loading(cfg, variants)
     device = _process_device(cfg.device, state)
     pipe, is_tiny = _quiet_load(load_pipeline, cfg.model, device, cfg.dtype)
     use_threads(cfg.threads, is_tiny=is_tiny, device=device)
@@ -416,6 +417,21 @@ def _is_video_pipeline(pipe: Any) -> bool:
     name = type(pipe).__name__.lower()
     return any(k in name for k in ("video", "wan", "hunyuanvideo", "ltx", "cogvideo", "mochi", "latte", "allegro",
                                    "skyreels"))
+
+
+def check_before_loading(cfg: EvalConfig, variants: list[Variant]) -> None:
+    """The model name, the step count and every method spec (name, settings, plan / config file), before the model
+    loads (dcache.pipelines.arguments); _check_methods then applies each to the loaded model."""
+    from dcache.pipelines.arguments import check_method, check_steps
+    from dcache.pipelines.runner import check_model
+
+    check_model(cfg.model)
+    check_steps(cfg.steps)
+    for v in variants:
+        try:
+            check_method(v.method, v.overrides, "--methods")
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"--methods {v.spec!r}: {exc}") from exc
 
 
 def _check_methods(pipe: Any, variants: list[Variant], dcache: Any) -> None:

@@ -1,0 +1,60 @@
+"""What a command's arguments can be checked for before the model loads (loading takes seconds to minutes).
+
+    check_method("magcach", {})                 # ValueError: unknown method, with close matches
+    check_method("plan.json", {})               # the file exists and is a dcache plan or a method config
+    check_steps(-5)                             # ValueError naming --steps and what it must be
+
+`dcache generate`, `calibrate`, `eval` and `search` call these (and `runner.check_model`, `runner.check_threads`)
+first, so a typo fails in a fraction of a second instead of after "loading the model".
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+from typing import Any
+
+
+def check_steps(steps: int | None, flag: str = "--steps") -> None:
+    if steps is not None and steps < 1:
+        raise ValueError(f"{flag} {steps} must be >= 1 (denoising steps), e.g. {flag} 28; leave it out for the "
+                         f"pipeline's default.")
+
+
+def is_file_spec(method: str) -> bool:
+    """A --cache / --methods value that names a file (as dcache.apply reads it) rather than a method or preset."""
+    return method.endswith(".json") or os.path.sep in method or Path(method).is_file()
+
+
+def check_method(method: str, overrides: dict[str, Any], flag: str = "--cache") -> None:
+    """A method or preset name with its --set fields (dcache.config_for validates both: unknown names and fields get
+    close matches, values their allowed range), or a plan / config file that exists and parses. Options of
+    dcache.apply itself among the overrides (max_cache_memory, cache_dtype, ...) are left to it."""
+    import dcache
+
+    own = set(inspect.signature(dcache.apply).parameters)
+    fields = {k: v for k, v in overrides.items() if k not in own}
+    if not is_file_spec(method):
+        dcache.config_for(method, **fields)
+        return
+    from dcache.io import read_json
+    from dcache.plan import MAX_PLAN_BYTES, PLAN_FORMAT, Plan, PlanError
+
+    path = Path(method)
+    if not path.is_file():
+        raise FileNotFoundError(f"{flag} {method!r}: the plan/config file does not exist; pass a method name "
+                                f"(dcache methods) or the path of a plan (handle.plan().save(path)).")
+    data = read_json(path, MAX_PLAN_BYTES, f"{flag} file", "fix it or write it again (handle.plan().save(path), "
+                     "config.to_json())", PlanError)
+    if isinstance(data, dict) and data.get("format") == PLAN_FORMAT:
+        Plan.from_dict(data, source=f"{flag} {method!r}")
+        if fields:
+            raise ValueError(f"{flag} {method!r} is a plan: it replays fixed decisions, so --set "
+                             f"{', '.join(fields)} does not apply; drop --set, or pass a method name to configure.")
+    elif isinstance(data, dict) and "method" in data:
+        dcache.config_from_dict({**data, **fields})
+    else:
+        raise PlanError(f"{flag} {method!r} is neither a dcache plan (a JSON object with \"format\": "
+                        f"\"{PLAN_FORMAT}\", written by handle.plan().save(path)) nor a method config (a JSON "
+                        f"object with \"method\", written by config.to_json()).")
