@@ -184,7 +184,10 @@ def calibrate(
     from dcache.schedules.tuning.calibrate import calibrate_magcache, calibrate_teacache
     from dcache.schedules.calibrated_plans import PLAN_METHODS
 
-    from .runner import GenerationJob, load_pipeline
+    import dcache
+
+    from .arguments import check_steps
+    from .runner import GenerationJob, check_model, load_pipeline
 
     calibrators = {"magcache": calibrate_magcache, "teacache": calibrate_teacache}
     try:
@@ -197,6 +200,10 @@ def calibrate(
                              f"{method} takes no config fields here.")
         if seeds < 1:
             raise ValueError(f"--seeds {seeds} must be >= 1.")
+        check_model(model)  # everything that can be checked is checked before the model loads
+        check_steps(steps)
+        if method in PLAN_METHODS:
+            dcache.config_for(method, **overrides)
         device, dtype = resolve_device(device, dtype)
         pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
         typer.echo(f"[dcache] calibrating {method} on {describe(device, dtype)}", err=True)

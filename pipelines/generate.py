@@ -18,7 +18,8 @@ from .images import heat, save_grid, save_video
 from .progress import Progress
 from dcache.quality import median, psnr
 
-from .runner import GenerationJob, check_threads, interleaved_runs, load_pipeline, use_threads
+from .arguments import check_method, check_steps
+from .runner import GenerationJob, check_model, check_threads, interleaved_runs, load_pipeline, use_threads
 from .timing_checks import spread, timing_warnings
 
 TINY_DEFAULT_LABELS = [str(i) for i in range(10)]
@@ -43,6 +44,15 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
     if repeats < 1:
         raise ValueError(f"--repeats {repeats} must be >= 1.")
     check_threads(threads)
+    check_model(model)  # everything that can be checked is checked before the model loads
+    check_steps(steps)
+    if scope not in (None, "blocks", "call"):
+        raise ValueError(f"--scope {scope!r} must be 'blocks' (cache the block stack) or 'call' (the whole call).")
+    if speed is not None or quality is not None:
+        from dcache.schedules.tuning.targets import check_target
+
+        check_target(speed, quality)
+    check_method(cache, dict(overrides or {}))
     prepare_out_dir(out)  # a file or a read-only folder fails before the model loads
     progress = progress or Progress(enabled=False, quiet=True)
     device, dtype = resolve_device(device, dtype)

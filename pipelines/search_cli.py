@@ -284,6 +284,9 @@ def search_command(
     scales = parse_guidance(guidance)
     if scope not in SCOPE_CHOICES:
         raise typer.BadParameter(f"--scope {scope!r} must be one of {', '.join(SCOPE_CHOICES)}.")
+    check_search_arguments(method, model=model, steps=steps, budget=budget, threads=threads, pop_size=pop_size,
+                           generations=generations, granularity=granularity, forecast_order=forecast_order,
+                           max_span=max_span, base_plans=base_plans, train_seeds=train_seeds, seed=seed)
     stages = Progress(enabled=progress)
     stages.stage(f"loading {model or 'the bundled tiny model'} on {describe(device, dtype)}")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
@@ -300,6 +303,36 @@ def search_command(
     for p in front.get("points", []):
         typer.echo(f"  {p['plan']}  compute ratio {p['compute_ratio']:.3f}  quality {p['quality']:.3f}")
     typer.echo(f"use one with: dcache generate --cache {Path(out) / 'plans' / '<plan>.plan.json'} --steps {steps}")
+
+
+def check_search_arguments(method: str, *, model: str | None, steps: int, budget: str, threads: int | None,
+                           pop_size: int, generations: int, granularity: str, forecast_order: int, max_span: int,
+                           base_plans: str, train_seeds: int, seed: int) -> None:
+    """Everything `dcache search` can check before the model loads (typer.BadParameter naming the option)."""
+    from dcache.plan import Plan
+    from dcache.schedules.tuning import search
+
+    from .arguments import check_steps
+    from .runner import check_model, check_threads
+
+    try:
+        check_model(model)
+        check_steps(steps)
+        check_threads(threads)
+        if steps < 2:
+            raise ValueError(f"--steps {steps}: a plan search needs at least 2 steps (one computed, one to skip).")
+        ratios, counts = parse_budget(budget, steps)
+        if method == "ecad":
+            search.ECADConfig(pop_size=pop_size, generations=generations, seed=seed, granularity=granularity,
+                              forecast_order=forecast_order)
+        if method == "lemica":
+            search.LeMiCaConfig(budgets=counts, max_span=max_span, forecast_order=forecast_order)
+        if method == "disca" and train_seeds < 1:
+            raise ValueError(f"--train-seeds {train_seeds} must be >= 1.")
+        for name in [p.strip() for p in base_plans.split(",") if p.strip()] if method == "disca" else []:
+            Plan.load(name)
+    except (ValueError, FileNotFoundError) as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _generation_line(generations: int):

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import dcache
-from dcache.methods import register_target_resolver
+from dcache.methods import register_knob_lookup, register_target_resolver
 from dcache.quality import psnr
 
 RunFn = Callable[[], Any]
@@ -74,6 +74,11 @@ def _parse_target(speed: str | float | None, quality: str | None) -> tuple[str, 
         raise ValueError(f"quality={quality!r}: the PSNR bound must be a finite number of dB (NaN and infinity are "
                          f"not allowed), e.g. quality='psnr>=30'.")
     return "psnr", value
+
+
+def check_target(speed: str | float | None, quality: str | None) -> None:
+    """A speed= / quality= target's form, checked before any model loads (the same errors as the sweep's)."""
+    _parse_target(speed, quality)
 
 
 def _output_tensor(result: Any) -> torch.Tensor:
@@ -226,6 +231,14 @@ def format_sweep(result: TargetResult) -> str:
         lines.append(f"  {result.knob}={row['value']!s:8s} compute ratio {row['compute_ratio']:.3f}  ideal "
                      f"{row['ideal_speedup']:.2f}x  PSNR {row['psnr']:.2f} dB{mark}")
     return "\n".join(lines)
+
+
+@register_knob_lookup
+def main_knob_name(method: str) -> str | None:
+    """The knob speed= / quality= sweep for `method` (a preset: its method's), e.g. 'threshold' for MagCache."""
+    preset = dcache.presets().get(method)
+    entry = MAIN_KNOBS.get(preset.method if preset is not None else method)
+    return entry[0] if entry else None
 
 
 @register_target_resolver
