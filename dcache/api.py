@@ -17,9 +17,10 @@ from .controlnet import attach_controlnets, check_controlnet_option
 from .engine import Engine
 from .experts import check_expert_names, expert_method, extra_experts
 from .handle import Handle
+from .health import HealthMonitor
 from .hooks import refuse_other_cache
 from .memory import parse_bytes
-from .methods import config_for, target_resolver
+from .methods import config_for, main_knob, target_resolver
 from .io import read_json
 from .plan import MAX_PLAN_BYTES, Plan, PlanError, PlanSchedule
 from .schedule import Schedule
@@ -102,7 +103,8 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     if scope is None:
         scope = schedule.plan.extras.get("scope", "blocks") if isinstance(schedule, PlanSchedule) else "blocks"
     engine = Engine(transformer, adapter_for(transformer), schedule, pipeline=pipeline,
-                    num_steps=num_steps, count_flops=count_flops, memoize=memoize, scope=scope, cache_codec=codec)
+                    num_steps=num_steps, count_flops=count_flops, memoize=memoize, scope=scope, cache_codec=codec,
+                    health=_health_monitor(transformer, name, warn=not isinstance(method, Schedule)))
     if isinstance(schedule, PlanSchedule):
         _check_plan_fits(schedule.plan, engine)
     transformer._dcache_engine = engine
@@ -132,6 +134,15 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                                 else copy.deepcopy(method), _with_codec(overrides, cache_dtype, cache_scale,
                                                                         cache_device), scope, fit=fit)
     return handle
+
+
+def _health_monitor(transformer: nn.Module, name: str, warn: bool) -> HealthMonitor:
+    """Warnings for the methods and plans dcache ships on a real model; facts only for a meta-device model
+    (dcache.estimate simulates generations) and for a Schedule object (the tools' recording and calibration runs
+    compute every step on purpose)."""
+    real = next((p.device.type != "meta" for p in transformer.parameters()), True)
+    base = name.split(":", 1)[0]
+    return HealthMonitor(name, knob=lambda: main_knob(base) if base != "plan" else None, warn=warn and real)
 
 
 def _check_num_steps(num_steps: Any) -> int | None:

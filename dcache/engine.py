@@ -28,6 +28,7 @@ from .cache_ops import VALIDATED
 from .call_scope import check_scope
 from .call_state import BlockSlot, CallState
 from .concurrency import GenerationGuard
+from .health import HealthMonitor
 from .executors import EXECUTORS, executor_kind
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
@@ -48,11 +49,12 @@ class Engine:
     def __init__(self, transformer: nn.Module, adapter: Adapter, schedule: Schedule, *,
                  pipeline: Any = None, num_steps: int | None = None,
                  count_flops: bool = True, memoize: bool = True, scope: str = "blocks", leader: "Engine | None" = None,
-                 cache_codec: Any = None):
+                 cache_codec: Any = None, health: HealthMonitor | None = None):
         """leader: for the second expert of a two-transformer pipeline (Wan 2.2's transformer_2): the engine of the
         pipeline's first transformer, which hooks the scheduler and hands every generation and step on to this one
         (one scheduler, one wrapper; each expert keeps its own generation record, caches and schedule state).
-        cache_codec: a dcache.cache_codec.CacheCodec storing cached unit tensors in a low dtype (None: as computed)."""
+        cache_codec: a dcache.cache_codec.CacheCodec storing cached unit tensors in a low dtype (None: as computed).
+        health: what each finished generation did, said once per kind (dcache.health; None: a silent monitor)."""
         self.transformer = transformer
         self.cache_codec = cache_codec
         self.leader = leader
@@ -64,6 +66,7 @@ class Engine:
         self.pipeline = pipeline
         self.tracker = StepTracker(num_steps)
         self.guard = GenerationGuard()  # one generation at a time on this transformer (dcache.concurrency)
+        self.health = health if health is not None else HealthMonitor(warn=False)
         self.granularity = Granularity(schedule.granularity)
         self.meter = SignalMeter(self)  # the signals the schedule reads
         self.order = int(schedule.forecast_order)
@@ -132,6 +135,7 @@ class Engine:
     def _start_generation(self, record: GenerationRecord) -> None:
         self.executor.start_generation()
         self.guard.own(record)
+        self.health.start_generation(self.schedule.calibrating)
         self.record = record
         self.generations += 1
         self.branches = {}
@@ -150,6 +154,7 @@ class Engine:
             self._ended = rec
             self.schedule.end(rec.num_steps is not None and rec.step >= rec.num_steps)
         self.peak_cache_bytes = max(self.peak_cache_bytes, self._cache_bytes())
+        self.health.end_generation(rec, self.branches)
         if self.branches:  # handle.memory(): where the bytes were (dcache.memory)
             self.memory_at_end = branch_breakdown(self.branches, self.granularity.value)
         self.branches = {}

@@ -65,7 +65,8 @@ class Handle:
         return stats_from_record(rec, method=self.method, granularity=eng.granularity.value,
                                  generations=eng.generations, units_per_call=len(eng.units),
                                  blocks_per_call=len(eng.blocks),
-                                 cache_bytes=max(eng.peak_cache_bytes, eng._cache_bytes()))
+                                 cache_bytes=max(eng.peak_cache_bytes, eng._cache_bytes()),
+                                 health=eng.health.last.to_dict())
 
     def memory(self, expert: str | None = None) -> MemoryReport:
         """Cache memory: peak and live bytes, and where they were (by unit kind and branch) in the last generation

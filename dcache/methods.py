@@ -48,6 +48,21 @@ def register_target_resolver(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+_KNOB_LOOKUP: list[Callable[[str], str | None]] = []  # method -> its main knob, registered by a method package
+
+
+def register_knob_lookup(fn: Callable[[str], str | None]) -> Callable[[str], str | None]:
+    """Register the function naming a method's main knob (the one speed= / quality= sweep); the last one wins."""
+    _KNOB_LOOKUP[:] = [fn]
+    return fn
+
+
+def main_knob(method: str) -> str | None:
+    """The main knob of `method` (a method or preset name), or None when none is registered for it."""
+    _load_builtins()
+    return _KNOB_LOOKUP[0](method) if _KNOB_LOOKUP else None
+
+
 def target_resolver() -> Callable[..., Any]:
     _load_builtins()
     if not _TARGET_RESOLVER:

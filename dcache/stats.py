@@ -32,6 +32,7 @@ class Stats:
     cache_bytes: int  # peak bytes held by cached tensors
     per_step: list[dict[str, str]] = field(default_factory=list)  # per step: {branch: action row}
     experts: dict[str, "Stats"] = field(default_factory=dict)  # several denoising transformers: each one's own
+    health: dict[str, Any] = field(default_factory=dict)  # the last finished generation's dcache.health facts
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)  # experts become nested dicts
@@ -75,11 +76,13 @@ def combine_stats(parts: dict[str, Stats]) -> Stats:
         calls_fully_computed=sum(p.calls_fully_computed for p in parts.values()),
         blocks_per_call=first.blocks_per_call, block_flops_total=total, block_flops_computed=computed,
         compute_ratio=ratio, ideal_speedup=1.0 / ratio if ratio > 0 else float("inf"),
-        cache_bytes=sum(p.cache_bytes for p in parts.values()), per_step=per_step, experts=dict(parts))
+        cache_bytes=sum(p.cache_bytes for p in parts.values()), per_step=per_step, experts=dict(parts),
+        health=dict(first.health))
 
 
 def stats_from_record(rec: GenerationRecord | None, *, method: str, granularity: str, generations: int,
-                      units_per_call: int, blocks_per_call: int, cache_bytes: int) -> Stats:
+                      units_per_call: int, blocks_per_call: int, cache_bytes: int,
+                      health: dict[str, Any] | None = None) -> Stats:
     calls = rec.calls if rec is not None else []
     cells = "".join(c.actions for c in calls)
     total = sum(c.signals.get("flops_total", 0.0) for c in calls)
@@ -101,4 +104,4 @@ def stats_from_record(rec: GenerationRecord | None, *, method: str, granularity:
         calls_fully_computed=sum(set(c.actions) == {Action.COMPUTE.value} for c in calls),
         blocks_per_call=blocks_per_call, block_flops_total=total, block_flops_computed=computed,
         compute_ratio=ratio, ideal_speedup=1.0 / ratio if ratio > 0 else float("inf"),
-        cache_bytes=cache_bytes, per_step=per_step)
+        cache_bytes=cache_bytes, per_step=per_step, health=dict(health or {}))

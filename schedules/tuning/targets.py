@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import dcache
+from dcache.health import quiet
 from dcache.methods import register_knob_lookup, register_target_resolver
 from dcache.quality import psnr
 
@@ -143,10 +144,12 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
             config = dcache.config_for(method, **{**fixed, knob_name: value})
             handle = dcache.apply(target, config, num_steps=num_steps, scope=scope)
             try:
-                out = _output_tensor(run_fn())
+                with quiet():  # a sweep tries settings that reuse nothing or everything on purpose
+                    out = _output_tensor(run_fn())
                 stats = handle.stats()
             finally:
-                handle.remove()
+                with quiet():
+                    handle.remove()
             sweep.append({"value": value, "compute_ratio": stats.compute_ratio,
                           "ideal_speedup": stats.ideal_speedup,
                           # float32, data range 1 for [0, 1] outputs, else the reference's max - min

@@ -28,6 +28,7 @@ import torch
 
 import dcache
 from dcache.actions import Action, Granularity
+from dcache.health import quiet
 from dcache.adapters import reuse_composed_inputs
 from dcache.io import atomic_write_text, atomic_write_with
 from dcache.plan import KEYFRAMES, Plan
@@ -193,11 +194,12 @@ def run_plan(calib: Calibration, plan: Plan | None) -> torch.Tensor:
     if plan is None:
         return calib.reference()
     handle = dcache.apply(calib.pipe, plan, count_flops=False)
-    try:
-        with torch.no_grad():
-            return calib.generate().detach().float().cpu()
-    finally:
-        handle.remove()
+    with quiet():  # a search replays plans that reuse almost everything on purpose
+        try:
+            with torch.no_grad():
+                return calib.generate().detach().float().cpu()
+        finally:
+            handle.remove()
 
 
 def measure(calib: Calibration, template: Template, plan: Plan) -> Measured:
