@@ -59,7 +59,8 @@ class Progress:
         return True if self.enabled else (lambda line: self.stage(f"{what}: {line}"))
 
     @contextmanager
-    def bar(self, total: int, desc: str, unit: str = "it") -> Iterator[_Bar]:
+    def bar(self, total: int | None, desc: str, unit: str = "it") -> Iterator[_Bar]:
+        """total None: a counter (count, rate and elapsed time, no ETA) for work of unknown size."""
         if not self.enabled:
             yield _Bar(None)
             return

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from .devices import AUTO, DEVICE_HELP, DTYPE_HELP, describe, resolve_device
+from .progress import Progress
 
 if TYPE_CHECKING:
     import torch
@@ -272,7 +273,6 @@ def search_command(
                                              "far); --no-progress: one line per stage (ECAD: per generation)"),
 ) -> None:
     """Search cache plans on a calibration set and write the Pareto front (plans, JSON, plot, summary)."""
-    from .progress import Progress
     from .runner import load_pipeline, use_threads
 
     if method not in METHODS:
@@ -369,6 +369,42 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
     if len(scales) > 1:
         check_same_branches(pipe, is_tiny, prompt_list, steps=steps, seed=seed, scales=scales)
     calib = make_calibration(pipe, is_tiny, prompt_list, steps=steps, seed=seed, guidance=scales or None)
+    from dcache.schedules.tuning.search.core import is_main_process
+
+    with Progress(enabled=progress and is_main_process()).bar(total=None, desc=f"{method} search",
+                                                             unit=" generations") as bar:
+        calib.generate = CountedGenerations(calib.generate, bar)
+        return _search_front(method, pipe, is_tiny, calib, search, budget=budget, out=out, steps=steps,
+                             prompt_list=prompt_list, seed=seed, scales=scales, pop_size=pop_size,
+                             generations=generations, resume=resume, max_span=max_span, iterations=iterations,
+                             progress=progress, seed_methods=seed_methods, on_generation=on_generation,
+                             base_plans=base_plans, train_seeds=train_seeds, online_iterations=online_iterations,
+                             forecast_order=forecast_order, granularity=granularity, scope=scope)
+
+
+class CountedGenerations:
+    """A calibration set's generate() that steps a bar at every generation. Every search method spends its time in
+    calibration generations (the template, the reference, edges, candidates, seeds), so the bar shows a search
+    working from its first generation, whatever phase it is in; the methods' own bars (ECAD generations, LeMiCa
+    edges) count their own units below it."""
+
+    def __init__(self, generate, bar):
+        self.generate, self.bar = generate, bar
+
+    def __call__(self):
+        images = self.generate()
+        self.bar.step()
+        return images
+
+    def __getattr__(self, name: str):  # a GuidanceSweep's split / scales / sizes
+        return getattr(self.generate, name)
+
+
+def _search_front(method: str, pipe: Any, is_tiny: bool, calib, search, *, budget: str, out: str, steps: int,
+                  prompt_list: list[str], seed: int, scales: list[float], pop_size: int, generations: int,
+                  resume: bool, max_span: int, iterations: int | None, progress: bool, seed_methods: tuple[str, ...],
+                  on_generation, base_plans: str, train_seeds: int, online_iterations: int | None,
+                  forecast_order: int, granularity: str, scope: str) -> dict:
     template = search.make_template(calib)
     front = _run_method(method, pipe, is_tiny, calib, template, budget=budget, out=out, steps=steps,
                         prompts=prompt_list, seed=seed, scales=scales, pop_size=pop_size, generations=generations,

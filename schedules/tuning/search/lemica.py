@@ -79,6 +79,11 @@ def edge_weights(calib: Calibration, template: Template, max_span: int, error_fn
         if data.get("num_steps") == n and data.get("forecast_order", 0) == forecast_order:
             done = {tuple(map(int, k.split("-"))): v for k, v in data["edges"].items()}
     todo = [e for e in edges if e not in done]
+    bar = None
+    if progress and is_main_process() and todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(edges), initial=len(done), desc="lemica edges", leave=False)
     ref = calib.reference()
 
     def weigh(edge: tuple[int, int]) -> float:
@@ -86,12 +91,11 @@ def edge_weights(calib: Calibration, template: Template, max_span: int, error_fn
         plan = _stack_plan(template, segment_rows(n, *edge, skip=skip), forecast_order, method="lemica-edge")
         return float(error_fn(run_plan(calib, plan), ref))
 
-    chunk = 16  # save progress every chunk (resume after a crash re-measures at most one chunk)
-    bar = None
-    if progress and is_main_process() and todo:
-        from tqdm.auto import tqdm
+    # one edge per process per round, saved after each round: the bar moves with every edge, and an interrupted
+    # search resumes from cache_path having lost at most the edges in flight
+    from accelerate import PartialState
 
-        bar = tqdm(total=len(edges), initial=len(done), desc="lemica edges", leave=False)
+    chunk = PartialState().num_processes
     for start in range(0, len(todo), chunk):
         part = todo[start:start + chunk]
         for e, w in zip(part, distributed_map(weigh, part)):
