@@ -290,6 +290,7 @@ def estimate(
     list_: bool = typer.Option(False, "--list", help="list the shipped configs and their usual settings"),
     table: bool = typer.Option(False, "--table", help="print the README table: peak cache per method for every "
                                                       "shipped config at its usual settings"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="a bar over the estimates (stderr)"),
 ) -> None:
     """Cache memory (peak, per unit kind, branch and expert), FLOPs per call and the compute ratio range of a method,
     from the model's config on the meta device: no weights, no GPU, before any run."""
@@ -305,8 +306,11 @@ def estimate(
                 typer.echo(f"{name:18s} {info['hub_id']:42s} {info['width']}x{info['height']} {info['frames']}f "
                            f"{info['steps']} steps, guidance {info['guidance']} ({info['cfg']})")
             return
-        if table:
-            typer.echo(est.markdown_table(dtype=dtype))
+        bars = Progress(enabled=progress and not as_json, quiet=as_json)  # --json: the JSON alone
+        if table:  # ~1 s per (model, method): a bar over them
+            with bars.bar(total=est.table_size(), desc="estimate --table", unit="estimate") as bar:
+                text = est.markdown_table(dtype=dtype, on_row=bar.step)
+            typer.echo(text)
             return
         spec = est.resolve_model(model)
         setting = est.with_overrides(spec.setting, height=height, width=width, frames=frames, steps=steps,
@@ -314,8 +318,9 @@ def estimate(
         import dcache
 
         names = sorted(dcache.methods()) if cache == "all" else [cache]
-        rows = est.estimate_spec(spec, names, overrides=_parse_overrides(set_), batch=batch, dtype=dtype,
-                                 setting=setting, scope=scope)
+        with bars.bar(total=len(names) * len(spec.experts), desc="estimate", unit="estimate") as bar:
+            rows = est.estimate_spec(spec, names, overrides=_parse_overrides(set_), batch=batch, dtype=dtype,
+                                     setting=setting, scope=scope, on_row=bar.step)
     except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
         _fail(exc)
         return

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -85,6 +85,9 @@ def resolve_model(model: str | None) -> ModelSpec:
     if model in (None, "tiny"):
         return _bundled()
     shipped = shipped_models()
+    by_hub_id = {info["hub_id"]: name for name, info in shipped.items()}
+    if model in by_hub_id:  # a shipped model by its hub id: its config ships with dcache, nothing is downloaded
+        model = by_hub_id[model]
     if model in shipped:
         info = shipped[model]
         return ModelSpec(model, _folder_experts(CONFIGS / model), _setting_from(info))
@@ -94,10 +97,10 @@ def resolve_model(model: str | None) -> ModelSpec:
         return ModelSpec(path.stem, (("transformer", config),), _default_setting(config))
     if path.is_dir():
         experts = _folder_experts(path)
-        return ModelSpec(path.name, experts, _default_setting(experts[0][1]))
+        return ModelSpec(path.name, experts, _folder_setting(path, experts))
     if model.count("/") == 1 and not path.exists():
         experts = _hub_experts(model)
-        return ModelSpec(model, experts, _default_setting(experts[0][1]))
+        return ModelSpec(model, experts, _shipped_setting(experts) or _default_setting(experts[0][1]))
     raise ValueError(f"--model {model!r} is neither a shipped config ({', '.join(sorted(shipped))}), a folder with "
                      f"transformer/config.json or config.json, a config.json file, nor a hub id like "
                      f"'black-forest-labs/FLUX.1-dev'.")
@@ -125,13 +128,19 @@ def _folder_experts(folder: Path) -> tuple[tuple[str, dict], ...]:
 
 
 def _hub_experts(repo: str) -> tuple[tuple[str, dict], ...]:
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import EntryNotFoundError
+    import huggingface_hub
+    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
 
     experts = []
     for name in EXPERTS:
         try:
-            experts.append((name, _read_config(Path(hf_hub_download(repo, f"{name}/config.json")))))
+            experts.append((name, _read_config(Path(huggingface_hub.hf_hub_download(repo, f"{name}/config.json")))))
+        except LocalEntryNotFoundError as exc:  # a subclass of EntryNotFoundError: no network and nothing cached
+            raise RuntimeError(
+                f"could not download {repo}/{name}/config.json: offline (the hub is unreachable and the file is not "
+                f"in the local cache: {str(exc).splitlines()[0][:160]}). Use a shipped config (dcache estimate "
+                f"--list: {', '.join(sorted(shipped_models()))}), a local folder or config.json, or run once "
+                f"online.") from None
         except EntryNotFoundError:
             continue
     if not experts:
@@ -152,12 +161,44 @@ def _default_setting(config: dict) -> Setting:
 
 
 def _bundled() -> ModelSpec:
+    return ModelSpec("tiny", (("transformer", _read_config(BUNDLED / "transformer" / "config.json")),),
+                     _digit_setting(BUNDLED))
+
+
+def _digit_setting(folder: Path) -> Setting:
+    """The digit pipeline's own call (16x16, 28 steps, split CFG at its default guidance, its label tokens)."""
     from .tiny_pipeline import DEFAULT_GUIDANCE, IMAGE_SIZE
 
-    tokens = json.loads((BUNDLED / "label_encoder" / "config.json").read_text())["num_tokens"]
-    setting = Setting(height=IMAGE_SIZE, width=IMAGE_SIZE, steps=28, guidance=DEFAULT_GUIDANCE, cfg="split",
-                      text_tokens=tokens, vae_scale=(1, 1), pack=2)
-    return ModelSpec("tiny", (("transformer", _read_config(BUNDLED / "transformer" / "config.json")),), setting)
+    tokens = json.loads((folder / "label_encoder" / "config.json").read_text())["num_tokens"]
+    return Setting(height=IMAGE_SIZE, width=IMAGE_SIZE, steps=28, guidance=DEFAULT_GUIDANCE, cfg="split",
+                   text_tokens=tokens, vae_scale=(1, 1), pack=2)
+
+
+def _shipped_setting(experts: tuple[tuple[str, dict], ...]) -> Setting | None:
+    """The usual setting of the shipped model whose transformer has this config's identity (class and size), e.g.
+    a saved FLUX.1-dev folder; None when no shipped model matches."""
+    from dcache.schedules.tables import identity_from_config
+
+    def identity(config: dict) -> str:
+        return identity_from_config(config["_class_name"], config)
+
+    wanted = [identity(config) for _, config in experts]
+    for name, info in shipped_models().items():
+        if [identity(config) for _, config in _folder_experts(CONFIGS / name)] == wanted:
+            return _setting_from(info)
+    return None
+
+
+def _folder_setting(folder: Path, experts: tuple[tuple[str, dict], ...]) -> Setting:
+    """A pipeline folder's own defaults: the digit pipeline's call for a DigitFlowPipeline folder (the bundled
+    model's), a shipped model's usual setting for a folder of that model, else the family's defaults."""
+    index = folder / "model_index.json"
+    if index.is_file():
+        from .tiny_pipeline import DigitFlowPipeline
+
+        if json.loads(index.read_text()).get("_class_name") == DigitFlowPipeline.__name__:
+            return _digit_setting(folder)
+    return _shipped_setting(experts) or _default_setting(experts[0][1])
 
 
 # ------------------------------------------------------------------------------------------------ call shapes
@@ -251,8 +292,9 @@ class Row:
 
 def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None = None, batch: int = 1,
                   dtype: str = "bfloat16", setting: Setting | None = None, scope: str | None = None,
-                  memory_only: bool = False) -> list[Row]:
-    """One Row per (method, expert). memory_only: cache memory alone (no FLOPs, no compute-ratio range; faster)."""
+                  memory_only: bool = False, on_row: Callable[[str], None] | None = None) -> list[Row]:
+    """One Row per (method, expert). memory_only: cache memory alone (no FLOPs, no compute-ratio range; faster).
+    on_row(method) is called after each (method, expert): what a progress bar counts."""
     import diffusers
 
     from dcache.schedules.tuning.targets import MAIN_KNOBS
@@ -289,6 +331,9 @@ def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None
                                memory_only=memory_only, **over)
                 est.notes.append("calibration placeholder: memory and FLOPs hold, the compute ratio does not")
                 rows.append(Row(method, expert, est, placeholder=True))
+            finally:
+                if on_row is not None:
+                    on_row(f"{spec.name} {method}")
     return rows
 
 
@@ -341,16 +386,21 @@ def format_flops(flops: float) -> str:
 TABLE_METHODS = ("magcache", "fbcache", "teacache", "easycache", "seacache", "taylorseer", "fora", "pab")
 
 
+def table_size(methods: tuple[str, ...] = TABLE_METHODS, models: Sequence[str] | None = None) -> int:
+    """The (model, expert, method) estimates markdown_table makes: its progress total."""
+    return sum(len(resolve_model(name).experts) for name in models or shipped_models()) * len(methods)
+
+
 def markdown_table(methods: tuple[str, ...] = TABLE_METHODS, dtype: str = "bfloat16",
-                   models: Sequence[str] | None = None) -> str:
+                   models: Sequence[str] | None = None, on_row: Callable[[str], None] | None = None) -> str:
     """Peak cache memory per method for every shipped config (or `models`) at its usual settings
-    (`dcache estimate --table`; the README's table is its output)."""
+    (`dcache estimate --table`; the README's table is its output). on_row: see estimate_spec."""
     header = "| model | setting | " + " | ".join(methods) + " |"
     lines = [header, "|" + "---|" * (len(methods) + 2)]
     for name in models or shipped_models():
         spec = resolve_model(name)
         s = spec.setting
-        rows = estimate_spec(spec, list(methods), dtype=dtype, memory_only=True)
+        rows = estimate_spec(spec, list(methods), dtype=dtype, memory_only=True, on_row=on_row)
         cells = []
         for method in methods:
             total = sum(r.estimate.memory.peak_bytes for r in rows if r.method == method and r.estimate)
