@@ -34,6 +34,11 @@ PLAN_VERSION = 1
 # plan carries its predictor's weights as base64 (one net per cached tensor: ~0.75 GB for every tensor of a 12B
 # model). A larger file is refused from its size, before it is read.
 MAX_PLAN_BYTES = 1 << 30
+# How to make a plan for the model at hand, for the errors of a plan that does not fit it
+MAKE_A_PLAN = ("make a plan for this model: `dcache generate --model <model> --cache magcache` writes the run's "
+               "plan.json (in Python: handle.plan().save('plan.json') after a cached generation), `dcache calibrate "
+               "--model <model> --method bac` a profiled one, `dcache search --model <model> --method lemica` "
+               "searched ones.")
 
 
 class PlanError(ValueError):
@@ -153,19 +158,19 @@ class Plan:
     def check_model(self, model_class: str, block_layout: list[int], units: tuple[str, ...]) -> None:
         if model_class != self.model_class:
             raise PlanError(f"this plan was made for {self.model_class} but the model is {model_class}; "
-                            f"make a plan for this model (dcache calibrate / dcache search, or handle.plan()).")
+                            f"{MAKE_A_PLAN}")
         if list(block_layout) != list(self.block_layout):
             raise PlanError(f"this plan expects block lists of sizes {self.block_layout} but the model has "
-                            f"{list(block_layout)} (another variant of {model_class}); make a plan for this model.")
+                            f"{list(block_layout)} (another variant of {model_class}); {MAKE_A_PLAN}")
         if tuple(units) != tuple(self.units):
             if len(units) != len(self.units):
                 raise PlanError(f"this plan addresses {len(self.units)} units but the model exposes {len(units)} at "
-                                f"{self.granularity} granularity; make a plan for this model.")
+                                f"{self.granularity} granularity; {MAKE_A_PLAN}")
             differ = [(i, mine, theirs) for i, (mine, theirs) in enumerate(zip(self.units, units)) if mine != theirs]
             shown = ", ".join(f"#{i}: plan {mine!r:.40} vs model {theirs!r:.40}" for i, mine, theirs in differ[:4])
             more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
             raise PlanError(f"this plan's units differ from the model's at {len(differ)} of {len(units)} places "
-                            f"({shown}{more}); make a plan for this model (or fix the unit names in the file).")
+                            f"({shown}{more}); fix the unit names in the file, or {MAKE_A_PLAN}")
 
     # ------------------------------------------------------------------------------------------------ rows
     def row(self, step: int, branch: str, num_steps: int | None) -> str:
