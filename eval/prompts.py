@@ -49,17 +49,17 @@ def load_prompts(spec: str | None, *, is_tiny: bool, limit: int | None = None) -
         path = Path(spec)
         if path.is_file():
             prompts = _read_file(path)
-        elif is_tiny and all(p.strip().isdigit() for p in spec.split(",")):
+        elif is_tiny and _labels(spec):
             prompts = [p.strip() for p in spec.split(",")]
         else:
             raise PromptError(f"prompt file {spec!r} does not exist; pass a .txt (one prompt per line), .json (a list "
                               f"of strings or of {{\"prompt\": ...}} objects) or .jsonl file, or 'builtin'.")
-    if is_tiny:
-        bad = [p for p in prompts if not p.strip().isdigit() or not 0 <= int(p) <= 9]
+    if is_tiny:  # the labels dcache generate --prompt takes: "3" or "three"
+        bad = [p for p in prompts if _digit(p) is None]
         if bad:
-            raise PromptError(f"the bundled digit model takes class labels 0-9 as prompts, got {bad[:5]} in "
-                              f"{spec!r}; write one label per line, or use 'builtin'.")
-        prompts = [str(int(p)) for p in prompts]
+            raise PromptError(f"the bundled digit model takes class labels 0-9 or digit words ('seven') as prompts, "
+                              f"got {bad[:5]} in {spec!r}; write one label per line, or use 'builtin'.")
+        prompts = [str(_digit(p)) for p in prompts]
     if limit is not None:
         if limit < 1:
             raise PromptError(f"--num-prompts {limit} must be >= 1.")
@@ -71,12 +71,27 @@ def precheck_prompts(spec: str | None) -> None:
     """Fail early (before a model loads) on a prompt file that is missing, empty or malformed. Builtin sets and
     inline labels ("0,3,7") pass; whether labels fit the model is checked by load_prompts once the model is known."""
     spec = _spec(spec)
-    if spec.startswith("builtin") or all(p.strip().isdigit() for p in spec.split(",")):
+    if spec.startswith("builtin") or _labels(spec):
         if spec.startswith("builtin") and spec not in BUILTIN_SETS:
             raise PromptError(f"unknown builtin prompt set {spec!r}; use one of {sorted(BUILTIN_SETS)} or a file "
                               f"path.")
         return
     load_prompts(spec, is_tiny=False)
+
+
+def _digit(prompt: str) -> int | None:
+    """The digit a prompt names ("3", " 07 ", "seven", "Seven"); None if it names none (e.g. "12")."""
+    from dcache.pipelines.tiny_pipeline import DIGIT_WORDS
+
+    text = prompt.strip().lower()
+    if text.isdigit():
+        return int(text) if int(text) <= 9 else None
+    return DIGIT_WORDS.index(text) if text in DIGIT_WORDS else None
+
+
+def _labels(spec: str) -> bool:
+    """Inline labels for the bundled model: "0,3,7", "three,7" (and "12": a label, refused as one once checked)."""
+    return all(p.strip().isdigit() or _digit(p) is not None for p in spec.split(","))
 
 
 def _spec(spec: str | None) -> str:
