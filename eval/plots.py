@@ -198,10 +198,11 @@ def _font(size: int = 11):
 
 def image_grid(rows: Sequence[tuple[str, torch.Tensor, Sequence[str] | None]], path: str | Path, *,
                tile: int = 96, pad: int = 4, label_width: int = 170, caption_height: int = 16,
-               note: str | None = None) -> Path:
+               note: str | None = None, colorbar: float | None = None) -> Path:
     """Rows (label, images [N, C, H, W] in [0, 1], per-image captions or None) as one PNG. Tiles are resized to
-    `tile` pixels high (nearest-neighbour when upscaling small images, so pixels stay visible)."""
-    from dcache.pipelines.images import to_uint8
+    `tile` pixels high (nearest-neighbour when upscaling small images, so pixels stay visible). colorbar=vmax: the
+    heat maps' colour bar below (rows made by dcache.pipelines.images.heat at that vmax)."""
+    from dcache.pipelines.images import to_uint8, with_colorbar
 
     font, small = _font(12), _font(10)
     arrays = [to_uint8(images) for _, images, _ in rows]
@@ -224,6 +225,8 @@ def image_grid(rows: Sequence[tuple[str, torch.Tensor, Sequence[str] | None]], p
             if captions is not None and i < len(captions) and captions[i]:
                 draw.text((label_width + pad + i * (tw + pad) + 2, y + th + 2), captions[i], fill=(40, 40, 40),
                           font=small)
+    if colorbar is not None:
+        canvas = with_colorbar(canvas, colorbar, left=label_width + pad)
     return atomic_write_with(path, canvas.save)
 
 

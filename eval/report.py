@@ -323,13 +323,11 @@ def make_figures(out: Path, results: dict, records: dict[str, list[dict]]) -> di
                 f"uncached frame" if video else "images of the first item(s); caption = PSNR vs the uncached image")
         figs["grid"] = image_grid(scale_rows, out / "grid.png", tile=tile, note=note)
         if diffs:
-            from dcache.pipelines.images import heat
+            from dcache.pipelines.images import DIFF_VMAX, heat
 
-            vmax = max(float(d.max()) for _, d in diffs) or 1e-8
-            heat_rows = [(lbl, heat(d, vmax=vmax), [f"max {float(x.max()):.3f}" for x in d]) for lbl, d in diffs]
-            figs["diff"] = image_grid(heat_rows, out / "diff.png", tile=tile,
-                                      note=f"|cached - uncached| per pixel, black 0 -> red -> yellow {vmax:.3f} "
-                                           f"(one scale for all rows)")
+            heat_rows = [(lbl, heat(d), [f"max {float(x.max()):.3f}" for x in d]) for lbl, d in diffs]
+            figs["diff"] = image_grid(heat_rows, out / "diff.png", tile=tile, colorbar=DIFF_VMAX,
+                                      note="fixed scale for every row and report. Caption: largest |diff|")
     strips, labels, width = [], [], 0
     for lbl in order[1:]:
         per_step = rows[lbl].get("decisions_first_item") or []
