@@ -118,8 +118,11 @@ def eval_command(
                      width=width, pipeline_kwargs=pipeline_kwargs, grid_items=grid_items, classifier=classifier,
                      clip_model=clip_model, image_reward_model=image_reward_model, out=out,
                      command=_command_line("eval"), threads=threads)
+    from dcache.pipelines.runner import removed_if_left_empty
+
     try:
-        result = run_eval(cfg, progress=progress, on_record=None if progress else _stage_lines("eval"))
+        with removed_if_left_empty(out):
+            result = run_eval(cfg, progress=progress, on_record=None if progress else _stage_lines("eval"))
     except ERRORS as exc:
         _fail(exc)
         return
@@ -169,7 +172,7 @@ def analyze_command(
         typer.echo(f"wrote {result.out_dir}/: {', '.join(result.files)}")
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="dcache evaluation commands (also available as `dcache eval` / `dcache analyze`).")
 app.command("eval")(eval_command)
 app.command("analyze")(analyze_command)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +28,24 @@ def is_file_spec(method: str) -> bool:
     return method.endswith(".json") or os.path.sep in method or Path(method).is_file()
 
 
-def check_method(method: str, overrides: dict[str, Any], flag: str = "--cache") -> None:
+def check_method(method: str, overrides: dict[str, Any], flag: str = "--cache", model: str | None = None) -> None:
     """A method or preset name with its --set fields (dcache.config_for validates both: unknown names and fields get
     close matches, values their allowed range), or a plan / config file that exists and parses. Options of
-    dcache.apply itself among the overrides (max_cache_memory, cache_dtype, ...) are left to it."""
+    dcache.apply itself among the overrides (max_cache_memory, cache_dtype, ...) are left to it. A calibration file
+    (--set calibration=FILE) must exist; the error gives the `dcache calibrate` command for `model` that writes it."""
     import dcache
 
     own = set(inspect.signature(dcache.apply).parameters)
     fields = {k: v for k, v in overrides.items() if k not in own}
     if not is_file_spec(method):
-        dcache.config_for(method, **fields)
+        config = dcache.config_for(method, **fields)
+        calibration = fields.get("calibration")
+        if isinstance(calibration, str) and not Path(calibration).is_file():
+            on = "" if model in (None, "", "tiny") else f" --model {shlex.quote(model)}"
+            raise FileNotFoundError(
+                f"--set calibration={calibration}: no such file. Write it once with `dcache calibrate{on} --method "
+                f"{config.method} --out {shlex.quote(calibration)}` (it prints how to use it), or leave "
+                f"calibration out (the calibration dcache ships for the model, if any).")
         return
     from dcache.io import read_json
     from dcache.plan import MAX_PLAN_BYTES, PLAN_FORMAT, Plan, PlanError

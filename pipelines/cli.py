@@ -12,7 +12,7 @@ from .devices import AUTO, DEVICE_HELP, DTYPE_HELP, describe, resolve_device
 from .progress import Progress
 from .search_cli import search_command
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="dcache: feature caching for diffusion transformers in diffusers pipelines.")
 
 
@@ -98,28 +98,31 @@ def generate(
     """Run uncached and cached on the same seeds; write a grid and stats; print the speed-up and PSNR.
     With --prompts FILE: generate every prompt x seed with the cache (batch mode, resumable)."""
     controlnet_setting = _controlnet_setting(controlnet)
+    from .runner import removed_if_left_empty
+
     if prompts_file is not None:  # batch mode hands every apply option over with the --set ones
         extra = [] if controlnet is None else [f"controlnet={json.dumps(controlnet_setting)}"]
-        _generate_batch(prompts_file, prompt, model=model, cache=cache, seeds=seeds, seed=seed,
-                        num_prompts=num_prompts, steps=steps, guidance=guidance, batch_size=batch_size,
-                        device=device, dtype=dtype, height=height, width=width, overrides=[*set_, *extra],
-                        threads=threads,
-                        pipeline_kwargs=_call_arguments(call), out=out, progress=progress)
+        with removed_if_left_empty(out):
+            _generate_batch(prompts_file, prompt, model=model, cache=cache, seeds=seeds, seed=seed,
+                            num_prompts=num_prompts, steps=steps, guidance=guidance, batch_size=batch_size,
+                            device=device, dtype=dtype, height=height, width=width, overrides=[*set_, *extra],
+                            threads=threads, pipeline_kwargs=_call_arguments(call), out=out, progress=progress)
         return
     from .generate import format_summary, generate as run
 
     prompts = None if prompt is None else [prompt]  # the digit model's "0,1,2" is split once it is known
     try:
-        result = run(model=model, prompts=prompts, cache=cache, steps=steps, seed=seed, guidance=guidance, out=out,
-                     repeats=repeats, device=device, dtype=dtype, height=height, width=width,
-                     overrides=_parse_overrides(set_), threads=threads, pipeline_kwargs=_call_arguments(call),
-                     scope=scope, speed=speed, quality=quality, controlnet=controlnet_setting,
-                     progress=Progress(enabled=progress))
+        with removed_if_left_empty(out):
+            result = run(model=model, prompts=prompts, cache=cache, steps=steps, seed=seed, guidance=guidance,
+                         out=out, repeats=repeats, device=device, dtype=dtype, height=height, width=width,
+                         overrides=_parse_overrides(set_), threads=threads, pipeline_kwargs=_call_arguments(call),
+                         scope=scope, speed=speed, quality=quality, controlnet=controlnet_setting,
+                         progress=Progress(enabled=progress))
     except (ValueError, RuntimeError, TypeError, FileNotFoundError) as exc:
         _fail(exc)
         return
     typer.echo(format_summary(result.summary))
-    typer.echo(f"wrote        {result.out_dir}/ (grid.png or videos, stats.json, plan.json)")
+    typer.echo(f"wrote        {result.out_dir}/: {', '.join(result.summary['files'])}")
 
 
 def _generate_batch(prompts_file: str, prompt: Optional[str], *, seed: int, overrides: list[str], **kw) -> None:
@@ -227,9 +230,26 @@ def calibrate(
     except (ValueError, RuntimeError, FileNotFoundError, TypeError) as exc:
         _fail(exc)
         return
-    summary = {k: (v if not isinstance(v, list) or len(v) < 8 else f"[{len(v)} values]") for k, v in table.items()}
-    typer.echo(f"calibrated {method}: {summary}")
+    typer.echo(f"calibrated {method}:")
+    for line in _table_lines(table):
+        typer.echo(f"  {line}")
     typer.echo(f"wrote {out}; use it with: {generate} --cache {method} --set calibration={shlex.quote(out)}")
+
+
+def _table_lines(table: dict) -> list[str]:
+    """A calibration table as readable lines: a long list of numbers as its length and range, short ones in full.
+    MagCache: "cond: 28 magnitude ratios, first 1, last 0.9712, range 0.9123 .. 1.021"."""
+    lines = []
+    for key, value in table.items():
+        numbers = isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value)
+        if numbers and len(value) > 6:
+            lines.append(f"{key}: {len(value)} values, first {value[0]:.4g}, last {value[-1]:.4g}, range "
+                         f"{min(value):.4g} .. {max(value):.4g}")
+        elif numbers:
+            lines.append(f"{key}: {', '.join(f'{v:.4g}' for v in value)}")
+        else:
+            lines.append(f"{key}: {value}")
+    return lines
 
 
 class _CountedRun:

@@ -14,7 +14,7 @@ from dcache.memory import format_bytes
 from dcache.io import atomic_write_text, prepare_out_dir
 
 from .devices import describe, resolve_device
-from .images import heat, save_grid, save_video
+from .images import DIFF_VMAX, heat, save_grid, save_video
 from .progress import Progress
 from dcache.quality import median, psnr
 
@@ -52,7 +52,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         from dcache.schedules.tuning.targets import check_target
 
         check_target(speed, quality)
-    check_method(cache, dict(overrides or {}))
+    check_method(cache, dict(overrides or {}), model=model)
     prepare_out_dir(out)  # a file or a read-only folder fails before the model loads
     progress = progress or Progress(enabled=False, quiet=True)
     device, dtype = resolve_device(device, dtype)
@@ -149,11 +149,15 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         summary["videos"] = ["uncached.gif", "cached.gif"]
     else:
         save_grid([reference, cached, heat(reference - cached)], out_dir / "grid.png",
-                  row_labels=["uncached", f"{cache}", "|difference|"], scale=4 if is_tiny else 1)
+                  row_labels=["uncached", f"{cache}", "|difference|"], scale=4 if is_tiny else 1,
+                  colorbar=DIFF_VMAX)
         summary["grid"] = "grid.png"
     progress.stage(f"writing {out_dir}/")
-    for name, expert_plan in plans.items():  # plan.json; plan.transformer_2.json for a second expert
-        expert_plan.save(out_dir / ("plan.json" if name == "transformer" else f"plan.{name}.json"))
+    plan_files = [("plan.json" if name == "transformer" else f"plan.{name}.json") for name in plans]
+    summary["files"] = [*summary.get("videos", []), *([summary["grid"]] if "grid" in summary else []), "stats.json",
+                        *plan_files]
+    for file, expert_plan in zip(plan_files, plans.values()):  # plan.json; plan.transformer_2.json: a second expert
+        expert_plan.save(out_dir / file)
     atomic_write_text(out_dir / "stats.json", json.dumps(_finite(summary), indent=1))
     return GenerateResult(out_dir, summary)
 

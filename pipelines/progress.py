@@ -28,6 +28,8 @@ class _Bar:
         if self._bar is not None:
             if name:
                 self._bar.set_postfix_str(name, refresh=False)
+            if self._bar.total is not None and self._bar.n + n > self._bar.total:
+                self._bar.total = self._bar.n + n  # work beyond the estimate (a calibrator running a job again)
             self._bar.update(n)
 
     def set_postfix(self, **values: Any) -> None:

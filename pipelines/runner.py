@@ -7,10 +7,12 @@ pipelines (prompts); every run returns images as a float tensor [N, C, H, W] in 
 from __future__ import annotations
 
 import json
+import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -118,6 +120,20 @@ def is_hub_id(name: str) -> bool:
     except HFValidationError:
         return False
     return True
+
+
+@contextmanager
+def removed_if_left_empty(out: str | os.PathLike) -> Iterator[None]:
+    """Run a command that writes to the folder `out`; if the command created it and it is still empty when the
+    command ends (an error, Ctrl-C), remove it, so a failed run leaves nothing behind. A folder that existed before,
+    or that holds anything (resumable work included), is kept."""
+    path = Path(out)
+    existed = path.exists()
+    try:
+        yield
+    finally:
+        if not existed and path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
 
 
 def check_threads(threads: int | None) -> None:

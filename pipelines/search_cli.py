@@ -158,7 +158,9 @@ def make_calibration(pipe: Any, is_tiny: bool, prompts: list[str], *, steps: int
 
     scales = guidance if isinstance(guidance, list) else [guidance]
     settings = {"prompts": list(prompts), "seed": seed, "steps": steps,
-                "guidance": scales if len(scales) > 1 else scales[0]}
+                "guidance": scales if len(scales) > 1 else scales[0],
+                "quality": "PSNR (dB, capped at 100) of the cached images against the uncached ones"
+                           + (", at the worst guidance scale" if len(scales) > 1 else "")}
     jobs = [GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=g, seed=seed) for g in scales]
     metrics = tiny_metrics([int(p) for p in prompts]) if is_tiny else None
     if len(jobs) == 1:
@@ -273,7 +275,7 @@ def search_command(
                                              "far); --no-progress: one line per stage (ECAD: per generation)"),
 ) -> None:
     """Search cache plans on a calibration set and write the Pareto front (plans, JSON, plot, summary)."""
-    from .runner import load_pipeline, use_threads
+    from .runner import load_pipeline, removed_if_left_empty, use_threads
 
     if method not in METHODS:
         raise typer.BadParameter(f"--method {method!r} is not one of {', '.join(METHODS)}.")
@@ -293,12 +295,13 @@ def search_command(
     use_threads(threads, is_tiny=is_tiny, device=device)
     at = f", guidance {', '.join(f'{g:g}' for g in scales)}" if scales else ""
     stages.stage(f"{method} search on the calibration prompts (seed {seed}{at}), writing to {out}/")
-    front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts, seed=seed,
-                       guidance=scales, scope=scope,
-                       pop_size=pop_size, generations=generations, resume=resume, max_span=max_span,
-                       iterations=iterations, progress=progress, base_plans=base_plans, train_seeds=train_seeds,
-                       online_iterations=online_iterations, forecast_order=forecast_order, granularity=granularity,
-                       on_generation=None if progress else _generation_line(generations))
+    with removed_if_left_empty(out):
+        front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts, seed=seed,
+                           guidance=scales, scope=scope, pop_size=pop_size, generations=generations, resume=resume,
+                           max_span=max_span, iterations=iterations, progress=progress, base_plans=base_plans,
+                           train_seeds=train_seeds, online_iterations=online_iterations,
+                           forecast_order=forecast_order, granularity=granularity,
+                           on_generation=None if progress else _generation_line(generations))
     typer.echo(f"wrote {out}/front.json, {out}/front.png, {out}/summary.md and {len(front.get('points', []))} plans:")
     for p in front.get("points", []):
         typer.echo(f"  {p['plan']}  compute ratio {p['compute_ratio']:.3f}  quality {p['quality']:.3f}")

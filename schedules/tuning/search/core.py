@@ -357,8 +357,11 @@ def write_front(out_dir: str | Path, method: str, points: list[FrontPoint], *, o
              "points": rows, "evaluated": others or []}
     write_json(out / "front.json", front)
     _plot(out / "front.png", method, rows, others or [], title)
-    lines = [f"# {method} search", "", f"{len(rows)} plans on the front. Quality: the caller's quality_fn on the "
-             f"calibration set; compute ratio: block FLOPs computed / uncached.", "",
+    # what the calibration's quality_fn measures, as its settings name it (Calibration.settings["quality"])
+    quality = next((p.plan.provenance.get("calibration", {}).get("quality") for p in points), None)
+    lines = [f"# {method} search", "", f"{len(rows)} plans on the front. Quality: "
+             f"{quality or 'the calibration quality_fn'} on the calibration set; compute ratio: block FLOPs "
+             f"computed / uncached.", "",
              "| plan | compute ratio | ideal speed-up | quality | metrics |", "|---|---|---|---|---|"]
     for r in rows:
         metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["metrics"].items())
