@@ -16,6 +16,7 @@ import zoo
 
 import dcache
 from dcache import Schedule
+from dcache.schedule import Action
 
 STEPS = 6
 DEVICE = torch.device("cuda")
@@ -26,7 +27,7 @@ class AllCompute(Schedule):
     granularity = "block"
 
     def decide(self, ctx):
-        return "C" * len(ctx.units)
+        return Action.COMPUTE  # one action: every unit computes
 
 
 def run_steps(model, entry, dtype=torch.bfloat16):
