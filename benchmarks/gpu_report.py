@@ -84,4 +84,8 @@ def gpu_part(folder: Path) -> str:
                 f"is one command under 10 minutes: `{RUN_ALL}`; then `python benchmarks/assemble.py`.")
     order = {part: i for i, part in enumerate(TABLES)}
     results.sort(key=lambda r: (order.get(r["part"], 99), r["model"]))
-    return "\n\n".join(f"### {r['part']}\n\n{TABLES[r['part']](r)}" for r in results)
+    sections = [f"### {r['part']}\n\n{TABLES[r['part']](r)}" for r in results]
+    reading = folder / "reading.md"  # what the figures say, written by whoever ran them
+    if reading.is_file():
+        sections.insert(0, reading.read_text().strip())
+    return "\n\n".join(sections)
