@@ -32,4 +32,13 @@ def is_numbers(v: Any, low: float = -math.inf, high: float = math.inf, max_len: 
     return isinstance(v, list) and len(v) <= max_len and all(is_number(x, low, high) for x in v)
 
 
-__all__ = ["is_number", "is_count", "is_numbers"]
+def same(a: Any, b: Any) -> bool:
+    """a == b as one bool for any two values read back: arrays and tensors compare elementwise, which `if a != b`
+    cannot use (ambiguous truth value); such a comparison, or one that raises, counts as different."""
+    try:
+        return bool(a == b)
+    except (ValueError, RuntimeError, TypeError):
+        return False
+
+
+__all__ = ["is_number", "is_count", "is_numbers", "same"]

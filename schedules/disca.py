@@ -210,6 +210,11 @@ class DisCaPredictor(nn.Module):
         return model.eval().requires_grad_(False)
 
 
+# One stream net per cached tensor of the plan's units (hidden and encoder stream: at most 2 per unit); the largest
+# DiTs cache < 200 blocks x 2 modules, so 1024 streams leave room, and building each net's shapes costs ~2 ms.
+MAX_DISCA_STREAMS = 1024
+
+
 def _check_sizes(spec: dict, blob: bytes, fix: str) -> None:
     """Every size in the spec, bounded before any allocation: order in 1..MAX_FORECAST_ORDER, positive ints, and
     the network they describe (built on the meta device: shapes only, no memory) has exactly the tensors of the
@@ -230,6 +235,9 @@ def _check_sizes(spec: dict, blob: bytes, fix: str) -> None:
     if bad:
         raise PlanError(f"the DisCa predictor's {bad} are invalid (order: an int in 1..{MAX_FORECAST_ORDER}; hidden, "
                         f"time_dim: ints >= 1; streams: {{name: channels >= 1}}); the plan file is damaged, {fix}.")
+    if len(streams) > MAX_DISCA_STREAMS:
+        raise PlanError(f"the DisCa predictor has {len(streams):,} streams, more than {MAX_DISCA_STREAMS} (one per "
+                        f"cached tensor: at most 2 per unit); the plan file is damaged or was edited, {fix}.")
     weights = len(blob) // 4  # float32 count: every size is a matrix side, so none can exceed it
     if max(spec["hidden"], spec["time_dim"], *streams.values()) > weights:
         raise PlanError(f"the DisCa predictor weights do not fit its own description (hidden={spec['hidden']}, "
@@ -237,6 +245,12 @@ def _check_sizes(spec: dict, blob: bytes, fix: str) -> None:
                         f"{weights} weights); the plan file is damaged or was edited, {fix}.")
     header = safetensors_header(blob) or {}
     stored = {k: v.get("shape") for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+    with torch.device("meta"):  # tensors per stream net: its count bounds the streams by the weights carried
+        per_net = len(StreamNet(1, spec["order"], 1, 1).state_dict())
+    if len(streams) * per_net != len(stored):
+        raise PlanError(f"the DisCa predictor weights do not fit its own description ({len(streams)} streams of "
+                        f"{per_net} tensors each, but it carries {len(stored)} tensors); the plan file is damaged or "
+                        f"was edited, {fix}.")
     with torch.device("meta"):
         shapes = {k: list(v.shape) for k, v in DisCaPredictor(streams, order=spec["order"], hidden=spec["hidden"],
                                                               time_dim=spec["time_dim"]).state_dict().items()}

@@ -135,3 +135,26 @@ def test_huge_sizes_are_refused_naming_the_field(setup, tmp_path, field, value):
         with dcache.apply(pipe, file):
             generate(pipe)
     assert dcache_hook_count(pipe.transformer) == 0
+
+
+def test_thousands_of_predictor_streams_are_refused_before_their_nets_are_built(setup, tmp_path, monkeypatch):
+    """A small plan can list 50,000 DisCa streams (each a net to build: minutes and gigabytes before the weights are
+    found not to fit); the count is bounded first, so no net of theirs is ever built."""
+    from dcache.schedules import disca
+
+    pipe, _, valid = setup
+    plan = copy.deepcopy(valid)
+    plan["extras"]["forecaster"]["streams"] = {f"seg{i}.0": 4 for i in range(2000)}
+    file = write_with(plan, ("extras", "forecaster", "order"), 1, tmp_path)
+    built = []
+    init = disca.StreamNet.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(disca.StreamNet, "__init__", counted)
+    with pytest.raises(PlanError, match="streams"):
+        dcache.apply(pipe, file)
+    assert len(built) <= 1, f"{len(built)} stream nets were built before the refusal"
+    assert dcache_hook_count(pipe.transformer) == 0

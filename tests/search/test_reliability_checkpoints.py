@@ -4,11 +4,16 @@ its payload never runs (the payload writes a marker file when unpickled)."""
 
 from __future__ import annotations
 
+import copy
+import os
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dcache.schedules.disca import N_TIME_FEATURES
 from dcache.schedules.tuning.search import disca as D
@@ -93,3 +98,193 @@ def test_a_checkpoint_round_trips_and_a_truncated_one_names_the_file(calib, temp
     with pytest.raises(StateFileError, match=r"checkpoint\.safetensors.*delete it"):
         E.ecad_search(calib, tmp_path, E.ECADConfig(pop_size=4, generations=2, granularity="stack"),
                       template=template, progress=False, resume=True)
+
+
+# ------------------------------------------------------------------------------------------------ damaged contents
+# A checkpoint that parses but holds other data than dcache wrote (hand-edited, another version, another search's
+# file) is a StateFileError or ValueError naming the file (or its folder) and the fix, never a raw KeyError /
+# TypeError / IndexError, and its sizes are checked before anything is built from them.
+
+def _ecad_checkpoint(calib, template, out: Path) -> Path:
+    E.ecad_search(calib, out, E.ECADConfig(pop_size=4, generations=1, granularity="stack"), template=template,
+                  progress=False)
+    return out / E.CHECKPOINT
+
+
+def _edit(path: Path, edit) -> None:
+    from dcache.state_file import load_state, save_state
+
+    data = load_state(path, E.STATE_KIND, "fix")
+    edit(data)
+    save_state(path, data, E.STATE_KIND)
+
+
+ECAD_EDITS = {
+    "pop_size=-1": lambda d: d["settings"].__setitem__("pop_size", -1),
+    "pop_size=10**7": lambda d: d["settings"].__setitem__("pop_size", 10**7),
+    "20,000 x0 rows": lambda d: d.__setitem__("x0", np.zeros((20_000, d["x0"].shape[1]), dtype=bool)),
+    "quality as a string": lambda d: next(iter(d["archive"].values())).__setitem__("quality", "30"),
+    "archive entry of another genome": lambda d: d["archive"].__setitem__(
+        "0" * 40, next(iter(d["archive"].values()))),
+    "no x0": lambda d: d.pop("x0"),
+    "generation as a string": lambda d: d.__setitem__("generation", "1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ECAD_EDITS))
+def test_a_damaged_ecad_checkpoint_names_the_file_and_the_fix(calib, template, tmp_path, case):
+    ckpt = _ecad_checkpoint(calib, template, tmp_path)
+    _edit(ckpt, ECAD_EDITS[case])
+    with pytest.raises(StateFileError) as info:
+        E.ecad_search(calib, tmp_path, E.ECADConfig(pop_size=4, generations=2, granularity="stack"),
+                      template=template, progress=False, resume=True)
+    assert str(ckpt) in str(info.value) and "delete it" in str(info.value), info.value
+
+
+def test_pop_size_is_bounded_in_the_config():
+    with pytest.raises(ValueError, match=f"pop_size=10000000 must be in 4..{E.MAX_POP_SIZE}"):
+        E.ECADConfig(pop_size=10**7)
+
+
+def test_a_damaged_disca_checkpoint_names_the_file(tmp_path):
+    from dcache.state_file import load_state, save_state
+
+    cfg = D.DisCaConfig(iterations=2, hidden=4, online_iterations=1)
+    D.train_predictor(_stream_data(), tmp_path, cfg, progress=False, stop_after=1)
+    ckpt = tmp_path / D.CHECKPOINT
+    good = load_state(ckpt, D.STATE_KIND, "fix")
+    adam = {"state": {0: {"exp_avg": torch.zeros(9)}}, "param_groups": good["optimizer"]["param_groups"]}
+    for edit in (lambda s: s.__setitem__("iteration", "1"),
+                 lambda s: s["model"].__setitem__(next(iter(s["model"])), torch.zeros(3, 3)),
+                 lambda s: s.__setitem__("optimizer", adam)):
+        state = copy.deepcopy(good)
+        edit(state)
+        save_state(ckpt, state, D.STATE_KIND)
+        with pytest.raises(StateFileError, match="disca.ckpt.safetensors.*delete it"):
+            D.train_predictor(_stream_data(), tmp_path, cfg, progress=False, resume=True)
+
+
+def test_a_killed_runs_temporary_files_are_removed_on_resume(tmp_path):
+    """kill -9 during a checkpoint write leaves dcache.io's temporary file; a resume removes it (its writer is
+    gone), and keeps a live process's file and files of other names."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    tmp_path.mkdir(exist_ok=True)
+    stale = tmp_path / f".disca.ckpt.{pid}.0123abcd.tmp.safetensors"
+    live = tmp_path / f".disca.ckpt.{os.getpid()}.0123abcd.tmp.safetensors"
+    other = tmp_path / "notes.tmp"
+    for p in (stale, live, other):
+        p.write_bytes(b"x")
+    cfg = D.DisCaConfig(iterations=1, hidden=4, online_iterations=1)
+    D.train_predictor(_stream_data(), tmp_path, cfg, progress=False, resume=True)
+    assert not stale.exists() and live.exists() and other.exists()
+
+
+# ------------------------------------------------------------------------------------------------ fuzzing
+VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-10**8, 10**8), st.sampled_from([10**7, -1, 2**64]),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5),
+    st.lists(st.integers(-3, 3), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.tuples(st.integers(0, 5), st.integers(0, 40)).map(lambda s: np.zeros(s, dtype=bool)),
+    st.tuples(st.integers(0, 3), st.integers(0, 5)).map(lambda s: torch.zeros(s)),
+    st.integers(0, 6).map(lambda n: np.zeros(n, dtype=np.uint8)))
+FUZZ = settings(max_examples=25, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+def _places(obj, prefix=(), depth=3) -> list[tuple]:
+    """Every (key, key, ...) path into the dicts of a loaded state, `depth` levels deep."""
+    out = []
+    if isinstance(obj, dict) and depth:
+        for k, v in obj.items():
+            out.append(prefix + (k,))
+            out += _places(v, prefix + (k,), depth - 1)
+    return out
+
+
+def _mutate(data, state: dict) -> dict:
+    state = copy.deepcopy(state)
+    place = data.draw(st.sampled_from(_places(state)), label="place")
+    node = state
+    for key in place[:-1]:
+        node = node[key]
+    if data.draw(st.booleans(), label="delete"):
+        del node[place[-1]]
+    else:
+        node[place[-1]] = data.draw(VALUES, label="value")
+    return state
+
+
+def _refused_or_done(call, folder: Path):
+    try:
+        return call()
+    except (StateFileError, ValueError) as exc:
+        assert str(folder) in str(exc), f"{type(exc).__name__} does not name the file: {exc}"
+        return None
+
+
+@pytest.fixture(scope="module")
+def ecad_state(tiny_pipe, template, tmp_path_factory):
+    import search_testkit
+    from dcache.state_file import load_state
+
+    ckpt = _ecad_checkpoint(search_testkit.make_calibration(tiny_pipe), template, tmp_path_factory.mktemp("ecad"))
+    return load_state(ckpt, E.STATE_KIND, "fix")
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_ecad_checkpoints(calib, template, ecad_state, tmp_path_factory, data):
+    from dcache.state_file import save_state
+
+    out = tmp_path_factory.mktemp("fuzz")
+    save_state(out / E.CHECKPOINT, _mutate(data, ecad_state), E.STATE_KIND)
+    front = _refused_or_done(lambda: E.ecad_search(calib, out, E.ECADConfig(pop_size=4, generations=1,
+                                                                            granularity="stack"),
+                                                   template=template, progress=False, resume=True), out)
+    if front is not None:
+        assert front["points"] and all(0 <= p["compute_ratio"] <= 1 for p in front["points"])
+
+
+@pytest.fixture(scope="module")
+def router_state(tiny_pipe, template, tmp_path_factory):
+    import search_testkit
+    from dcache.state_file import load_state
+
+    out = tmp_path_factory.mktemp("router")
+    R.train_routers(search_testkit.make_calibration(tiny_pipe), out, R.RouterConfig(iterations=2), template=template,
+                    progress=False, stop_after=1)
+    return load_state(out / R.CHECKPOINT, R.STATE_KIND, "fix")
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_router_checkpoints(calib, template, router_state, tmp_path_factory, data):
+    from dcache.state_file import save_state
+
+    out = tmp_path_factory.mktemp("fuzz")
+    save_state(out / R.CHECKPOINT, _mutate(data, router_state), R.STATE_KIND)
+    shape = tuple(router_state["theta"].shape)
+    done = _refused_or_done(lambda: R.train_routers(calib, out, R.RouterConfig(iterations=2), template=template,
+                                                    progress=False, resume=True, stop_after=0), out)
+    if done is not None:
+        assert all(tuple(t.shape) == shape and torch.isfinite(t).all() for t in done.values())
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_disca_checkpoints(tmp_path_factory, data):
+    from dcache.state_file import load_state, save_state
+
+    out = tmp_path_factory.mktemp("disca")
+    cfg = D.DisCaConfig(iterations=2, hidden=4, online_iterations=1)
+    D.train_predictor(_stream_data(), out, cfg, progress=False, stop_after=1)
+    state = load_state(out / D.CHECKPOINT, D.STATE_KIND, "fix")
+    save_state(out / D.CHECKPOINT, _mutate(data, state), D.STATE_KIND)
+    result = _refused_or_done(lambda: D.train_predictor(_stream_data(), out, cfg, progress=False, resume=True), out)
+    if result is not None:
+        predictor, _ = result
+        assert all(torch.isfinite(p).all() for p in predictor.parameters())

@@ -36,6 +36,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from dcache.actions import Action, Granularity
+from dcache.checks import is_count, same
+from dcache.io import remove_stale_temporaries
 from dcache.plan import Plan
 from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
 from dcache.schedule import CallContext, Schedule
@@ -43,6 +45,7 @@ from dcache.state import UnitHistory
 
 from ..profiling import ProfileSession
 from ...disca import DisCaPredictor, as_tokens, stream_name, taylor_terms, time_features
+from .checkpoint_checks import FIX, check_adam, check_weights, damaged
 from .core import (Calibration, FrontPoint, Template, first_output, make_template, measure,
                    replace_first_output, run_plan, write_front)
 
@@ -318,14 +321,26 @@ def _save(path: Path, state: dict) -> None:
 def _load(ckpt: Path) -> dict:
     """The checkpoint's state ({} when there is none); StateFileError naming the file for anything dcache did not
     write, a pickle of an older version (disca.ckpt.pt) included: never loaded."""
-    fix = "delete it to start over (or run without --resume), or pass a new --out"
-    refuse_legacy(ckpt.with_name(LEGACY_CHECKPOINT), STATE_KIND, fix)
+    refuse_legacy(ckpt.with_name(LEGACY_CHECKPOINT), STATE_KIND, FIX)
     if not ckpt.is_file():
         return {}
-    state = load_state(ckpt, STATE_KIND, fix)
+    state = load_state(ckpt, STATE_KIND, FIX)
     if not isinstance(state, dict):
-        raise StateFileError(f"{str(ckpt)!r} does not hold a DisCa training state; it is damaged: {fix}.")
+        raise StateFileError(f"{str(ckpt)!r} does not hold a DisCa training state; it is damaged: {FIX}.")
     return state
+
+
+def _check_phase(state: dict, ckpt: Path, model: DisCaPredictor, opt: torch.optim.Optimizer, counter: str,
+                 optimizer: str) -> int:
+    """The iteration count of one phase (`counter`) and, once it is past 0, the weights and that phase's optimizer
+    state, checked against the running model: a damaged file names itself here, not in a raw torch error later."""
+    done = state.get(counter, 0)
+    if not is_count(done, 0):
+        raise damaged(ckpt, STATE_KIND, f"{counter} {done!r} is not an int >= 0")
+    if done:
+        check_weights(state.get("model"), model, "model", ckpt, STATE_KIND)
+        check_adam(state.get(optimizer), list(model.parameters()), opt.state_dict(), optimizer, ckpt, STATE_KIND)
+    return done
 
 
 def train_predictor(data: dict[str, StreamData], out_dir: str | os.PathLike, config: DisCaConfig = DisCaConfig(), *,
@@ -342,14 +357,20 @@ def train_predictor(data: dict[str, StreamData], out_dir: str | os.PathLike, con
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     fingerprint = data_fingerprint(data, config)
     start = 0
+    if resume:
+        remove_stale_temporaries(out)  # a run killed (kill -9) while writing a file left its temporary file
     state = _load(ckpt) if resume else {}
     if state:
-        if state.get("fingerprint") != fingerprint:
+        if not same(state.get("fingerprint"), fingerprint):
             raise ValueError(f"the DisCa checkpoint {ckpt} was trained on other calibration data, plans or config "
-                             f"({state.get('config')}); use a new output folder or resume=False to start over.")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        start = int(state["iteration"])
+                             f"({str(state.get('config'))[:300]}); use a new output folder or resume=False to start "
+                             f"over.")
+        if "iteration" not in state:
+            raise damaged(ckpt, STATE_KIND, "it has no 'iteration'")
+        start = _check_phase(state, ckpt, model, opt, "iteration", "optimizer")
+        if start:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
     taylor = evaluate(DisCaPredictor(streams, order=config.order, hidden=config.hidden, time_dim=config.time_dim),
                       data)
     denom = {name: max(float(d.target.pow(2).mean()), 1e-20) for name, d in data.items()}
@@ -630,7 +651,7 @@ def finetune_online(pipe: Any, plans: Sequence[Plan], runs: Sequence[Callable[[]
         p.requires_grad_(False)
     predictor.train().requires_grad_(True)
     opt = torch.optim.AdamW(predictor.parameters(), lr=config.online_lr, weight_decay=config.weight_decay)
-    start = int(state.get("online_iteration", 0))
+    start = _check_phase(state, ckpt, predictor, opt, "online_iteration", "online_optimizer")
     if start:
         predictor.load_state_dict(state["model"])
         opt.load_state_dict(state["online_optimizer"])

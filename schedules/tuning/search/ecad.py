@@ -37,13 +37,20 @@ import numpy as np
 
 from dcache.actions import Action, Granularity
 from dcache.plan import Plan
+from dcache.checks import same
+from dcache.io import remove_stale_temporaries
 from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
 
+from .checkpoint_checks import FIX, check_ecad, damaged, field
 from .core import (Calibration, FrontPoint, Measured, Template, convert_rows, distributed_map, is_main_process,
                    make_template, measure, pareto_mask, write_front)
 
 CHECKPOINT = "checkpoint.safetensors"  # dcache.state_file: JSON + arrays, never a pickle
 LEGACY_CHECKPOINT = "checkpoint.pkl"  # what older versions pickled; refused, never opened
+# NSGA-II's non-dominated sort costs O(pop_size^2) per generation and every genome is a calibration generation:
+# populations beyond a few thousand are never searched; the bound also caps what a checkpoint may ask to allocate.
+MAX_POP_SIZE = 4096
+MAX_GENERATIONS = 100_000
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,11 @@ class ECADConfig:
     polish_reach: int = 1
 
     def __post_init__(self) -> None:
+        if not 4 <= self.pop_size <= MAX_POP_SIZE:
+            raise ValueError(f"pop_size={self.pop_size} must be in 4..{MAX_POP_SIZE}: the genomes per NSGA-II "
+                             f"generation (each one costs a calibration run).")
+        if not 0 <= self.generations <= MAX_GENERATIONS:
+            raise ValueError(f"generations={self.generations} must be in 0..{MAX_GENERATIONS}.")
         allowed = [g.value for g in Granularity]
         if self.granularity not in allowed:
             raise ValueError(f"granularity={self.granularity!r} must be one of {allowed}: the unit one genome bit "
@@ -195,8 +207,8 @@ def _generation(state: _State, problem, evaluate: Callable | None) -> None:
     xs = [np.asarray(x, dtype=bool) for x in pop.get("X")]
     todo = [x for x in {genome_key(x): x for x in xs}.values() if genome_key(x) not in state.archive]
     if todo and evaluate is None:
-        raise StateFileError(f"the ECAD checkpoint's archive lacks {len(todo)} genomes of generation "
-                             f"{state.generation + 1}: it was edited or damaged; delete it to start over.")
+        raise StateFileError(f"the archive lacks {len(todo)} genomes of generation {state.generation + 1}: it was "
+                             f"edited or damaged; delete it to start over.")
     for x, r in zip(todo, distributed_map(evaluate, todo) if todo else []):
         state.archive[genome_key(x)] = {**r, "genome": np.packbits(x)}
     f = np.array([[-state.archive[genome_key(x)]["quality"], state.archive[genome_key(x)]["compute_ratio"]]
@@ -208,24 +220,26 @@ def _generation(state: _State, problem, evaluate: Callable | None) -> None:
 
 def _resume(ckpt: Path, problem, n_var: int, genome: dict, generations: int) -> _State:
     """The state of the checkpoint at `ckpt`, its algorithm replayed to the saved generation (no evaluation)."""
-    fix = "delete it to start over (or run without --resume), or pass a new --out"
     refuse_legacy(ckpt.with_name(LEGACY_CHECKPOINT), STATE_KIND, "delete it to start over, or pass a new --out")
-    data = load_state(ckpt, STATE_KIND, fix)
-    try:
-        x0 = np.asarray(data["x0"], dtype=bool)
-        settings = {k: data["settings"][k] for k in ALGORITHM_FIELDS}
-        archive, seeds, made, done = data["archive"], data["seeds"], data["genome"], int(data["generation"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StateFileError(f"the ECAD checkpoint {str(ckpt)!r} lacks {exc}; it is damaged: {fix}.") from None
-    if x0.ndim != 2 or x0.shape[1] != n_var:
+    data = load_state(ckpt, STATE_KIND, FIX)
+    x0 = field(data, "x0", ckpt, STATE_KIND)
+    if isinstance(x0, np.ndarray) and x0.ndim == 2 and x0.shape[1] != n_var:
         raise ValueError(f"the checkpoint in {ckpt.parent} is for a genome of {x0.shape[-1]} bits, this model/steps "
                          f"give {n_var}; use a new output folder.")
-    if made != genome:
+    made = field(data, "genome", ckpt, STATE_KIND)
+    if not same(made, genome):
         raise ValueError(f"the checkpoint in {ckpt.parent} was searched with {made}, this config asks for {genome}: "
                          f"its archive scores other plans; use a new output folder.")
-    state = _State(_algorithm(x0, settings, problem, generations), archive, 0, seeds, genome, x0, settings)
-    for _ in range(done):
-        _generation(state, problem, None)
+    check_ecad(data, ckpt, STATE_KIND, n_var=n_var, max_pop=MAX_POP_SIZE, max_generations=MAX_GENERATIONS,
+               genome_key=genome_key)
+    settings = {k: data["settings"][k] for k in ALGORITHM_FIELDS}
+    state = _State(_algorithm(x0, settings, problem, generations), data["archive"], 0, data["seeds"], genome, x0,
+                   settings)
+    for _ in range(data["generation"]):
+        try:
+            _generation(state, problem, None)
+        except StateFileError as exc:  # the replay asked for a genome the archive lacks
+            raise damaged(ckpt, STATE_KIND, str(exc).split(":")[0]) from None
         state.generation += 1
     return state
 
@@ -252,6 +266,8 @@ def ecad_search(calib: Calibration, out_dir: str | os.PathLike, config: ECADConf
     def evaluate(x: np.ndarray) -> dict:
         return measure(calib, template, genome_plan(x, template, config, method="ecad")).to_dict()
 
+    if resume:
+        remove_stale_temporaries(out)  # a run killed (kill -9) while writing a file left its temporary file
     if resume and (ckpt.is_file() or (out / LEGACY_CHECKPOINT).exists()):
         state = _resume(ckpt, problem, n_var, genome, config.generations)
     else:

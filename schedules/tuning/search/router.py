@@ -59,8 +59,11 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from dcache.actions import Granularity
 from dcache.adapters import adapter_for, reuse_composed_inputs, submodule
 from dcache.plan import Plan
-from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
+from dcache.checks import is_count, is_number, same
+from dcache.io import remove_stale_temporaries
+from dcache.state_file import load_state, refuse_legacy, save_state
 
+from .checkpoint_checks import FIX, check_adam, check_tensor, damaged, field
 from .core import (Calibration, FrontPoint, Template, first_output, make_template, measure, replace_first_output,
                    run_plan, write_front)
 
@@ -261,18 +264,19 @@ def train_routers(calib: Calibration, out_dir: str | os.PathLike, config: Router
     log_beta = math.log(config.beta)
     done: dict[float, torch.Tensor] = {}
     start = 0
+    if resume:
+        remove_stale_temporaries(out)  # a run killed (kill -9) while writing a file left its temporary file
     if resume and (ckpt.is_file() or (out / LEGACY_CHECKPOINT).exists()):
-        fix = "delete it to start over (or run without --resume), or pass a new --out"
-        refuse_legacy(out / LEGACY_CHECKPOINT, STATE_KIND, fix)
-        state = load_state(ckpt, STATE_KIND, fix)
-        if not isinstance(state, dict) or not isinstance(state.get("theta"), torch.Tensor):
-            raise StateFileError(f"{str(ckpt)!r} holds no router weights; it is damaged: {fix}.")
-        if tuple(state["theta"].shape) != (n, u):
-            raise ValueError(f"the router checkpoint in {out} has shape {tuple(state['theta'].shape)}, the model "
+        refuse_legacy(out / LEGACY_CHECKPOINT, STATE_KIND, FIX)
+        state = load_state(ckpt, STATE_KIND, FIX)
+        saved = field(state, "theta", ckpt, STATE_KIND)
+        if isinstance(saved, torch.Tensor) and tuple(saved.shape) != (n, u):
+            raise ValueError(f"the router checkpoint in {out} has shape {tuple(saved.shape)}, the model "
                              f"gives {(n, u)}; use a new output folder.")
-        if state.get("config") != asdict(config):
+        if not same(field(state, "config", ckpt, STATE_KIND), asdict(config)):
             raise ValueError(f"the router checkpoint in {out} was trained with another config; use a new output "
                              f"folder (or resume=False).")
+        _check_state(state, ckpt, theta, opt, targets)
         with torch.no_grad():
             theta.copy_(state["theta"])
         opt.load_state_dict(state["optimizer"])
@@ -338,6 +342,27 @@ def train_router(calib: Calibration, out_dir: str | os.PathLike, config: RouterC
 
 def _save(path: Path, state: dict) -> None:
     save_state(path, state, STATE_KIND)
+
+
+def _check_state(state: dict, ckpt: Path, theta: torch.Tensor, opt: torch.optim.Optimizer,
+                 targets: list[float]) -> None:
+    """Every field of a router checkpoint (see _save) against the running training; theta's shape and the config
+    are checked by the caller (their own messages). A clamped theta lies in [-5, 5]."""
+    n = theta.shape[0]
+    check_tensor(state["theta"], theta.shape, "theta", ckpt, STATE_KIND, low=-5.0)
+    if float(state["theta"].max()) > 5.0:
+        raise damaged(ckpt, STATE_KIND, "theta holds logits beyond the clamp of 5")
+    check_adam(field(state, "optimizer", ckpt, STATE_KIND), [theta], opt.state_dict(), "optimizer", ckpt, STATE_KIND)
+    check_tensor(field(state, "lambda", ckpt, STATE_KIND), (n,), "lambda", ckpt, STATE_KIND, low=0.0)
+    if not is_count(field(state, "iteration", ckpt, STATE_KIND), 0):
+        raise damaged(ckpt, STATE_KIND, f"iteration {state['iteration']!r} is not an int >= 0")
+    if not is_number(field(state, "log_beta", ckpt, STATE_KIND), -700.0, 700.0):  # exp() of it must stay finite
+        raise damaged(ckpt, STATE_KIND, f"log_beta {state['log_beta']!r} is not a number in [-700, 700]")
+    done = field(state, "done", ckpt, STATE_KIND)
+    if not isinstance(done, dict) or not all(any(same(k, t) for t in targets) for k in done):
+        raise damaged(ckpt, STATE_KIND, "done holds routers of other target ratios than this config's")
+    for target, saved in done.items():
+        check_tensor(saved, theta.shape, f"the router of target {target}", ckpt, STATE_KIND, low=-5.0)
 
 
 def threshold_for(theta: torch.Tensor, template: Template, target: float) -> float:
