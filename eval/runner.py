@@ -38,9 +38,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dcache.io import atomic_write_text, prepare_out_dir
+from dcache.io import atomic_write_text, check_inside, prepare_out_dir, remove_stale_temporaries
 from dcache.pipelines.runner import check_threads, parse_setting, use_threads
-from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
 
 from .judges import Judges, is_auto, resolve_eval_metrics
 from dcache.quality import frechet_distance, median
@@ -48,6 +47,7 @@ from dcache.quality import frechet_distance, median
 from .metrics import METRICS, classifier_accuracy, finite_mean, reference_metrics, temporal_error
 from .networks import DEFAULT_CLIP, DEFAULT_IMAGE_REWARD
 from .prompts import load_prompts, precheck_prompts
+from .records import RECORD_SUFFIX, load_cost, load_record, save_record
 from .timing import Timing, count_flops, measure
 
 UNCACHED = "uncached"
@@ -187,44 +187,7 @@ def make_items(prompts: Sequence[str], seeds: Sequence[int], batch_size: int) ->
 # Records (one per variant x item), atomic on disk
 # ------------------------------------------------------------------------------------------------------------------
 
-RECORD = "eval record"
-RECORD_SUFFIX = ".safetensors"  # dcache.state_file: JSON + tensors, never a pickle
-
-
-def _record_fix(path: Path) -> str:
-    return f"delete {path} (the rerun computes it again) or pass a new --out"
-
-
-def _save_record(rec: dict, path: Path) -> None:
-    save_state(path, rec, RECORD)
-
-
-def _load_record(vdir: Path, item_id: str) -> dict | None:
-    """The record of `item_id` in `vdir`, None when there is none; StateFileError (naming the file and the fix) for a
-    file that is not a record dcache wrote, a pickle of an older dcache (`<item>.pt`) included: never loaded."""
-    path = vdir / f"{item_id}{RECORD_SUFFIX}"
-    legacy = vdir / f"{item_id}.pt"
-    refuse_legacy(legacy, RECORD, _record_fix(vdir))
-    if not path.is_file():
-        return None
-    rec = load_state(path, RECORD, _record_fix(path))
-    if not isinstance(rec, dict):
-        raise StateFileError(f"{str(path)!r} does not hold an eval record; {_record_fix(path)}.")
-    return rec
-
-
-def _load_cost(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        cost = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise StateFileError(f"{str(path)!r} is not a valid cost file ({exc}); delete it (the rerun measures it "
-                             f"again) or pass a new --out.") from None
-    if not isinstance(cost, dict):
-        raise StateFileError(f"{str(path)!r} does not hold a JSON object; delete it (the rerun measures it again) or "
-                             f"pass a new --out.")
-    return cost
+# The record and cost files: eval/records.py (each checked to belong where it is found before a rerun trusts it).
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -301,16 +264,17 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, networks: dict[str, Any
     references: dict[int, torch.Tensor] = {}
     for variant in all_variants:
         vdir = work / variant.key
+        inside(out, f"{WORK_DIR}/{variant.key}")  # a variant folder linked elsewhere would read and write there
         records, todo = [], []
         for item in mine:
-            rec = _load_record(vdir, item.id)
-            if rec is not None and rec.get("fingerprint") == fingerprint:
+            rec = load_record(vdir, item, variant.label, fingerprint, cached=variant.method is not None)
+            if rec is not None:
                 records.append(rec)
                 bar.update()
             else:
                 todo.append(item)
         cost_path = vdir / "cost.json"
-        cost = _load_cost(cost_path)
+        cost = load_cost(cost_path)
         if todo or (cost is None and state.is_main_process):
             bar.set_postfix_str(variant.label, refresh=True)
             handle = dcache.apply(pipe, variant.method, **variant.overrides) if variant.method else None
@@ -330,7 +294,7 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, networks: dict[str, Any
                     stats = handle.stats().to_dict() if handle is not None else None
                     rec = _make_record(variant, item, images, job.frames_per_sample, timing, stats, names,
                                        judges, references, vdir.parent, fingerprint, cfg.grid_items, is_tiny)
-                    _save_record(rec, vdir / f"{item.id}{RECORD_SUFFIX}")
+                    save_record(rec, vdir / f"{item.id}{RECORD_SUFFIX}")
                     records.append(rec)
                     bar.update()
                     if on_record is not None:
@@ -477,9 +441,13 @@ def folder_digest(folder: Path) -> str:
 
 
 def claim_work_dir(work: Path, fingerprint: str, what: str = "an eval") -> None:
-    """Create `work` for this run, or check that the run it holds had the same settings (resume)."""
+    """Create `work` for this run, or check that the run it holds had the same settings (resume). A `work` that is
+    a symbolic link out of the output folder is refused: records would be read and written elsewhere. A resume
+    removes the temporary files that a killed run (kill -9) left in the output folder."""
+    inside(work.parent, work.name)
     marker = work / "fingerprint.txt"
     if marker.is_file():
+        remove_stale_temporaries(work.parent, recursive=True)
         found = marker.read_text().strip()
         if found != fingerprint:
             raise ValueError(f"{work.parent} holds {what} with different settings (model, method, prompts, seeds, "
@@ -488,6 +456,11 @@ def claim_work_dir(work: Path, fingerprint: str, what: str = "an eval") -> None:
         return
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, fingerprint)
+
+
+def inside(out: Path, name: str) -> Path:
+    """out / name, refused when it leads out of the output folder `out` (a `..` or a symbolic link)."""
+    return check_inside(out, name, "the work path", f"remove the link (or delete {out / name}) or pass a new --out")
 
 
 def _make_record(variant: Variant, item: Item, images: torch.Tensor, frames: int, timing: Timing,
@@ -510,7 +483,7 @@ def _make_record(variant: Variant, item: Item, images: torch.Tensor, frames: int
     if variant.method is not None:
         reference = references.get(item.index)
         if reference is None:
-            ref_rec = _load_record(work / UNCACHED, item.id)
+            ref_rec = load_record(work / UNCACHED, item, UNCACHED, fingerprint, cached=False)
             if ref_rec is None:
                 raise RuntimeError(f"the uncached record of item {item.id} is missing; rerun to regenerate it.")
             reference = ref_rec["images"]

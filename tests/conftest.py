@@ -5,8 +5,8 @@
   repository root nor tests/ stays on sys.path (`python -m pytest` puts the working directory there): the root's
   source folders (kernels/, schedules/, pipelines/, eval/) and tests/' folders of the same names would otherwise be
   importable as top-level `kernels`, `schedules`, ... and mask import mistakes (tests/meta/test_packaging.py checks).
-- The suite's shared helpers tests/zoo.py, tests/toy_models.py and tests/real_pipelines.py are importable as `zoo`,
-  `toy_models` and `real_pipelines`.
+- The suite's shared helpers tests/zoo.py, tests/toy_models.py, tests/real_pipelines.py and tests/state_fuzz.py are
+  importable as `zoo`, `toy_models`, `real_pipelines` and `state_fuzz`.
 """
 
 import importlib.util
@@ -32,7 +32,7 @@ def _hidden(entry: str) -> bool:
 
 sys.path[:] = [entry for entry in sys.path if not _hidden(entry)]
 
-for _name in ("zoo", "toy_models", "real_pipelines"):
+for _name in ("zoo", "toy_models", "real_pipelines", "state_fuzz"):
     if _name not in sys.modules:
         _spec = importlib.util.spec_from_file_location(_name, _TESTS / f"{_name}.py")
         _module = importlib.util.module_from_spec(_spec)

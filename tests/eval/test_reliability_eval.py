@@ -3,17 +3,24 @@
   * a pickle planted as a record (under the current name or the `.pt` name older versions pickled to) is refused
     with an error naming the file and the fix, and its payload (a marker file written on unpickling) never runs;
   * a corrupt `cost.json` names the file and the fix;
+  * a record is trusted only where it is found (its variant's folder, its item's name) and with every field the report
+    reads; malformed records and cost files name the file and the fix; a `.work` or variant folder linked out of the
+    output folder is refused; a resume removes the temporary files of a killed run;
   * resume fingerprints: a `./tiny` folder in the working directory does not change the bundled model's, a local
     model folder is fingerprinted by content (same sizes, other bytes: another model; moved: the same model).
 """
 
 from __future__ import annotations
 
+import json
 import pickle
 import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from state_fuzz import FUZZ, mutate
 
 from dcache.eval.runner import EvalConfig, _fingerprint, run_eval
 from dcache.state_file import StateFileError
@@ -99,3 +106,131 @@ def test_a_local_model_folder_is_fingerprinted_by_content(tmp_path):
     moved = tmp_path / "elsewhere"
     folder.rename(moved)
     assert fingerprint(moved) == retrained  # the content, not the path
+
+
+# ------------------------------------------------------------------------------------------------ record contents
+# A record whose fingerprint matches is still checked: it must belong to the folder (variant) and the file name
+# (item) it is found under, and hold every field the report reads, with its type and size.
+
+def _record(out: Path, variant: str = "fixed_interval") -> Path:
+    [path] = (out / ".work").glob(f"{variant}*/{ITEM}.safetensors")
+    return path
+
+
+def _edited(path: Path, edit) -> None:
+    from dcache.state_file import load_state, save_state
+
+    rec = load_state(path, "eval record", "fix")
+    edit(rec)
+    save_state(path, rec, "eval record")
+
+
+def _refused_naming(out: Path, path: Path) -> None:
+    with pytest.raises(StateFileError) as info:
+        run_eval(_config(out), progress=False)
+    assert str(path) in str(info.value) and "delete" in str(info.value), info.value
+
+
+def test_a_record_of_another_item_is_refused(copy):
+    path = _record(copy)
+
+    def other_item(rec):
+        rec["item"].update(id="s1-p0-1", seed=1, index=1)
+
+    _edited(path, other_item)
+    _refused_naming(copy, path)
+
+
+def test_a_cached_record_placed_in_uncached_is_refused(copy):
+    uncached = _record(copy, "uncached")
+    shutil.copyfile(_record(copy), uncached)
+    _refused_naming(copy, uncached)
+
+
+RECORD_EDITS = {
+    "no item": lambda r: r.pop("item"),
+    "num_images as a string": lambda r: r.__setitem__("num_images", "2"),
+    "no stats": lambda r: r.__setitem__("stats", None),
+    "stats without flops": lambda r: r["stats"].pop("block_flops_total"),
+    "a metric as a string": lambda r: r["metrics"].__setitem__("psnr", "30"),
+    "seconds = -1": lambda r: r.__setitem__("seconds", [-1.0]),
+    "frames_per_sample = 10**9": lambda r: r.__setitem__("frames_per_sample", 10**9),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECORD_EDITS))
+def test_a_malformed_record_names_the_file_and_the_fix(copy, case):
+    path = _record(copy)
+    _edited(path, RECORD_EDITS[case])
+    _refused_naming(copy, path)
+
+
+def test_an_uncached_record_without_images_is_refused(copy):
+    path = _record(copy, "uncached")
+    _edited(path, lambda r: r.__setitem__("images", None))
+    _refused_naming(copy, path)
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"flops_per_image": "many", "measured_on": 1}',
+                                  '{"flops_per_image": -5, "measured_on": "s0-p0-1"}'])
+def test_a_malformed_cost_file_names_the_file_and_the_fix(copy, text):
+    [cost] = [p for p in (copy / ".work").glob("fixed_interval*/cost.json")]
+    cost.write_text(text)
+    with pytest.raises(StateFileError) as info:
+        run_eval(_config(copy), progress=False)
+    assert str(cost) in str(info.value) and "delete it" in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------ the folder itself
+@pytest.mark.parametrize("link", [".work", "variant"])
+def test_a_work_folder_linked_out_of_the_output_folder_is_refused(copy, tmp_path, link):
+    """A symbolic link in place of `.work` or a variant folder would read records from, and write them to, another
+    place; it is refused naming it, and nothing is written there."""
+    elsewhere = tmp_path / "elsewhere"
+    [vdir] = (copy / ".work").glob("fixed_interval*")
+    moved = copy / ".work" if link == ".work" else vdir
+    shutil.move(str(moved), str(elsewhere))
+    moved.symlink_to(elsewhere, target_is_directory=True)
+    before = sorted(p.name for p in elsewhere.rglob("*"))
+    with pytest.raises(ValueError, match="leads out of"):
+        run_eval(_config(copy), progress=False)
+    assert sorted(p.name for p in elsewhere.rglob("*")) == before
+
+
+def test_a_killed_runs_temporary_files_are_removed_on_resume(copy):
+    import subprocess
+    import sys
+
+    pid = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                             text=True).stdout)
+    stale = _record(copy).parent / f".{ITEM}.{pid}.0123abcd.tmp.safetensors"
+    report = copy / f".results.{pid}.89abcdef.tmp.json"
+    for p in (stale, report):
+        p.write_bytes(b"half")
+    run_eval(_config(copy), progress=False)
+    assert not stale.exists() and not report.exists()
+
+
+# ------------------------------------------------------------------------------------------------ fuzzing
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_records(finished, tmp_path_factory, data):
+    """Any field of a record (or of its stats, item, metrics) replaced or deleted: a StateFileError naming the file,
+    or a whole report (every image counted once, compute ratios in [0, 1]). A number changed within its range (a
+    PSNR value, a duration) cannot be told from a measured one: the check is on types, sizes and where it belongs."""
+    from dcache.state_file import load_state, save_state
+
+    out = tmp_path_factory.mktemp("fuzz") / "out"
+    shutil.copytree(finished, out)
+    path = _record(out, data.draw(st.sampled_from(["uncached", "fixed_interval"]), label="variant"))
+    save_state(path, mutate(data, load_state(path, "eval record", "fix")), "eval record")
+    try:
+        result = run_eval(_config(out), progress=False)
+    except StateFileError as exc:
+        assert str(path) in str(exc), exc
+        return
+    expected = json.loads((finished / "results.json").read_text())["variants"]
+    assert set(result.results["variants"]) == set(expected)
+    for label, row in result.results["variants"].items():
+        assert row["num_images"] == expected[label]["num_images"] and 0 <= row["compute_ratio"] <= 1, label
+    assert json.loads((out / "results.json").read_text())["variants"].keys() == expected.keys()

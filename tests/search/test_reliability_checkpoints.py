@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from state_fuzz import FUZZ, mutate
 
 from dcache.schedules.disca import N_TIME_FEATURES
 from dcache.schedules.tuning.search import disca as D
@@ -184,40 +185,6 @@ def test_a_killed_runs_temporary_files_are_removed_on_resume(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ fuzzing
-VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-10**8, 10**8), st.sampled_from([10**7, -1, 2**64]),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5),
-    st.lists(st.integers(-3, 3), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-    st.tuples(st.integers(0, 5), st.integers(0, 40)).map(lambda s: np.zeros(s, dtype=bool)),
-    st.tuples(st.integers(0, 3), st.integers(0, 5)).map(lambda s: torch.zeros(s)),
-    st.integers(0, 6).map(lambda n: np.zeros(n, dtype=np.uint8)))
-FUZZ = settings(max_examples=25, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-
-
-def _places(obj, prefix=(), depth=3) -> list[tuple]:
-    """Every (key, key, ...) path into the dicts of a loaded state, `depth` levels deep."""
-    out = []
-    if isinstance(obj, dict) and depth:
-        for k, v in obj.items():
-            out.append(prefix + (k,))
-            out += _places(v, prefix + (k,), depth - 1)
-    return out
-
-
-def _mutate(data, state: dict) -> dict:
-    state = copy.deepcopy(state)
-    place = data.draw(st.sampled_from(_places(state)), label="place")
-    node = state
-    for key in place[:-1]:
-        node = node[key]
-    if data.draw(st.booleans(), label="delete"):
-        del node[place[-1]]
-    else:
-        node[place[-1]] = data.draw(VALUES, label="value")
-    return state
-
-
 def _refused_or_done(call, folder: Path):
     try:
         return call()
@@ -241,7 +208,7 @@ def test_fuzzed_ecad_checkpoints(calib, template, ecad_state, tmp_path_factory, 
     from dcache.state_file import save_state
 
     out = tmp_path_factory.mktemp("fuzz")
-    save_state(out / E.CHECKPOINT, _mutate(data, ecad_state), E.STATE_KIND)
+    save_state(out / E.CHECKPOINT, mutate(data, ecad_state), E.STATE_KIND)
     front = _refused_or_done(lambda: E.ecad_search(calib, out, E.ECADConfig(pop_size=4, generations=1,
                                                                             granularity="stack"),
                                                    template=template, progress=False, resume=True), out)
@@ -266,7 +233,7 @@ def test_fuzzed_router_checkpoints(calib, template, router_state, tmp_path_facto
     from dcache.state_file import save_state
 
     out = tmp_path_factory.mktemp("fuzz")
-    save_state(out / R.CHECKPOINT, _mutate(data, router_state), R.STATE_KIND)
+    save_state(out / R.CHECKPOINT, mutate(data, router_state), R.STATE_KIND)
     shape = tuple(router_state["theta"].shape)
     done = _refused_or_done(lambda: R.train_routers(calib, out, R.RouterConfig(iterations=2), template=template,
                                                     progress=False, resume=True, stop_after=0), out)
@@ -283,7 +250,7 @@ def test_fuzzed_disca_checkpoints(tmp_path_factory, data):
     cfg = D.DisCaConfig(iterations=2, hidden=4, online_iterations=1)
     D.train_predictor(_stream_data(), out, cfg, progress=False, stop_after=1)
     state = load_state(out / D.CHECKPOINT, D.STATE_KIND, "fix")
-    save_state(out / D.CHECKPOINT, _mutate(data, state), D.STATE_KIND)
+    save_state(out / D.CHECKPOINT, mutate(data, state), D.STATE_KIND)
     result = _refused_or_done(lambda: D.train_predictor(_stream_data(), out, cfg, progress=False, resume=True), out)
     if result is not None:
         predictor, _ = result
