@@ -7,8 +7,9 @@ processes under `accelerate launch`, resumable; one image per prompt and seed pl
 Work is split into items = (seed, a batch of prompts), exactly as in `dcache eval`; an item runs with
 `torch.Generator().manual_seed(seed)`, so an image does not depend on the number of processes or their order.
 Each process writes the images of its own items (atomically: temporary file + rename) and a per-item marker in
-`<out>/.work/`; the main process gathers the entries and writes `manifest.json` last, atomically. A rerun of the
-same command skips finished items (resume); a run with different settings in the same folder is refused (its
+`<out>/.work/` (eval/batch_markers.py: a rerun trusts one only when it names its item's own images); the main
+process gathers the entries and writes `manifest.json` last, atomically. A rerun of the same command skips finished
+items (resume); a run with different settings in the same folder is refused (its
 images would be mixed with the old ones). Videos are written as GIFs, one per prompt and seed.
 
 Timing in a manifest entry: `batch_seconds` is the wall-clock time of the whole pipeline call that made the image
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from dcache.io import atomic_write_text, atomic_write_with, prepare_out_dir
+
+from .batch_markers import image_names, read_marker, write_marker
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "dcache.generate"
@@ -56,7 +59,7 @@ def generate_batch(*, model: str | None = None, prompts: str = "builtin", num_pr
     from dcache.pipelines.runner import GenerationJob, load_pipeline
 
     from .prompts import load_prompts, precheck_prompts
-    from .runner import _process_device, _quiet_load, claim_work_dir, make_items, process_state
+    from .runner import _process_device, _quiet_load, claim_work_dir, inside, make_items, process_state
 
     if seeds < 1:
         raise ValueError(f"--seeds {seeds} must be >= 1 (the number of seeds per prompt).")
@@ -92,7 +95,7 @@ def generate_batch(*, model: str | None = None, prompts: str = "builtin", num_pr
     state.wait_for_everyone()
     if not state.is_main_process:
         claim_work_dir(work, fingerprint, what="a batch generation")  # only checks: the main process created it
-    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    inside(out_dir, "images").mkdir(parents=True, exist_ok=True)  # a link out of --out is refused
 
     handle = dcache.apply(pipe, cache, **(overrides or {})) if use_cache else None
     entries: list[dict] = []
@@ -103,13 +106,13 @@ def generate_batch(*, model: str | None = None, prompts: str = "builtin", num_pr
                    disable=not progress or not state.is_local_main_process)
         for item in mine:
             marker = work / f"{item.id}.json"
-            done = _read_marker(marker, fingerprint, out_dir)
+            done = read_marker(marker, fingerprint, out_dir, item)
             if done is None:
                 done = _generate_item(GenerationJob(pipe, is_tiny, prompts=list(item.prompts), steps=steps,
                                                     guidance=guidance, seed=item.seed, height=height, width=width,
                                                     extra=dict(pipeline_kwargs or {})),
                                       item, handle, out_dir, state.process_index)
-                atomic_write_text(marker, json.dumps({"fingerprint": fingerprint, "entries": done}))
+                write_marker(marker, fingerprint, done)
             entries += done
             bar.update(len(item.prompts))
         bar.close()
@@ -144,7 +147,7 @@ def _generate_item(job: Any, item: Any, handle: Any, out_dir: Path, process: int
     start = time.perf_counter()
     images = job()  # [N, C, H, W] (videos: [N*F, C, H, W]) in [0, 1]
     seconds = time.perf_counter() - start
-    names = [f"s{item.seed}-p{i:05d}" for i in item.prompt_indices]
+    names = image_names(item)
     files = []
     if job.frames_per_sample:
         f = job.frames_per_sample
@@ -169,19 +172,6 @@ def _generate_item(job: Any, item: Any, handle: Any, out_dir: Path, process: int
 
 def _atomic(path: Path, write: Any) -> str:
     return atomic_write_with(path, write).name
-
-
-def _read_marker(marker: Path, fingerprint: str, out_dir: Path) -> list[dict] | None:
-    """The entries of a finished item, or None when it must be (re)generated (no marker, or an image is gone)."""
-    if not marker.is_file():
-        return None
-    try:
-        done = json.loads(marker.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if done.get("fingerprint") != fingerprint or not all((out_dir / e["file"]).is_file() for e in done["entries"]):
-        return None
-    return done["entries"]
 
 
 def _fingerprint(settings: dict, cache: str | None) -> str:

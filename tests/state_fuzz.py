@@ -23,6 +23,13 @@ VALUES = st.one_of(
     st.tuples(st.integers(0, 3), st.integers(0, 5)).map(lambda s: torch.zeros(s)),
     st.integers(0, 6).map(lambda n: np.zeros(n, dtype=np.uint8)))
 
+# the same for JSON files (calibration files, batch markers): what json.dumps can write, paths that leave the folder
+JSON_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-10**8, 10**8), st.sampled_from([10**7, -1, 2**64, 10**400]),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5),
+    st.sampled_from(["../../../../etc/hostname", "/etc/hostname", "images/../../x.png", "images/s9-p00000.png"]),
+    st.lists(st.integers(-3, 3), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
 FUZZ = settings(max_examples=25, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
@@ -37,8 +44,8 @@ def places(obj, prefix=(), depth=3) -> list[tuple]:
     return out
 
 
-def mutate(data, state):
-    """A deep copy of `state` with one drawn place set to a drawn value (or deleted)."""
+def mutate(data, state, values=VALUES):
+    """A deep copy of `state` with one drawn place set to a value drawn from `values` (or deleted)."""
     state = copy.deepcopy(state)
     place = data.draw(st.sampled_from(places(state)), label="place")
     node = state
@@ -47,5 +54,5 @@ def mutate(data, state):
     if data.draw(st.booleans(), label="delete"):
         del node[place[-1]]
     else:
-        node[place[-1]] = data.draw(VALUES, label="value")
+        node[place[-1]] = data.draw(values, label="value")
     return state
