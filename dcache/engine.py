@@ -210,6 +210,7 @@ class Engine:
         self._call_inputs = (args, kwargs)
         if self.pipeline is not None and self.leader is None and not self.tracker.in_generation():
             self.scheduler_hook.follow_calling_pipeline()
+            self.scheduler_hook.follow_replaced_scheduler()  # `pipe.scheduler = ...` since the last generation
         self.scheduler_hook.hook()
         record, new = self.tracker.begin_call(timestep)
         if new or record is not self.record:

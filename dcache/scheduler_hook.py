@@ -99,6 +99,20 @@ class SchedulerHook:
         if isinstance(getattr(self.hooked, "timesteps", None), torch.Tensor):
             engine.on_set_timesteps(self.hooked)
 
+    def follow_replaced_scheduler(self) -> None:
+        """A call outside any generation after `pipe.scheduler = ...` replaced the hooked scheduler: the pipeline
+        already ran the new one's set_timesteps (unwrapped, so no generation was opened); wrap it and start the
+        generation that call began, as the wrapper would have. Without this the first generation after the
+        replacement had no step count and its plan could not be exported."""
+        engine = self.engine
+        scheduler = self.current()
+        if engine.leader is not None or self.hooked is None or scheduler is None or scheduler is self.hooked:
+            return
+        self.hook()
+        if isinstance(getattr(scheduler, "timesteps", None), torch.Tensor):
+            for eng in (engine, *engine.followers):
+                eng.on_set_timesteps(scheduler)
+
 
 def run_step_actions(engines: tuple, scheduler: Any, args: tuple, kwargs: dict, out: Any) -> Any:
     """Hand the step that just ran to every engine whose schedule acts on steps and whose transformer ran in it (in a

@@ -107,6 +107,31 @@ def test_a_plan_with_other_unit_names_names_them():
 
 
 @pytest.mark.parametrize("method, settings", [("fixed_interval", {"interval": 4}), ("seacache", {})])
+def test_a_scheduler_replaced_after_apply_is_tracked_from_its_first_generation(method, settings):
+    """`pipe.scheduler = ...` between generations: the new scheduler's first generation gets the output, plan and
+    stats of dcache applied with it from the start; the replaced scheduler and, after remove(), the new one are
+    left unwrapped."""
+    from compat_kit import scheduler_is_pristine
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    pipe = make_pipeline()
+
+    def generate():
+        return pipe([1, 7], num_inference_steps=6, guidance_scale=2.0, generator=seeded(0))
+
+    with dcache.apply(pipe, method, **settings) as handle:
+        generate()
+        old, pipe.scheduler = pipe.scheduler, FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config)
+        out, plan, stats = generate(), handle.plan().actions, handle.stats().to_dict()
+    assert scheduler_is_pristine(old) and scheduler_is_pristine(pipe.scheduler)
+    with dcache.apply(pipe, method, **settings) as handle:  # the reference: applied with the new scheduler
+        reference, ref_plan, ref_stats = generate(), handle.plan().actions, handle.stats().to_dict()
+    assert torch.equal(out, reference) and plan == ref_plan
+    keys = ("calls", "units_computed", "num_steps", "per_step")
+    assert {k: stats[k] for k in keys} == {k: ref_stats[k] for k in keys}
+
+
+@pytest.mark.parametrize("method, settings", [("fixed_interval", {"interval": 4}), ("seacache", {})])
 def test_a_pipeline_built_from_the_components_is_tracked_with_its_own_scheduler(method, settings):
     pipe = make_pipeline()
     components = {**pipe.components, "scheduler": copy.deepcopy(pipe.scheduler)}
