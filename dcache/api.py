@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,11 @@ from .plan import MAX_PLAN_BYTES, Plan, PlanError, PlanSchedule
 from .schedule import Schedule
 
 DEFAULT_METHOD = "magcache"
+
+
+# The engines apply made (weakly held: a removed handle's engine goes when it is dropped). An engine found on a model
+# but missing here was copied with it (copy.deepcopy of a hooked pipeline or transformer).
+_APPLIED: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
 
 def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLike = DEFAULT_METHOD, *,
@@ -89,6 +95,12 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     expert_settings = check_expert_names(pipeline, experts)
     controlnet_setting = check_controlnet_option(pipeline, controlnet)
     for module in [transformer, *(m for _, m in extra_experts(pipeline))]:
+        found = getattr(module, "_dcache_engine", None)
+        if found is not None and found not in _APPLIED:
+            # a deep copy of a hooked model carries a copy of the engine, which no handle owns: remove it, or the
+            # copy could never be hooked again
+            found.remove()
+            del module._dcache_engine
         if getattr(module, "_dcache_engine", None) is not None:
             raise RuntimeError(f"dcache is already applied to this {type(module).__name__}; call handle.remove() "
                                f"on the first handle before applying another method.")
@@ -108,6 +120,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     if isinstance(schedule, PlanSchedule):
         _check_plan_fits(schedule.plan, engine)
     transformer._dcache_engine = engine
+    _APPLIED.add(engine)
     handle = Handle(engine, name, config, chosen)
     try:
         for expert_name, module in extra_experts(pipeline):
@@ -124,6 +137,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
             if isinstance(sub_schedule, PlanSchedule):
                 _check_plan_fits(sub_schedule.plan, sub)
             module._dcache_engine = sub
+            _APPLIED.add(sub)
             handle.experts[expert_name] = Handle(sub, sub_name, sub_config)
         handle.controlnets = attach_controlnets(pipeline, engine, controlnet_setting, _resolve_schedule, count_flops)
     except BaseException:

@@ -44,6 +44,11 @@ class GenerationGuard:
         self.in_flight: tuple[int, str] | None = None  # (ident, name) of the thread whose transformer call runs now
         self._mine = threading.local()  # .record: the generation record this thread works on
 
+    def __deepcopy__(self, memo: dict) -> "GenerationGuard":
+        """A deep copy of a hooked model (copy.deepcopy(pipe)) gets a fresh guard: no thread is inside the copy's
+        calls, and locks and thread-local state cannot be copied."""
+        return GenerationGuard()
+
     # -- transformer calls -------------------------------------------------------------------------------------
     def enter_call(self) -> None:
         """Mark a transformer call of this thread as running; refused while another thread's call runs."""

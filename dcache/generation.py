@@ -14,6 +14,7 @@ Branch: the diffusers `cache_context` name when the pipeline sets one, else the 
 from __future__ import annotations
 
 import sys
+import copy
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,15 @@ class StepTracker:
         self.records_started = 0
         self.scheduler_driven = False
         self._context = threading.local()  # diffusers' cache_context is per thread (dcache.concurrency)
+
+    def __deepcopy__(self, memo: dict) -> "StepTracker":
+        """Everything copied but the per-thread cache_context (thread-local state cannot be copied; no thread is
+        inside a copy's generation)."""
+        new = copy.copy(self)
+        memo[id(self)] = new
+        for key, value in vars(self).items():
+            setattr(new, key, threading.local() if key == "_context" else copy.deepcopy(value, memo))
+        return new
 
     @property
     def context_name(self) -> str | None:

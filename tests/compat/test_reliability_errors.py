@@ -153,3 +153,31 @@ def test_a_pipeline_built_from_the_components_is_tracked_with_its_own_scheduler(
             {k: stats[k] for k in ("calls", "units_computed", "num_steps", "per_step")}
         generate(pipe)  # and back to the pipeline it was applied to
         assert handle.plan().actions == plan
+
+
+@pytest.mark.parametrize("remove_first", [True, False])
+def test_a_deep_copy_of_a_hooked_pipeline_can_be_hooked_again(remove_first):
+    """copy.deepcopy(pipe) while dcache is applied (a transformer per thread, say) copies the hooks too, owned by no
+    handle; dcache.apply on the copy replaces them, before or after the original handle is removed, and the copy
+    then behaves as a fresh pipeline: the same image and stats, bit-identical to the uncached one after remove()."""
+    from compat_kit import scheduler_is_pristine
+
+    pipe = make_pipeline()
+
+    def generate(p):
+        return p([1, 7], num_inference_steps=6, guidance_scale=2.0, generator=seeded(0))
+
+    uncached = generate(pipe)
+    handle = dcache.apply(pipe, "fixed_interval", interval=2)
+    reference, stats = generate(pipe), handle.stats().to_dict()
+    clone = copy.deepcopy(pipe)
+    if remove_first:
+        handle.remove()
+    with dcache.apply(clone, "fixed_interval", interval=2) as again:
+        assert torch.equal(generate(clone), reference)
+        assert again.stats().to_dict()["per_step"] == stats["per_step"]
+    assert dcache_hook_count(clone.transformer) == 0 and scheduler_is_pristine(clone.scheduler)
+    assert torch.equal(generate(clone), uncached)
+    if not remove_first:
+        handle.remove()
+    assert dcache_hook_count(pipe.transformer) == 0 and torch.equal(generate(pipe), uncached)
