@@ -295,13 +295,19 @@ def search_command(
     use_threads(threads, is_tiny=is_tiny, device=device)
     at = f", guidance {', '.join(f'{g:g}' for g in scales)}" if scales else ""
     stages.stage(f"{method} search on the calibration prompts (seed {seed}{at}), writing to {out}/")
-    with removed_if_left_empty(out):
-        front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts, seed=seed,
-                           guidance=scales, scope=scope, pop_size=pop_size, generations=generations, resume=resume,
-                           max_span=max_span, iterations=iterations, progress=progress, base_plans=base_plans,
-                           train_seeds=train_seeds, online_iterations=online_iterations,
-                           forecast_order=forecast_order, granularity=granularity,
-                           on_generation=None if progress else _generation_line(generations))
+    try:
+        with removed_if_left_empty(out):
+            front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts,
+                               seed=seed, guidance=scales, scope=scope, pop_size=pop_size, generations=generations,
+                               resume=resume, max_span=max_span, iterations=iterations, progress=progress,
+                               base_plans=base_plans, train_seeds=train_seeds, online_iterations=online_iterations,
+                               forecast_order=forecast_order, granularity=granularity,
+                               on_generation=None if progress else _generation_line(generations))
+    except (ValueError, FileNotFoundError) as exc:
+        # a damaged or foreign checkpoint (StateFileError), a resume with other settings, an --out that leads
+        # elsewhere: one line naming the file and the fix, as `dcache eval` prints them
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
     typer.echo(f"wrote {out}/front.json, {out}/front.png, {out}/summary.md and {len(front.get('points', []))} plans:")
     for p in front.get("points", []):
         typer.echo(f"  {p['plan']}  compute ratio {p['compute_ratio']:.3f}  quality {p['quality']:.3f}")

@@ -255,3 +255,21 @@ def test_fuzzed_disca_checkpoints(tmp_path_factory, data):
     if result is not None:
         predictor, _ = result
         assert all(torch.isfinite(p).all() for p in predictor.parameters())
+
+
+def test_dcache_search_prints_a_damaged_checkpoint_as_one_error_line(tmp_path):
+    """The command line prints a checkpoint it refuses as `dcache eval` prints a record: one `error:` line naming
+    the file and the fix, exit code 2, no traceback."""
+    from typer.testing import CliRunner
+
+    from dcache.pipelines.cli import app
+
+    ckpt = tmp_path / "out" / E.CHECKPOINT
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"\x00" * 64)
+    result = CliRunner().invoke(app, ["search", "--method", "ecad", "--steps", "4", "--prompts", "1", "--pop-size",
+                                      "4", "--generations", "1", "--granularity", "stack", "--resume",
+                                      "--no-progress", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "error:" in result.output, result.output
+    assert str(ckpt) in result.output and "delete it" in result.output, result.output
