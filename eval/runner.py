@@ -234,6 +234,7 @@ def run_eval(cfg: EvalConfig, *, classifier: Any = None, networks: dict[str, Any
     is_video = _is_video_pipeline(pipe)
     names, notes = resolve_eval_metrics(cfg.metrics, is_tiny=is_tiny, is_video=is_video, classifier=cfg.classifier,
                                         injected=tuple(networks or {}))
+    names, notes = _fid_needs_two_images(names, notes, len(prompts) * len(seeds), cfg.metrics, is_video)
     _check_methods(pipe, variants, dcache)  # fail before hours of generation, with the method's own message
     judges = Judges(names, is_tiny=is_tiny, device=device, auto=is_auto(cfg.metrics), classifier_path=cfg.classifier,
                     classifier=classifier, networks=networks, clip_model=cfg.clip_model,
@@ -396,6 +397,21 @@ def check_before_loading(cfg: EvalConfig, variants: list[Variant]) -> None:
             check_method(v.method, v.overrides, "--methods")
         except (ValueError, TypeError) as exc:
             raise ValueError(f"--methods {v.spec!r}: {exc}") from exc
+
+
+def _fid_needs_two_images(names: list[str], notes: list[str], images: int, metrics: Any,
+                          is_video: bool) -> tuple[list[str], list[str]]:
+    """A Frechet distance compares feature statistics over at least 2 images; with one image (one prompt, one seed)
+    fid is refused before any generation (or left out, with a note, when the metrics are "auto"), not after all of
+    them. A video gives one feature row per frame, so it is not counted here."""
+    if "fid" not in names or images >= 2 or is_video:
+        return names, notes
+    if is_auto(metrics):
+        return [n for n in names if n != "fid"], notes + [f"skipped fid: it needs at least 2 images, this eval "
+                                                          f"makes {images}."]
+    raise ValueError(f"--metrics fid needs at least 2 images (a Frechet distance compares statistics over a set), "
+                     f"this eval makes {images} (prompts x seeds); pass --seeds 2 or more prompts, or leave fid out "
+                     f"of --metrics.")
 
 
 def _check_methods(pipe: Any, variants: list[Variant], dcache: Any) -> None:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import shutil
@@ -234,3 +235,21 @@ def test_fuzzed_records(finished, tmp_path_factory, data):
     for label, row in result.results["variants"].items():
         assert row["num_images"] == expected[label]["num_images"] and 0 <= row["compute_ratio"] <= 1, label
     assert json.loads((out / "results.json").read_text())["variants"].keys() == expected.keys()
+
+
+# ------------------------------------------------------------------------------------------------ one image
+def test_fid_on_one_image_is_refused_before_any_generation(tmp_path, classifier_path):
+    """A Frechet distance needs 2 images: an eval of one prompt and one seed with --metrics fid is refused before
+    it generates anything (it used to fail after all the generation work)."""
+    out = tmp_path / "out"
+    cfg = dataclasses.replace(_config(out), prompts="3", metrics="psnr,fid", classifier=str(classifier_path))
+    with pytest.raises(ValueError, match="fid needs at least 2 images.*--seeds 2"):
+        run_eval(cfg, progress=False)
+    assert not list(out.glob(".work/*/*.safetensors")), "records were generated before the refusal"
+
+
+def test_auto_metrics_on_one_image_leave_fid_out_with_a_note(tmp_path, classifier_path):
+    cfg = dataclasses.replace(_config(tmp_path / "out"), prompts="3", metrics="auto", classifier=str(classifier_path))
+    result = run_eval(cfg, progress=False)
+    assert "fid" not in result.results["metrics"]
+    assert any("skipped fid" in note for note in result.results["notes"]), result.results["notes"]
