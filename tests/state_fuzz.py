@@ -1,12 +1,16 @@
-"""Mutations of resume files for the fuzz tests: a loaded state (dicts of values, arrays, tensors) with one field, up
-to three levels deep, replaced by an arbitrary value or deleted.
+"""Helpers for the tests of resume files: mutations for fuzzing (a loaded state, dicts of values, arrays, tensors,
+with one field up to three levels deep replaced by an arbitrary value or deleted), and the id of a process that is
+gone (the writer of a temporary file left by kill -9).
 
     state = mutate(data, loaded)   # data: hypothesis' st.data()
+    stale = folder / f".name.{dead_pid()}.0123abcd.tmp.json"
 """
 
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import numpy as np
 import torch
@@ -56,3 +60,9 @@ def mutate(data, state, values=VALUES):
     else:
         node[place[-1]] = data.draw(values, label="value")
     return state
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited (a child that printed it): what a killed writer's file name holds."""
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(out.stdout)

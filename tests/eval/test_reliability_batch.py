@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from state_fuzz import FUZZ, JSON_VALUES, mutate
+from state_fuzz import FUZZ, JSON_VALUES, dead_pid, mutate
 from typer.testing import CliRunner
 
 from dcache.pipelines.cli import app
@@ -127,3 +127,17 @@ def test_fuzzed_markers(finished, tiny_dir, prompts, tmp_path_factory, data):
     manifest = json.loads((out / "manifest.json").read_text())
     assert [e["file"] for e in manifest["images"]] == FILES
     assert all((out / f).is_file() for f in FILES)
+
+
+def test_a_killed_runs_temporary_files_are_removed_on_resume(copy, tiny_dir, prompts):
+    """kill -9 while an image or a marker was being written leaves dcache.io's temporary file; the rerun removes
+    the ones whose writer is gone and writes no manifest entry for them."""
+    pid = dead_pid()
+    stale = [copy / "images" / f".s0-p00000.{pid}.0123abcd.tmp.png",
+             copy / ".work" / f".{ITEM}.{pid}.89abcdef.tmp.json"]
+    for path in stale:
+        path.write_bytes(b"half")
+    r = generate(tiny_dir, prompts, copy)
+    assert r.exit_code == 0, r.output
+    assert not any(path.exists() for path in stale)
+    assert [e["file"] for e in json.loads((copy / "manifest.json").read_text())["images"]] == FILES

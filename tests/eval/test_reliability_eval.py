@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from state_fuzz import FUZZ, mutate
+from state_fuzz import FUZZ, dead_pid, mutate
 
 from dcache.eval.runner import EvalConfig, _fingerprint, run_eval
 from dcache.state_file import StateFileError
@@ -199,11 +199,7 @@ def test_a_work_folder_linked_out_of_the_output_folder_is_refused(copy, tmp_path
 
 
 def test_a_killed_runs_temporary_files_are_removed_on_resume(copy):
-    import subprocess
-    import sys
-
-    pid = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                             text=True).stdout)
+    pid = dead_pid()
     stale = _record(copy).parent / f".{ITEM}.{pid}.0123abcd.tmp.safetensors"
     report = copy / f".results.{pid}.89abcdef.tmp.json"
     for p in (stale, report):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from state_fuzz import FUZZ, mutate
+from state_fuzz import FUZZ, dead_pid, mutate
 
 from dcache.schedules.disca import N_TIME_FEATURES
 from dcache.schedules.tuning.search import disca as D
@@ -168,11 +168,7 @@ def test_a_damaged_disca_checkpoint_names_the_file(tmp_path):
 def test_a_killed_runs_temporary_files_are_removed_on_resume(tmp_path):
     """kill -9 during a checkpoint write leaves dcache.io's temporary file; a resume removes it (its writer is
     gone), and keeps a live process's file and files of other names."""
-    import subprocess
-    import sys
-
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    pid = int(dead.stdout)
+    pid = dead_pid()
     tmp_path.mkdir(exist_ok=True)
     stale = tmp_path / f".disca.ckpt.{pid}.0123abcd.tmp.safetensors"
     live = tmp_path / f".disca.ckpt.{os.getpid()}.0123abcd.tmp.safetensors"
