@@ -40,6 +40,7 @@ def read_marker(marker: Path, fingerprint: str, out_dir: Path, item: Any) -> lis
     if not marker.is_file():
         return None
     fix = f"delete {marker} (the rerun generates the item's images again) or pass a new --out"
+    check_inside(out_dir, marker.relative_to(out_dir), "the batch marker", fix, MarkerError)  # a link out of --out
     done = read_json(marker, MAX_MARKER_BYTES, "batch marker", fix, MarkerError)
     if not isinstance(done, dict) or not isinstance(done.get("entries"), list):
         raise MarkerError(f"the batch marker {str(marker)!r} holds no list of entries; {fix}.")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from dcache.checks import is_count, is_number, same
-from dcache.io import read_json
+from dcache.io import check_inside, read_json
 from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
 
 RECORD = "eval record"
@@ -45,6 +45,8 @@ def load_record(vdir: Path, item: Any, variant: str, fingerprint: str, cached: b
     refuse_legacy(vdir / f"{item.id}.pt", RECORD, record_fix(vdir))
     if not path.is_file():
         return None
+    out = vdir.parent.parent  # <out>/.work/<variant>/: a record linked out of <out> would read another file
+    check_inside(out, path.relative_to(out), "the eval record", record_fix(path), StateFileError)
     rec = load_state(path, RECORD, record_fix(path))
     if not isinstance(rec, dict):
         raise StateFileError(f"{str(path)!r} does not hold an eval record; {record_fix(path)}.")

@@ -112,6 +112,14 @@ def test_a_folder_linked_out_of_the_output_folder_is_refused(copy, tiny_dir, pro
     assert {p: p.stat().st_mtime_ns for p in elsewhere.rglob("*")} == before  # nothing written there
 
 
+def test_a_marker_linked_out_of_the_output_folder_is_refused(copy, tiny_dir, prompts, tmp_path):
+    marker = copy / ".work" / f"{ITEM}.json"
+    outside = tmp_path / "outside.json"
+    shutil.move(str(marker), str(outside))
+    marker.symlink_to(outside)
+    _refused(generate(tiny_dir, prompts, copy), marker, "leads out of")
+
+
 @FUZZ
 @given(data=st.data())
 def test_fuzzed_markers(finished, tiny_dir, prompts, tmp_path_factory, data):

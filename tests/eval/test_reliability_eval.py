@@ -198,6 +198,16 @@ def test_a_work_folder_linked_out_of_the_output_folder_is_refused(copy, tmp_path
     assert sorted(p.name for p in elsewhere.rglob("*")) == before
 
 
+def test_a_record_linked_out_of_the_output_folder_is_refused(copy, tmp_path):
+    path = _record(copy)
+    outside = tmp_path / "outside.safetensors"
+    shutil.move(str(path), str(outside))
+    path.symlink_to(outside)
+    with pytest.raises(StateFileError, match="leads out of") as info:
+        run_eval(_config(copy), progress=False)
+    assert str(path) in str(info.value)
+
+
 def test_a_killed_runs_temporary_files_are_removed_on_resume(copy):
     pid = dead_pid()
     stale = _record(copy).parent / f".{ITEM}.{pid}.0123abcd.tmp.safetensors"

@@ -269,3 +269,15 @@ def test_dcache_search_prints_a_damaged_checkpoint_as_one_error_line(tmp_path):
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and "error:" in result.output, result.output
     assert str(ckpt) in result.output and "delete it" in result.output, result.output
+
+
+def test_a_plans_folder_linked_out_of_the_output_folder_is_refused(calib, template, tmp_path):
+    """The front's plans go to <out>/plans; a link there to another folder is refused, and nothing is written in it."""
+    elsewhere, out = tmp_path / "elsewhere", tmp_path / "out"
+    elsewhere.mkdir()
+    out.mkdir()
+    (out / "plans").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(ValueError, match="leads out of"):
+        E.ecad_search(calib, out, E.ECADConfig(pop_size=4, generations=1, granularity="stack"), template=template,
+                      progress=False)
+    assert not list(elsewhere.iterdir())

@@ -30,7 +30,7 @@ import dcache
 from dcache.actions import Action, Granularity
 from dcache.health import quiet
 from dcache.adapters import reuse_composed_inputs
-from dcache.io import atomic_write_text, atomic_write_with
+from dcache.io import atomic_write_text, atomic_write_with, check_inside
 from dcache.plan import KEYFRAMES, Plan
 
 from ..profiling import TrackSchedule
@@ -340,7 +340,9 @@ def write_front(out_dir: str | Path, method: str, points: list[FrontPoint], *, o
                 config: dict | None = None, title: str | None = None) -> dict:
     """Save each plan (with its measured quality in the provenance), front.json, front.png and summary.md."""
     out = Path(out_dir)
-    (out / "plans").mkdir(parents=True, exist_ok=True)
+    # a `plans` folder linked out of the output folder would receive the plans elsewhere
+    check_inside(out, "plans", "the plans folder", f"remove the link {out / 'plans'} or pass a new --out").mkdir(
+        parents=True, exist_ok=True)
     if not is_main_process():
         return {}
     rows = []
