@@ -1,14 +1,15 @@
-"""The 16x16 digits data set and a small CNN that classifies it.
+"""The 16x16 digits data set and the small CNN that judges every bundled model (`ConvClassifier`).
 
-The classifier judges the bundled tiny diffusion model: `predict` gives the class-accuracy of generated samples and
+A classifier judges a bundled diffusion model: `predict` gives the class-accuracy of generated samples and
 `features` gives penultimate activations, a stand-in for Inception features in Frechet-distance (FID-style) metrics.
 
-Images everywhere in this file: float tensors [B, 1, 16, 16] with values in [0, 1] (0 = background).
+Digit images: float tensors [B, 1, 16, 16] with values in [0, 1] (0 = background).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -49,46 +50,54 @@ def load_digits_16(split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
     return images[idx], labels[idx]
 
 
-class DigitClassifier(nn.Module):
-    """Two conv stages and an MLP head: [B, 1, 16, 16] -> features [B, feature_dim] -> logits [B, 10]."""
+class ConvClassifier(nn.Module):
+    """Two conv stages and an MLP head: inputs [B, *input_shape] -> features [B, feature_dim] -> logits
+    [B, num_classes]. input_shape is (C, H, W) for images or (F, C, H, W) for clips, whose frames are stacked as
+    channels ([B, F, C, H, W] -> [B, F*C, H, W]: the first conv sees motion across frames). H and W divisible by 4.
+    """
 
-    def __init__(self, channels: tuple[int, int] = (32, 64), feature_dim: int = 128, num_classes: int = NUM_CLASSES):
+    def __init__(self, channels: tuple[int, int] = (32, 64), feature_dim: int = 128, num_classes: int = NUM_CLASSES,
+                 input_shape: tuple[int, ...] = (1, IMAGE_SIZE, IMAGE_SIZE)):
         super().__init__()
-        self.config = {"channels": list(channels), "feature_dim": feature_dim, "num_classes": num_classes}
-        c1, c2 = channels
-        self.stage1 = nn.Sequential(  # [B, 1, 16, 16] -> [B, c1, 8, 8]
-            nn.Conv2d(1, c1, 3, padding=1), nn.BatchNorm2d(c1), nn.ReLU(),
+        self.config = {"channels": list(channels), "feature_dim": feature_dim, "num_classes": num_classes,
+                       "input_shape": list(input_shape)}
+        c0, c1, c2 = math.prod(input_shape[:-2]), *channels
+        height, width = input_shape[-2:]
+        self.stage1 = nn.Sequential(  # [B, c0, H, W] -> [B, c1, H/2, W/2]
+            nn.Conv2d(c0, c1, 3, padding=1), nn.BatchNorm2d(c1), nn.ReLU(),
             nn.Conv2d(c1, c1, 3, padding=1), nn.BatchNorm2d(c1), nn.ReLU(),
             nn.MaxPool2d(2),
         )
-        self.stage2 = nn.Sequential(  # [B, c1, 8, 8] -> [B, c2, 4, 4]
+        self.stage2 = nn.Sequential(  # [B, c1, H/2, W/2] -> [B, c2, H/4, W/4]
             nn.Conv2d(c1, c2, 3, padding=1), nn.BatchNorm2d(c2), nn.ReLU(),
             nn.Conv2d(c2, c2, 3, padding=1), nn.BatchNorm2d(c2), nn.ReLU(),
             nn.MaxPool2d(2),
         )
-        self.embed = nn.Sequential(nn.Flatten(), nn.Dropout(0.2), nn.Linear(c2 * 16, feature_dim), nn.ReLU())
+        self.embed = nn.Sequential(nn.Flatten(), nn.Dropout(0.2),
+                                   nn.Linear(c2 * (height // 4) * (width // 4), feature_dim), nn.ReLU())
         self.head = nn.Linear(feature_dim, num_classes)
 
     def _check(self, images: torch.Tensor) -> None:
-        if images.ndim != 4 or tuple(images.shape[1:]) != (1, IMAGE_SIZE, IMAGE_SIZE):
+        shape = tuple(self.config["input_shape"])
+        if tuple(images.shape[1:]) != shape:
             raise ValueError(
-                f"DigitClassifier expects images [B, 1, {IMAGE_SIZE}, {IMAGE_SIZE}] in [0, 1], got shape "
+                f"{type(self).__name__} expects inputs [B, {', '.join(map(str, shape))}] in [0, 1], got shape "
                 f"{tuple(images.shape)}; use the pipeline's output_type='pt'."
             )
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
-        """images [B, 1, 16, 16] in [0, 1] -> penultimate features [B, feature_dim] (post-ReLU)."""
+        """images [B, *input_shape] in [0, 1] -> penultimate features [B, feature_dim] (post-ReLU)."""
         self._check(images)
-        x = images.to(self.head.weight.dtype) * 2.0 - 1.0  # to [-1, 1]
+        x = images.to(self.head.weight.dtype).flatten(1, -3) * 2.0 - 1.0  # [B, c0, H, W] in [-1, 1]
         return self.embed(self.stage2(self.stage1(x)))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """images [B, 1, 16, 16] in [0, 1] -> logits [B, 10]."""
+        """images [B, *input_shape] in [0, 1] -> logits [B, num_classes]."""
         return self.head(self.features(images))
 
     @torch.no_grad()
     def predict(self, images: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
-        """images [B, 1, 16, 16] in [0, 1] -> predicted labels [B] int64 (eval mode, no grad)."""
+        """images [B, *input_shape] in [0, 1] -> predicted labels [B] int64 (eval mode, no grad)."""
         self._check(images)
         return torch.cat([self(chunk).argmax(dim=1) for chunk in images.split(batch_size)])
 
@@ -100,18 +109,23 @@ class DigitClassifier(nn.Module):
         save_file(state, str(path), metadata={"config": json.dumps(self.config)})
 
     @classmethod
-    def from_file(cls, path: str | Path, device: str | torch.device = "cpu") -> "DigitClassifier":
+    def from_file(cls, path: str | Path, device: str | torch.device = "cpu") -> "ConvClassifier":
         """Inverse of `save`: an eval-mode classifier on `device`."""
         from safetensors import safe_open
         from safetensors.torch import load_file
 
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"No digit classifier at {path}; run "
+            raise FileNotFoundError(f"No classifier at {path}; run the training script of its model, e.g. "
                                     f"`python -m dcache.pipelines.train_tiny --out <dir>`.")
         with safe_open(str(path), framework="pt") as handle:
             config = json.loads(handle.metadata()["config"])
         model = cls(channels=tuple(config["channels"]), feature_dim=config["feature_dim"],
-                    num_classes=config["num_classes"])
+                    num_classes=config["num_classes"],
+                    input_shape=tuple(config.get("input_shape", (1, IMAGE_SIZE, IMAGE_SIZE))))
         model.load_state_dict(load_file(str(path)))
         return model.to(device).eval()
+
+
+class DigitClassifier(ConvClassifier):
+    """The digits judge: `ConvClassifier` on images [B, 1, 16, 16], 10 classes."""

@@ -11,16 +11,15 @@ patches).
 Flow: x_t = (1 - t) * x_0 + t * noise, the transformer predicts v = noise - x_0, Euler steps from t = 1 to 0.
 """
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import PIL.Image
 import torch
-from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
 from diffusers.pipelines.pipeline_utils import ImagePipelineOutput
-from diffusers.utils.torch_utils import randn_tensor
 
+from .class_pipeline import ClassConditionalPipeline
 from .label_encoder import LabelEncoder
 
 IMAGE_SIZE = 16  # pixels per side
@@ -29,8 +28,6 @@ DEFAULT_STEPS = 28
 # Tuned with the digit classifier: from 1.5 up, >= 99 % of samples show the requested digit, and the classifier-feature
 # Frechet distance to real digits is lowest at 1.5 (it grows with more guidance: less diversity). See METRICS.json.
 DEFAULT_GUIDANCE = 1.5
-CFG_MODES = ("split", "batched")
-OUTPUT_TYPES = ("pt", "np", "pil", "latent")
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 PIL_SCALE = 4  # "pil" output is upscaled with nearest-neighbour: 16x16 -> 64x64
 
@@ -82,10 +79,13 @@ def flow_sigmas(num_inference_steps: int) -> np.ndarray:
     return np.linspace(1.0, 1.0 / num_inference_steps, num_inference_steps)
 
 
-class DigitFlowPipeline(DiffusionPipeline):
+class DigitFlowPipeline(ClassConditionalPipeline):
     """Generates 16x16 grayscale digits of the requested classes. Components: transformer, scheduler, label_encoder."""
 
-    model_cpu_offload_seq = "label_encoder->transformer"
+    noun = "digit"
+    class_names = DIGIT_WORDS
+    default_steps = DEFAULT_STEPS
+    default_guidance = DEFAULT_GUIDANCE
 
     def __init__(
         self,
@@ -93,92 +93,32 @@ class DigitFlowPipeline(DiffusionPipeline):
         scheduler: FlowMatchEulerDiscreteScheduler,
         label_encoder: LabelEncoder,
     ):
-        super().__init__()
-        self.register_modules(transformer=transformer, scheduler=scheduler, label_encoder=label_encoder)
+        super().__init__(transformer, scheduler, label_encoder)
+
+    def parse_prompt(self, prompt, position: int | None = None) -> int:
+        return parse_digit_prompt(prompt, position)
+
+    def sample_shape(self) -> tuple[int, ...]:
+        return (1, IMAGE_SIZE, IMAGE_SIZE)  # pixel layout
 
     @property
-    def num_classes(self) -> int:
-        return self.label_encoder.config.num_classes
+    def parse_example(self) -> str:
+        return "3"
 
-    @property
-    def num_timesteps(self) -> int:
-        """Number of denoising steps of the last (or current) call."""
-        return self._num_timesteps
+    def _set_timesteps(self, num_inference_steps: int, device) -> None:
+        self.scheduler.set_timesteps(sigmas=flow_sigmas(num_inference_steps), device=device)
 
-    def _labels(self, prompt, labels):
-        """`prompt` (a digit string / word, a label, or a list of them) or `labels` -> what `_check_inputs` takes."""
-        if prompt is not None and labels is not None:
-            raise ValueError("pass the digits as prompt (pipe('3'), pipe(['3', 'seven'])) or as labels "
-                             "(pipe(labels=[3, 7])), not both.")
-        if prompt is None:
-            if labels is None:
-                raise ValueError("no digit requested: pass a prompt such as pipe('3') or pipe(['3', 'seven']), or "
-                                 "class labels such as pipe(labels=[3, 7]).")
-            return labels
-        if isinstance(prompt, str):
-            return [parse_digit_prompt(prompt)]
-        if isinstance(prompt, (list, tuple)):
-            return [parse_digit_prompt(p, i) if isinstance(p, str) else p for i, p in enumerate(prompt)]
-        return prompt  # an int, a tensor of labels: checked as labels
+    def _to_state(self, latents: torch.Tensor) -> torch.Tensor:
+        """Pixels [B, 1, 16, 16] -> packed tokens [B, 64, 4]; the RoPE ids are made here, once per generation."""
+        self._ids = (text_ids(self.label_encoder.config.num_tokens, device=latents.device, dtype=latents.dtype),
+                     image_ids(device=latents.device, dtype=latents.dtype))  # [T, 3], [64, 3]
+        return pack_images(latents)
 
-    def _check_inputs(self, labels, num_inference_steps, guidance_scale, generator, latents, cfg_mode, output_type):
-        """Validates the call and returns the labels as a list of ints."""
-        if isinstance(labels, torch.Tensor):
-            labels = labels.tolist() if labels.ndim <= 1 else labels  # 0-d -> int, 1-d -> list
-        if isinstance(labels, (int, np.integer)) and not isinstance(labels, bool):
-            labels = [int(labels)]
-        if (
-            not isinstance(labels, Sequence)
-            or len(labels) == 0
-            or not all(isinstance(label, (int, np.integer)) and not isinstance(label, bool) for label in labels)
-        ):
-            raise ValueError(
-                f"labels must be an int or a non-empty list of ints in 0..{self.num_classes - 1}, got {labels!r}; "
-                "e.g. pipe(labels=[0, 1, 2]), or digit prompts such as pipe(['0', 'one', '2'])."
-            )
-        bad = [(i, label) for i, label in enumerate(labels) if not 0 <= label < self.num_classes]
-        if bad:
-            i, label = bad[0]
-            raise ValueError(
-                f"labels must be digit classes in 0..{self.num_classes - 1}, got {label} at position {i}; the null "
-                f"label {self.num_classes} is reserved for the unconditional branch of CFG (use guidance_scale=1 to "
-                f"turn CFG off)."
-            )
-        if (isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, (int, np.integer))
-                or num_inference_steps < 1):
-            raise ValueError(f"num_inference_steps must be an int >= 1, got {num_inference_steps!r}; the default is "
-                             f"{DEFAULT_STEPS}.")
-        if (isinstance(guidance_scale, bool) or not isinstance(guidance_scale, (int, float))
-                or not math.isfinite(guidance_scale)):
-            raise ValueError(
-                f"guidance_scale must be a finite number, got {guidance_scale!r}; values <= 1 turn CFG off, the "
-                f"default is {DEFAULT_GUIDANCE}."
-            )
-        if cfg_mode not in CFG_MODES:
-            raise ValueError(
-                f"cfg_mode must be one of {CFG_MODES}, got {cfg_mode!r}: 'split' makes two transformer calls per step "
-                "(cond, then uncond), 'batched' one call on the doubled batch [uncond; cond]."
-            )
-        if output_type not in OUTPUT_TYPES:
-            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}.")
-        if isinstance(generator, list) and len(generator) != len(labels):
-            raise ValueError(
-                f"got a list of {len(generator)} generators for {len(labels)} labels; pass one generator, or one per "
-                f"label."
-            )
-        expected = (len(labels), 1, IMAGE_SIZE, IMAGE_SIZE)
-        if latents is not None and tuple(latents.shape) != expected:
-            raise ValueError(
-                f"latents must be the starting noise in pixel layout {list(expected)} (one per label), got "
-                f"{list(latents.shape)}."
-            )
-        return [int(label) for label in labels]
-
-    def _encode(self, labels, dtype):
-        """labels [B] -> (encoder_hidden_states [B, T, D], pooled [B, P]) in `dtype`: the prompt embedding, made once
-        per generation (as diffusers pipelines encode their prompts before the denoising loop)."""
-        encoder_hidden_states, pooled = self.label_encoder(labels)
-        return encoder_hidden_states.to(dtype), pooled.to(dtype)
+    def _transformer_call(self, x, t, labels, embedded):
+        """Packed x [B, 64, 4] at scheduler timestep t (= 1000 sigma) -> velocity [B, 64, 4] (v = noise - x_0);
+        Flux takes timestep = sigma in (0, 1]."""
+        txt_ids, img_ids = self._ids
+        return self._velocity(x, labels, t.expand(x.shape[0]).to(x.dtype) / 1000, txt_ids, img_ids, embedded)
 
     def _velocity(self, x, labels, timestep, txt_ids, img_ids, embedded=None):
         """Transformer call: packed x [B, 64, 4], labels [B] -> velocity [B, 64, 4] (v = noise - x_0). `embedded`:
@@ -224,56 +164,8 @@ class DigitFlowPipeline(DiffusionPipeline):
                 "np" (array [B, 16, 16, 1] in [0, 1]), "latent" (packed tokens [B, 64, 4], unclamped, [-1, 1] scale).
             return_dict: return an `ImagePipelineOutput` (else a tuple `(images,)`).
         """
-        labels = self._check_inputs(self._labels(prompt, labels), num_inference_steps, guidance_scale, generator,
-                                    latents, cfg_mode, output_type)
-        device = self._execution_device
-        dtype = self.transformer.dtype
-        batch = len(labels)
-        do_cfg = guidance_scale > 1.0
-
-        cond = torch.tensor(labels, dtype=torch.long, device=device)  # [B]
-        uncond = torch.full_like(cond, self.label_encoder.null_label)  # [B]
-        both = torch.cat([uncond, cond])  # [2B], batched CFG order: [uncond; cond]
-        txt_ids = text_ids(self.label_encoder.config.num_tokens, device=device, dtype=dtype)  # [T, 3]
-        img_ids = image_ids(device=device, dtype=dtype)  # [64, 3]
-        # the labels' embeddings, once per generation: (encoder_hidden_states [B or 2B, T, D], pooled)
-        cond_embeds = self._encode(cond, dtype)
-        uncond_embeds = self._encode(uncond, dtype) if do_cfg and cfg_mode == "split" else None
-        both_embeds = self._encode(both, dtype) if do_cfg and cfg_mode != "split" else None
-
-        if latents is None:
-            latents = randn_tensor((batch, 1, IMAGE_SIZE, IMAGE_SIZE), generator=generator, device=device, dtype=dtype)
-        x = pack_images(latents.to(device=device, dtype=dtype))  # [B, 64, 4], x_1 = noise
-
-        self.scheduler.set_timesteps(sigmas=flow_sigmas(num_inference_steps), device=device)
-        self.scheduler.set_begin_index(0)
-        timesteps = self.scheduler.timesteps  # [N], = 1000 * shifted sigma
-        sigmas = self.scheduler.sigmas.tolist()  # [N + 1] on the host, once, for the cache context
-        self._num_timesteps = len(timesteps)
-
-        with self.progress_bar(total=num_inference_steps) as progress_bar:
-            for i, t in enumerate(timesteps):
-                timestep = t.expand(batch).to(dtype) / 1000  # [B], sigma in (0, 1]
-                context = dict(step_index=i, num_inference_steps=num_inference_steps, timestep=t, sigma=sigmas[i])
-                if not do_cfg:
-                    with self.transformer.cache_context("cond", **context):
-                        velocity = self._velocity(x, cond, timestep, txt_ids, img_ids, cond_embeds)
-                elif cfg_mode == "split":
-                    with self.transformer.cache_context("cond", **context):
-                        v_cond = self._velocity(x, cond, timestep, txt_ids, img_ids, cond_embeds)
-                    with self.transformer.cache_context("uncond", **context):
-                        v_uncond = self._velocity(x, uncond, timestep, txt_ids, img_ids, uncond_embeds)
-                    velocity = v_uncond + guidance_scale * (v_cond - v_uncond)
-                else:
-                    with self.transformer.cache_context("cond_uncond", **context):
-                        v_both = self._velocity(torch.cat([x, x]), both, timestep.repeat(2), txt_ids, img_ids,
-                                                both_embeds)
-                    v_uncond, v_cond = v_both.chunk(2)
-                    velocity = v_uncond + guidance_scale * (v_cond - v_uncond)
-                x = self.scheduler.step(velocity, t, x, return_dict=False)[0]  # x + (sigma_next - sigma) * v
-                progress_bar.update()
-
-        self.maybe_free_model_hooks()
+        x = self._denoise(prompt, labels, num_inference_steps, guidance_scale, generator, latents, cfg_mode,
+                          output_type)  # packed tokens [B, 64, 4]
         if output_type == "latent":
             images = x
         else:

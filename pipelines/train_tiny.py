@@ -17,24 +17,21 @@ Deterministic for a given seed and thread count; about 8 minutes on 2 idle CPU c
 """
 
 import argparse
-import copy
 import json
 import math
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
 from torch import nn
-from tqdm.auto import tqdm
 
-from dcache import quality
-
+from . import flow_training
 from .digit_classifier import NUM_CLASSES, DigitClassifier, load_digits_16
+from .flow_training import FlowConfig, eval_labels, frechet_distance, generated_accuracy  # noqa: F401  (re-exported)
 from .label_encoder import LabelEncoder
 from .tiny_pipeline import DEFAULT_GUIDANCE, DEFAULT_STEPS, DigitFlowPipeline, image_ids, pack_images, text_ids, to_pil
 
@@ -57,26 +54,8 @@ SCHEDULER_CONFIG = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shiftin
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    seed: int = 0
-    threads: int = 2
-    # classifier
-    classifier_epochs: int = 25
-    classifier_batch: int = 64
-    classifier_lr: float = 2e-3
-    # diffusion model
-    steps: int = 800
-    batch: int = 64
-    lr: float = 1e-3
-    warmup: int = 100
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    ema_decay: float = 0.998
-    label_dropout: float = 0.1
-    uniform_t_fraction: float = 0.2  # the rest of t is logit-normal(0, 1), as in SD3
-    # evaluation
-    eval_per_class: int = 20
-    eval_seed: int = 1234
+class TrainConfig(FlowConfig):
+    classifier_epochs: int = 25  # over the train split, augmented
 
 
 def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -100,95 +79,55 @@ def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return out.clamp(0, 1)
 
 
-def lr_factor(step: int, total: int, warmup: int) -> float:
-    """Linear warmup to 1, then cosine decay to 0.1."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
-
-
 def train_classifier(cfg: TrainConfig, images: torch.Tensor, labels: torch.Tensor) -> DigitClassifier:
-    """AdamW + cosine, label smoothing 0.05, augmented batches; returns the eval-mode classifier."""
+    """`flow_training.train_classifier` over epochs of augmented, shuffled batches; returns the eval-mode
+    classifier."""
     generator = torch.Generator().manual_seed(cfg.seed)
     model = DigitClassifier()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.classifier_lr, weight_decay=1e-4)
     per_epoch = math.ceil(len(labels) / cfg.classifier_batch)
-    total = cfg.classifier_epochs * per_epoch
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total, per_epoch))
-    model.train()
-    with tqdm(total=total, desc="classifier", mininterval=2) as bar:
+
+    def batches():
         for _ in range(cfg.classifier_epochs):
             for idx in torch.randperm(len(labels), generator=generator).split(cfg.classifier_batch):
-                loss = F.cross_entropy(model(augment(images[idx], generator)), labels[idx], label_smoothing=0.05)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
-                bar.update()
-                bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-    return model.eval()
+                yield augment(images[idx], generator), labels[idx]
 
-
-def sample_t(batch: int, uniform_fraction: float, generator: torch.Generator) -> torch.Tensor:
-    """t [B] in (0, 1): logit-normal(0, 1) (mass in the middle, where the velocity is hardest), a fraction uniform."""
-    t = torch.sigmoid(torch.randn(batch, generator=generator))
-    uniform = torch.rand(batch, generator=generator)
-    return torch.where(torch.rand(batch, generator=generator) < uniform_fraction, uniform, t)
+    return flow_training.train_classifier(model, batches(), cfg.classifier_epochs * per_epoch, cfg.classifier_lr,
+                                          warmup=per_epoch)
 
 
 def train_transformer(
     cfg: TrainConfig, images: torch.Tensor, labels: torch.Tensor,
     on_step: Callable[[int, nn.ModuleDict], None] | None = None,
 ) -> nn.ModuleDict:
-    """Rectified-flow training; returns the EMA ModuleDict(transformer=..., label_encoder=...).
+    """Rectified-flow training (`flow_training.train_flow`); returns the EMA ModuleDict(transformer=...,
+    label_encoder=...).
 
     on_step(step, ema), if given, runs after every optimizer step (e.g. to evaluate checkpoints while tuning)."""
     torch.manual_seed(cfg.seed)  # weight init
-    generator = torch.Generator().manual_seed(cfg.seed + 1)  # batches, t, noise, label dropout
     model = nn.ModuleDict(
         {"transformer": FluxTransformer2DModel(**TRANSFORMER_CONFIG),
          "label_encoder": LabelEncoder(**LABEL_ENCODER_CONFIG)}
     )
-    ema = copy.deepcopy(model).eval().requires_grad_(False)
-    params, ema_params = list(model.parameters()), list(ema.parameters())
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.steps, cfg.warmup))
     x0_all = pack_images(images * 2 - 1)  # [N, 64, 4] in [-1, 1]
     img_ids, txt_ids = image_ids(), text_ids(LABEL_ENCODER_CONFIG["num_tokens"])
-    null = torch.tensor(NUM_CLASSES)
-    model.train()
-    with tqdm(total=cfg.steps, desc="transformer", mininterval=5) as bar:
-        for step in range(cfg.steps):
-            idx = torch.randint(len(labels), (cfg.batch,), generator=generator)
-            x0 = x0_all[idx]  # [B, 64, 4]
-            noise = torch.randn(x0.shape, generator=generator)
-            t = sample_t(cfg.batch, cfg.uniform_t_fraction, generator)  # [B]
-            x_t = (1 - t[:, None, None]) * x0 + t[:, None, None] * noise
-            y = torch.where(torch.rand(cfg.batch, generator=generator) < cfg.label_dropout, null, labels[idx])
-            encoder_hidden_states, pooled = model["label_encoder"](y)
-            velocity = model["transformer"](
-                hidden_states=x_t,
-                encoder_hidden_states=encoder_hidden_states,
-                pooled_projections=pooled,
-                timestep=t,  # the pipeline passes t / 1000 = sigma: same convention
-                img_ids=img_ids,
-                txt_ids=txt_ids,
-                return_dict=False,
-            )[0]
-            loss = F.mse_loss(velocity, noise - x0)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            decay = min(cfg.ema_decay, (1 + step) / (10 + step))  # EMA warmup
-            torch._foreach_lerp_(ema_params, [p.detach() for p in params], 1 - decay)  # ema += (1 - d) (p - ema)
-            bar.update()
-            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-            if on_step is not None:
-                on_step(step + 1, ema)
-    return ema
+
+    def data(generator):
+        idx = torch.randint(len(labels), (cfg.batch,), generator=generator)
+        return x0_all[idx], labels[idx]  # [B, 64, 4], [B]
+
+    def velocity(model, x_t, y, t):
+        encoder_hidden_states, pooled = model["label_encoder"](y)
+        return model["transformer"](
+            hidden_states=x_t,
+            encoder_hidden_states=encoder_hidden_states,
+            pooled_projections=pooled,
+            timestep=t,  # the pipeline passes t / 1000 = sigma: same convention
+            img_ids=img_ids,
+            txt_ids=txt_ids,
+            return_dict=False,
+        )[0]
+
+    return flow_training.train_flow(model, cfg, data, velocity, NUM_CLASSES, on_step)
 
 
 def build_pipeline(trained: nn.ModuleDict) -> DigitFlowPipeline:
@@ -199,71 +138,16 @@ def build_pipeline(trained: nn.ModuleDict) -> DigitFlowPipeline:
     )
 
 
-def eval_labels(per_class: int) -> list[int]:
-    """[0]*per_class + [1]*per_class + ... + [9]*per_class."""
-    return [label for label in range(NUM_CLASSES) for _ in range(per_class)]
-
-
-@torch.no_grad()
-def generate_eval_set(
-    pipe: DigitFlowPipeline, per_class: int, num_inference_steps: int, guidance_scale: float, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One seeded batch, per_class samples of each digit -> (images [10 * per_class, 1, 16, 16],
-    labels [10 * per_class])."""
-    labels = eval_labels(per_class)
-    images = pipe(
-        labels,
-        num_inference_steps=num_inference_steps,
-        guidance_scale=guidance_scale,
-        generator=torch.Generator().manual_seed(seed),
-        output_type="pt",
-    ).images
-    return images, torch.tensor(labels)
-
-
-def generated_accuracy(
-    pipe: DigitFlowPipeline,
-    classifier: DigitClassifier,
-    per_class: int = 20,
-    num_inference_steps: int = DEFAULT_STEPS,
-    guidance_scale: float = DEFAULT_GUIDANCE,
-    seed: int = 1234,
-) -> float:
-    """Fraction of generated samples (per_class for each digit, one seeded batch) the classifier labels as
-    requested."""
-    images, labels = generate_eval_set(pipe, per_class, num_inference_steps, guidance_scale, seed)
-    return (classifier.predict(images) == labels).float().mean().item()
-
-
-@torch.no_grad()
-def frechet_distance(features_a: torch.Tensor, features_b: torch.Tensor) -> float:
-    """dcache.quality.frechet_distance with 1e-6 I added to both covariances: the classifier's dead ReLU features
-    make them singular. Biased upward for small N: compare only at equal N."""
-    return quality.frechet_distance(features_a, features_b, eps=1e-6)
-
-
 def evaluate(pipe: DigitFlowPipeline, classifier: DigitClassifier, cfg: TrainConfig, real: torch.Tensor) -> dict:
     """Class accuracy and classifier-feature Frechet distance to `real` images (the held-out split) of generated
     samples: (steps, guidance) in {28, 10} x {default, none}, plus guidance 2 and 3 at 28 steps (the tuning sweep)."""
-    settings = {
-        f"cfg_{DEFAULT_STEPS}_steps": (DEFAULT_STEPS, DEFAULT_GUIDANCE),
-        f"no_cfg_{DEFAULT_STEPS}_steps": (DEFAULT_STEPS, 1.0),
-        "cfg_10_steps": (10, DEFAULT_GUIDANCE),
-        "no_cfg_10_steps": (10, 1.0),
-        **{f"guidance_{g}_{DEFAULT_STEPS}_steps": (DEFAULT_STEPS, g) for g in (2.0, 3.0) if g != DEFAULT_GUIDANCE},
-    }
-    real_features = classifier.features(real)
-    results = {}
-    for name, (steps, guidance) in tqdm(settings.items(), desc="evaluate"):
-        images, labels = generate_eval_set(pipe, cfg.eval_per_class, steps, guidance, cfg.eval_seed)
-        results[f"accuracy_{name}"] = (classifier.predict(images) == labels).float().mean().item()
-        results[f"frechet_{name}"] = frechet_distance(classifier.features(images), real_features)
-    return results
+    settings = flow_training.eval_settings(DEFAULT_STEPS, DEFAULT_GUIDANCE, (2.0, 3.0))
+    return flow_training.evaluate(pipe, classifier, settings, cfg.eval_per_class, cfg.eval_seed, real)
 
 
 def save_sample_grid(pipe: DigitFlowPipeline, path: Path, seed: int) -> None:
     """10 x 10 grid (row = digit) at the default steps and guidance, as a PNG."""
-    images = pipe(eval_labels(10), generator=torch.Generator().manual_seed(seed), output_type="pt").images
+    images = pipe(eval_labels(NUM_CLASSES, 10), generator=torch.Generator().manual_seed(seed), output_type="pt").images
     # images: [100, 1, 16, 16]
     grid = images.view(NUM_CLASSES, 10, 16, 16).permute(0, 2, 1, 3).reshape(NUM_CLASSES * 16, 10 * 16)
     to_pil(grid[None], scale=2).save(path)
@@ -310,15 +194,12 @@ def main(argv: list[str] | None = None) -> dict:
         eval_samples=cfg.eval_per_class * NUM_CLASSES,
         default_steps=DEFAULT_STEPS,
         default_guidance_scale=DEFAULT_GUIDANCE,
-        classifier_seconds=round(classifier_seconds, 1),
-        train_seconds=round(train_seconds, 1),
-        total_seconds=round(time.time() - start, 1),
-        torch_threads=cfg.threads,
-        command="python -m dcache.pipelines.train_tiny " + " ".join(argv if argv is not None else sys.argv[1:]),
-        train_config=asdict(cfg),
-        transformer_config=TRANSFORMER_CONFIG,
-        scheduler_config=SCHEDULER_CONFIG,
-        label_encoder_config=LABEL_ENCODER_CONFIG,
+        **flow_training.run_record(
+            "train_tiny", argv, cfg,
+            dict(classifier=classifier_seconds, train=train_seconds, total=time.time() - start),
+            transformer_config=TRANSFORMER_CONFIG, scheduler_config=SCHEDULER_CONFIG,
+            label_encoder_config=LABEL_ENCODER_CONFIG,
+        ),
     )
 
     model_dir = args.out / "tiny-digits"
