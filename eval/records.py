@@ -23,6 +23,8 @@ RECORD_SUFFIX = ".safetensors"  # dcache.state_file: JSON + tensors, never a pic
 MAX_COST_BYTES = 1 << 16  # cost.json holds two numbers; anything larger is not one dcache wrote
 MAX_FRAMES = 100_000
 
+# every field the report reads (cpu_seconds is optional: records of older versions lack it)
+_FIELDS = ("frames_per_sample", "num_images", "seconds", "stats", "metrics", "features", "predictions", "images")
 # the stats fields the report sums (counts) or reads (numbers)
 _STAT_COUNTS = ("units_computed", "units_reused", "units_forecast", "calls_fully_computed", "calls", "cache_bytes")
 _STAT_NUMBERS = ("block_flops_total", "block_flops_computed")
@@ -72,6 +74,9 @@ def _belongs(rec: dict, item: Any, variant: str) -> str | None:
 
 def _fields(rec: dict, cached: bool) -> str | None:
     """What is wrong with the record's fields (None: nothing); sizes are checked against num_images."""
+    missing = [k for k in _FIELDS if k not in rec]  # None is a value ("no features"); a missing key is damage
+    if missing:
+        return f"lacks {missing}"
     frames = rec.get("frames_per_sample")
     if not is_count(frames, 0, MAX_FRAMES):
         return f"has frames_per_sample {frames!r}, not an int in 0..{MAX_FRAMES}"
@@ -101,10 +106,11 @@ def _fields(rec: dict, cached: bool) -> str | None:
         if bad:
             return f"has invalid stats {bad}"
     metrics = rec.get("metrics")
+    videos = len(rec["item"]["prompts"])
     if not isinstance(metrics, dict) or not all(
-            isinstance(k, str) and isinstance(v, list) and len(v) <= want and all(
+            isinstance(k, str) and isinstance(v, list) and len(v) == (videos if k == "temporal" else want) and all(
                 isinstance(x, (int, float)) and not isinstance(x, bool) for x in v) for k, v in metrics.items()):
-        return "has metrics that are not lists of at most one number per image"
+        return "has metrics that are not lists of one number per image (temporal: per video)"
     predictions = rec.get("predictions")
     if predictions is not None and not (isinstance(predictions, list) and len(predictions) == want
                                         and all(is_count(p, 0) for p in predictions)):

@@ -79,7 +79,8 @@ def check_weights(state: Any, model: torch.nn.Module, name: str, ckpt: Path, kin
 def check_ecad(data: Any, ckpt: Path, kind: str, *, n_var: int, max_pop: int, max_generations: int,
                genome_key) -> None:
     """The ECAD state (ecad._State.to_data) for a genome of n_var bits: bounds before NSGA-II is rebuilt from it,
-    and every archive entry filed under the key of its own genome (a copied entry would score another plan)."""
+    and every archive entry filed under the key of its own genome (a copied entry would score another plan). The
+    caller has compared x0's width and the genome settings with the running search (their own messages)."""
     settings = field(data, "settings", ckpt, kind)
     pop = field(settings, "pop_size", ckpt, kind)
     if not is_count(pop, 4, max_pop):
@@ -115,6 +116,3 @@ def check_ecad(data: Any, ckpt: Path, kind: str, *, n_var: int, max_pop: int, ma
             raise damaged(ckpt, kind, f"archive entry {str(key)[:12]!r} holds no genome of {n_var} bits")
         if key != genome_key(np.unpackbits(g)[:n_var].astype(bool)):
             raise damaged(ckpt, kind, f"archive entry {str(key)[:12]!r} holds the score of another genome")
-    genome = field(data, "genome", ckpt, kind)
-    if not isinstance(genome, dict):
-        raise damaged(ckpt, kind, "genome (granularity and forecast order) is not a table")
