@@ -38,7 +38,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dcache.io import atomic_write_text, check_inside, prepare_out_dir, remove_stale_temporaries
+from dcache.io import (atomic_write_text, check_inside, prepare_out_dir, read_limited,
+                       remove_stale_temporaries)
 from dcache.pipelines.runner import check_threads, parse_setting, use_threads
 
 from .judges import Judges, is_auto, resolve_eval_metrics
@@ -464,7 +465,10 @@ def claim_work_dir(work: Path, fingerprint: str, what: str = "an eval") -> None:
     marker = work / "fingerprint.txt"
     if marker.is_file():
         remove_stale_temporaries(work.parent, recursive=True)
-        found = marker.read_text().strip()
+        inside(work.parent, f"{work.name}/{marker.name}")
+        # 16 hex digits: a larger file is not one dcache wrote (refused unread), other bytes are other settings
+        raw = read_limited(marker, 64, "work folder fingerprint", f"delete {work} or pass a new --out")
+        found = raw.decode("utf-8", errors="replace").strip()
         if found != fingerprint:
             raise ValueError(f"{work.parent} holds {what} with different settings (model, method, prompts, seeds, "
                              f"steps, guidance, size, dtype or metrics); resume it with the same settings, or pass a "

@@ -259,3 +259,16 @@ def test_auto_metrics_on_one_image_leave_fid_out_with_a_note(tmp_path, classifie
     result = run_eval(cfg, progress=False)
     assert "fid" not in result.results["metrics"]
     assert any("skipped fid" in note for note in result.results["notes"]), result.results["notes"]
+
+
+@pytest.mark.parametrize("content, says", [(b"\xff\xfe not text", "different settings"),
+                                           (b"0" * 10_000_000, "10,000,000 bytes")])
+def test_a_malformed_work_fingerprint_is_one_clear_error(copy, content, says):
+    """`.work/fingerprint.txt` (what a rerun compares its settings with) holding other bytes or megabytes: an error
+    naming the folder and the fix, read with a size cap (no UnicodeDecodeError, no read of the whole file)."""
+    marker = copy / ".work" / "fingerprint.txt"
+    marker.write_bytes(content)
+    with pytest.raises(ValueError) as info:
+        run_eval(_config(copy), progress=False)
+    assert type(info.value) is not UnicodeDecodeError and str(copy / ".work") in str(info.value), info.value
+    assert "--out" in str(info.value) and says in str(info.value), info.value
