@@ -53,3 +53,19 @@ class CallState:
     flops_total: float = 0.0
     flops_computed: float = 0.0
     arguments: dict[str, Any] | None = None  # the call's bound arguments, once per call for the signal providers
+    decided: "DecidedCall | None" = None  # a call decided when it opened, for the blocks' traced path
+
+
+@dataclass
+class DecidedCall:
+    """What the blocks' traced path (dynamo captures it in the model's graph) reads and writes in a call decided when
+    it opened (Engine.step_decided); the executor's `end_call` applies `edits` to the branch state, eagerly.
+
+    The traced code reads nothing that changes from step to step but the action row (dynamo specialises its graph
+    on the row, one graph per distinct row): the step, FLOP counts and histories stay out of it."""
+
+    served: dict[Any, list[torch.Tensor]]  # cache key -> the tensors a reused / forecast unit adds (read eagerly)
+    may_reuse: tuple[bool, ...]  # per unit: Schedule.may_reuse of the call's branch
+    # in order: ("store", key, residuals) computed in the graph, ("chain", list) / ("unchain", list) (STACK runs)
+    edits: list[tuple] = field(default_factory=list)
+    shapes: dict[int, Any] = field(default_factory=dict)  # block index -> its hidden input's shape

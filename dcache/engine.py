@@ -28,12 +28,13 @@ from .cache_ops import VALIDATED
 from .call_scope import check_scope
 from .call_state import BlockSlot, CallState
 from .concurrency import GenerationGuard
+from .decision import decide
 from .health import HealthMonitor
 from .executors import EXECUTORS, executor_kind
 from .flops import FlopBook
 from .generation import CallRecord, GenerationRecord, StepTracker
 from .hooks import (HOOK_NAME, TransformerHook, install_outer_hook, refuse_other_cache, remove_outer_hook,
-                    timestep_slot, traced_twins)
+                    timestep_slot, traced_twins, transformer_call)
 from .memo import install_memos
 from .memory import branch_breakdown
 from .schedule import GenerationInfo, Schedule
@@ -97,12 +98,17 @@ class Engine:
         self._call_inputs: tuple[tuple, dict] | None = None  # (args, kwargs) of the running transformer call
         self.memoize = memoize
         self.memos: list = []  # dcache.memo hooks on step-invariant modules (Adapter.invariants)
+        # the schedule decides from the step alone (no signal): a call is decided when it opens, so that compiled
+        # blocks can take their traced path (docs/architecture.md, "torch.compile"); set per generation
+        self.step_decided = False
         self._install()
 
     # ------------------------------------------------------------------------------------------------ lifetime
     def _install(self) -> None:
         t = self.transformer
-        self._installed_forward = install_outer_hook(t, TransformerHook(self))  # under accelerate's offload hook
+        # under accelerate's offload hook; `transformer_call` in front of the chain (dcache.hooks)
+        self.transformer_hook = TransformerHook(self)
+        self._installed_forward = install_outer_hook(t, self.transformer_hook, transformer_call)
         if self.memoize:
             self.memos = install_memos(t, self.adapter.invariants, HOOK_NAME, self.call_arguments)
         self.executor.install()  # block hooks (call scope: none, the call is the unit) and module hooks
@@ -142,6 +148,8 @@ class Engine:
         self.schedule.reset(GenerationInfo(num_steps=record.num_steps, timesteps=record.timesteps, units=self.units,
                                            model_class=type(self.transformer).__name__, num_blocks=len(self.blocks)))
         self.meter.refresh()  # a schedule may change the signals it reads between generations
+        self.step_decided = (not self.meter.wanted and not self.meter.providers and not self.call_scope
+                             and self.executor.traces_decided_calls)
 
     def finish_generation(self) -> None:
         """Flush pending post-call signals into the record (one sync) and free every cached tensor."""
@@ -181,14 +189,18 @@ class Engine:
         args, kwargs = self._call_inputs
         return bind_arguments(self.transformer, args, kwargs) if args else kwargs
 
-    def begin_call(self, args: tuple, kwargs: dict) -> None:
+    def begin_call(self, args: tuple, kwargs: dict, compiling: bool = False) -> None:
         """Open a transformer call: its generation (a new one starts the schedule over), step, branch and the
         branch's state; measure the provider signals the schedule reads. A call that would mix two threads'
-        generations is refused before it changes anything (dcache.concurrency)."""
+        generations is refused before it changes anything (dcache.concurrency). compiling: dynamo runs the call
+        (a schedule that decides from the step alone then decides now, for the blocks' traced path)."""
         with self.guard.lock:
             self.guard.enter_call()
             try:
                 self._open_call(args, kwargs)
+                if compiling and self.step_decided:
+                    decide(self, self.call)  # no signal to wait for: the same decision the decision block takes
+                    self.executor.decided_early(self.call)
             except BaseException:
                 self.guard.exit_call()
                 raise

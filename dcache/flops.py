@@ -45,6 +45,7 @@ class FlopBook:
         self.costs: dict[tuple[Any, tuple], float] = {}
         self.by_unit: dict[Any, float] = {}  # last known cost of each unit (any shape)
         self.counting = False  # True while a counting pass runs (hooks then pass through)
+        self.counting_blocks = False  # a whole-call counting pass (count_blocks): every block counts its own share
         self._open: list[tuple[Any, tuple, FlopCounterMode]] = []
         self.uncounted: dict[tuple[Any, tuple], str] = {}  # (unit, shape) -> why its count failed (tried once)
 
@@ -82,6 +83,39 @@ class FlopBook:
         finally:
             self.counting = False
         self.record(unit, shape, flops)
+
+    @torch.compiler.disable
+    def count_blocks(self, forward: Callable, args: tuple, kwargs: dict, missing: list[tuple[Any, tuple]]) -> None:
+        """Count every block of one transformer call `forward(*args, **kwargs)` in one pass on fake tensors (a call
+        whose blocks ran in a compiled graph: no block ran where a counter could see it). The block hooks open a
+        counter per block (`counting_blocks`); `missing`: the (unit, shape) keys the call needs, left uncounted
+        (with a warning) when the pass fails."""
+        if not self.enabled:
+            return
+        self.counting = self.counting_blocks = True
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+                fake_args, fake_kwargs = tree_map(
+                    lambda t: fake.from_tensor(t) if isinstance(t, torch.Tensor) else t, (args, kwargs))
+                try:
+                    forward(*fake_args, **fake_kwargs)
+                finally:
+                    while self._open:
+                        self._open.pop()[2].__exit__(None, None, None)
+        except Exception as exc:  # as in `count`: leave the blocks uncounted, say so once
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            for key in missing:
+                if key not in self.costs:
+                    self.uncounted[key] = why
+            warnings.warn(f"dcache: the FLOPs of the transformer's blocks are not counted: the call cannot run on "
+                          f"fake tensors ({why}). Stats weigh every block as an average one; the measured timing is "
+                          f"unaffected. Pass count_flops=False to dcache.apply to skip counting.",
+                          FlopsUncounted, stacklevel=2)
+        finally:
+            self.counting = self.counting_blocks = False
+        for key in missing:  # tried once, as `count` does
+            if key not in self.costs:
+                self.uncounted.setdefault(key, "the counting pass did not reach this block")
 
     def _run(self, forward: Callable, args: tuple, kwargs: dict) -> float:
         counter = FlopCounterMode(display=False)

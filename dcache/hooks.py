@@ -5,14 +5,21 @@
   * `UnitHook` on every block and, at module granularity, every inner module: asks its executor whether the unit
     runs (enter), runs the original forward, and hands the output back (exit).
 
-Their `new_forward` frames stay eager under torch.compile (`torch.compiler.disable(recursive=False)`), so only the
-original forward is traced; the bookkeeping they call is the plain method in eager mode and its `_traced` twin
-(behind `torch.compiler.disable`) while dynamo traces, because the disable wrapper's frame switching costs more than
-a skipped block's bookkeeping.
+Under torch.compile (docs/architecture.md, "torch.compile"):
+  * the transformer's bookkeeping runs in `transformer_call`, put in front of the diffusers hook chain as the
+    module's `forward` and skipped by dynamo (`torch.compiler.disable(recursive=False)`): it is the first frame under
+    the module's `__call__`, so the chain below it (the model's own forward) is traced as one frame, with no break
+    above it. The functions it calls are the plain methods in eager mode and their `_traced` twins (behind
+    `torch.compiler.disable`) while dynamo runs, so that the bookkeeping is never traced itself;
+  * a block hook traced by dynamo takes the executor's `traced` path when the call was decided before it started
+    (a schedule that decides from the step alone, `Engine.step_decided`): plain tensor work that dynamo captures in
+    the model's graph, specialised on the call's action row. Otherwise it calls `eager_forward`, skipped by dynamo
+    (one graph break per block), whose enter and exit run eagerly around the traced block forward.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable, NamedTuple
 
@@ -33,6 +40,10 @@ def traced_twins(cls: type, names: tuple[str, ...]) -> None:
     """Give `cls` a `<name>_traced` (behind torch.compiler.disable) for each method `name` it defines or inherits."""
     for name in names:
         setattr(cls, f"{name}_traced", eager(getattr(cls, name)))
+
+
+# What a unit's traced path returns when its call was not decided before it started (it then runs eagerly).
+NOT_DECIDED = object()
 
 
 class Entries(NamedTuple):
@@ -56,52 +67,70 @@ class ContextListener(StateManager):
 
 
 class TransformerHook(ModelHook):
+    """The transformer's hook: receives diffusers' `cache_context` (stateful) and holds the chain below dcache's
+    `transformer_call` (`chain`: the diffusers hook chain ending in the model's own forward)."""
+
     _is_stateful = True
 
     def __init__(self, engine: Any):
         super().__init__()
         self.engine = engine
         self.context_listener = ContextListener(engine.tracker)
-
-    @torch.compiler.disable(recursive=False)
-    def new_forward(self, module: nn.Module, *args, **kwargs):
-        engine = self.engine
-        compiling = get_eval_frame_callback() is not None
-        if compiling:
-            begin, end, abort = engine.begin_call_traced, engine.end_call_traced, engine.abort_traced
-        else:  # plain eager
-            begin, end, abort = engine.begin_call, engine.end_call, engine.abort
-        begin(args, kwargs)
-        try:
-            whole = engine.call_executor  # dcache.executors.call: the whole call may come from the cache
-            if whole is not None:
-                enter = whole.call_enter_traced if compiling else whole.call_enter
-                run, out = enter(self.fn_ref.original_forward, args, kwargs, compiling)
-                if not run:
-                    end()
-                    return out
-            out = self.fn_ref.original_forward(*args, **kwargs)
-            if whole is not None:
-                out = (whole.call_exit_traced if compiling else whole.call_exit)(out)
-        except BaseException:
-            abort(None, True)
-            raise
-        end()
-        return out
+        self.chain: Callable | None = None
 
     def reset_state(self, module: nn.Module) -> nn.Module:
         return module
 
 
-class UnitHook(ModelHook):
-    """A block or an inner module: `key` is its BlockSlot or its module unit index."""
+@torch.compiler.disable(recursive=False)  # this frame stays eager; `hook.chain` below it is traced whole
+def transformer_call(hook: TransformerHook, *args, **kwargs):
+    """One transformer call: open it, let the call executor serve it (call scope), run the chain, close it."""
+    engine = hook.engine
+    compiling = get_eval_frame_callback() is not None
+    if compiling:
+        begin, end, abort = engine.begin_call_traced, engine.end_call_traced, engine.abort_traced
+    else:  # plain eager
+        begin, end, abort = engine.begin_call, engine.end_call, engine.abort
+    begin(args, kwargs, compiling)
+    try:
+        whole = engine.call_executor  # dcache.executors.call: the whole call may come from the cache
+        if whole is not None:
+            enter = whole.call_enter_traced if compiling else whole.call_enter
+            run, out = enter(hook.chain, args, kwargs, compiling)
+            if not run:
+                if compiling:  # compiled here: x + Delta is a graph of its own (dcache.executors.call.serve_call)
+                    out = out()
+                end()
+                return out
+        out = hook.chain(*args, **kwargs)
+        if whole is not None:
+            out = (whole.call_exit_traced if compiling else whole.call_exit)(out)
+    except BaseException:
+        abort(None, True)
+        raise
+    end()
+    return out
 
-    def __init__(self, key: Any, entries: Entries, traced: Entries):
+
+class UnitHook(ModelHook):
+    """A block or an inner module: `key` is its BlockSlot or its module unit index. `traced_path`: the executor's
+    traceable path for calls decided before they started (None: the unit always takes `eager_forward`)."""
+
+    def __init__(self, key: Any, entries: Entries, traced: Entries, traced_path: Callable | None = None):
         super().__init__()
         self.key, self.entries, self.traced = key, entries, traced
+        self.traced_path = traced_path
+
+    def new_forward(self, module: nn.Module, *args, **kwargs):
+        # is_compiling() is a constant True while dynamo traces and False in eager: the check costs nothing there
+        if torch.compiler.is_compiling() and self.traced_path is not None:
+            out = self.traced_path(self.key, self.fn_ref.original_forward, args, kwargs)
+            if out is not NOT_DECIDED:
+                return out
+        return self.eager_forward(module, *args, **kwargs)
 
     @torch.compiler.disable(recursive=False)  # this frame stays eager; the original forward below is traced
-    def new_forward(self, module: nn.Module, *args, **kwargs):
+    def eager_forward(self, module: nn.Module, *args, **kwargs):
         # Inline on purpose: a helper frame here would be traced by dynamo (only this frame is skipped).
         compiling = get_eval_frame_callback() is not None
         enter, exit_, abort = self.traced if compiling else self.entries
@@ -154,14 +183,21 @@ def has_accelerate_hook(module: nn.Module) -> bool:
     return hasattr(module, "_hf_hook") and hasattr(module, "_old_forward")
 
 
-def install_outer_hook(module: nn.Module, hook: ModelHook) -> Callable:
+def install_outer_hook(module: nn.Module, hook: ModelHook, call: Callable | None = None) -> Callable:
     """Register `hook` as dcache's hook on `module`; returns the forward it installed (for `remove_outer_hook`).
     accelerate's offload hook (enable_model_cpu_offload) wraps `forward` and restores `_old_forward` when it is
-    removed after every pipeline call: dcache goes *under* it, as the forward accelerate calls."""
+    removed after every pipeline call: dcache goes *under* it, as the forward accelerate calls.
+    call: a frame put in front of the hook chain, `call(hook, *args, **kwargs)` with the chain as `hook.chain`
+    (`transformer_call`); removing the hook removes it with the chain (the registry restores the forward it saw)."""
     accelerate_forward = module.forward if has_accelerate_hook(module) else None
     if accelerate_forward is not None:
         module.forward = module._old_forward
+    own_forward = module.forward
     HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, HOOK_NAME)
+    if call is not None:
+        hook.chain = module.forward
+        # update_wrapper: inspect.signature follows __wrapped__ to the model's own forward, as the chain's does
+        module.forward = functools.update_wrapper(functools.partial(call, hook), own_forward)
     installed = module.forward
     if accelerate_forward is not None:
         module._old_forward, module.forward = module.forward, accelerate_forward

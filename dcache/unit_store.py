@@ -19,21 +19,45 @@ from .state import UnitHistory
 FORECAST = Action.FORECAST.value
 
 
+def residual_pairs(outs: list, ins: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(out, in) per stream (hidden, encoder) that has a residual; a stream whose length changed inside the unit
+    keeps its tail tokens (the image)."""
+    pairs = []
+    for o, x in zip(outs, ins):
+        if o is None or x is None or not isinstance(o, torch.Tensor):
+            continue
+        if o.shape != x.shape:
+            x = x[:, -o.shape[1]:] if x.ndim >= 2 and x.shape[1] > o.shape[1] else x
+        pairs.append((o, x))
+    return pairs
+
+
 def store_residuals(ops: Any, call: CallState, key: Any, order: int, outs: list, ins: list) -> None:
     """Cache residual = out - in per stream (hidden, encoder), reusing the old buffer in place when possible."""
     hist = call.bstate.history(key, order)
     previous = hist.store_buffers()
     residuals = []
-    for o, x in zip(outs, ins):
-        if o is None or x is None or not isinstance(o, torch.Tensor):
-            continue
-        if o.shape != x.shape:  # stream changed length inside the segment: keep the tail tokens (image)
-            x = x[:, -o.shape[1]:] if x.ndim >= 2 and x.shape[1] > o.shape[1] else x
+    for o, x in residual_pairs(outs, ins):
         buffer = previous[len(residuals)] if len(previous) > len(residuals) else None
         if buffer is not None and (buffer.shape != o.shape or buffer.dtype != o.dtype):
             buffer = None
         residuals.append(ops.store(o, x, buffer))
     hist.update(residuals, call.step)
+
+
+def keep_residuals(call: CallState, key: Any, order: int, residuals: list[torch.Tensor]) -> None:
+    """Cache residuals computed in a compiled graph (the blocks' traced path): copied into the unit's own buffers,
+    since a graph's outputs may be the graph's memory (CUDA graphs rewrite them at the next replay)."""
+    hist = call.bstate.history(key, order)
+    previous = hist.store_buffers()
+    kept = []
+    for i, r in enumerate(residuals):
+        buffer = previous[i] if i < len(previous) else None
+        if buffer is not None and buffer.shape == r.shape and buffer.dtype == r.dtype:
+            kept.append(buffer.copy_(r))
+        else:
+            kept.append(r.clone() if order == 0 else r)  # a Taylor table copies what it is given
+    hist.update(kept, call.step)
 
 
 def read_cached(schedule: Any, hist: UnitHistory, action: str, step: int) -> list[torch.Tensor]:
@@ -46,7 +70,12 @@ def read_cached(schedule: Any, hist: UnitHistory, action: str, step: int) -> lis
 def apply_cached(ops: Any, schedule: Any, slot: BlockSlot, hist: UnitHistory, action: str, step: int,
                  hidden: torch.Tensor, encoder: torch.Tensor | None) -> Any:
     """A block's output without running it: its inputs plus the cached residuals, in the block's output format."""
-    cached = read_cached(schedule, hist, action, step)
+    return add_cached(ops, slot, read_cached(schedule, hist, action, step), hidden, encoder)
+
+
+def add_cached(ops: Any, slot: BlockSlot, cached: list[torch.Tensor], hidden: torch.Tensor,
+               encoder: torch.Tensor | None) -> Any:
+    """A block's output from its inputs plus `cached` (the residuals a REUSE / FORECAST serves)."""
     out_h = ops.apply(hidden, cached[0])
     out_e = encoder
     if encoder is not None and len(cached) > 1:

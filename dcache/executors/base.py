@@ -10,6 +10,7 @@ this package) that the engine builds once per apply:
     start_generation  per-generation work (the module kind re-hooks modules swapped since, e.g. by LoRA)
     new_call()        the kind's own state of one transformer call (CallState.unit)
     servable(...)     whether a unit has something cached in a branch (else the decision step computes it)
+    decided_early     a call decided when it opened: what the units' traced path reads (block kinds)
     enter / exit      the unit's hook entry points: serve it from the cache, or run it and store its result
     end_call / abort_call   the transformer call ended / raised
 """
@@ -33,6 +34,8 @@ class UnitExecutor:
     entry_points: tuple[str, ...] = ()  # hook entry points that get a `_traced` twin (dcache.hooks)
     segment_lists: tuple[int, ...] = ()  # STACK: block lists with a cached middle segment, in order
     composed_units: list[tuple[int, tuple[int, ...]]] = []  # MODULE: (unit, its input units), Adapter.composed
+    # its units have a traced path for calls decided when they open (Engine.step_decided; dcache.hooks.UnitHook)
+    traces_decided_calls: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -65,6 +68,9 @@ class UnitExecutor:
 
     def new_call(self) -> Any:
         return None
+
+    def decided_early(self, call: CallState) -> None:
+        """The call was decided when it opened (Engine.begin_call): prepare what its traced path reads."""
 
     def end_call(self, call: CallState | None) -> None:
         """The transformer call returned (call: None when it was not tracked)."""

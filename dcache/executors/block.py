@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..call_state import BlockSlot, CallState
-from ..unit_store import apply_cached, store_residuals
+from ..unit_store import add_cached, apply_cached, store_residuals
 from .base import COMPUTE
-from .hooked_blocks import HookedBlocks
+from .hooked_blocks import HookedBlocks, traced_ops, traced_residuals
 
 
 class BlockExecutor(HookedBlocks):
@@ -36,3 +36,21 @@ class BlockExecutor(HookedBlocks):
         if engine.schedule.may_reuse(call.branch, slot.index):
             out_h, out_e = slot.slots.split_output(out)
             store_residuals(engine.ops, call, slot.index, engine.order, [out_h, out_e], [hidden, encoder])
+
+    # ------------------------------------------------------------------------------------------------ decided calls
+    def decided_served(self, call: CallState) -> list[tuple[Any, str]]:
+        return [(i, a) for i, a in enumerate(call.actions) if a != COMPUTE]
+
+    def block_ran(self, call: CallState, slot: BlockSlot) -> bool:
+        return call.actions[slot.index] == COMPUTE
+
+    def traced_served(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any) -> Any:
+        if call.actions[slot.index] == COMPUTE:
+            return None
+        return add_cached(traced_ops(), slot, call.decided.served[slot.index], hidden, encoder)
+
+    def traced_after_run(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any, out: Any) -> None:
+        decided = call.decided
+        if decided.may_reuse[slot.index]:
+            out_h, out_e = slot.slots.split_output(out)
+            decided.edits.append(("store", slot.index, traced_residuals([out_h, out_e], [hidden, encoder])))

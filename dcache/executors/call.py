@@ -9,6 +9,7 @@ whole call's, counted on the first computed call of each input shape. Cache key:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from torch.utils.flop_counter import FlopCounterMode
@@ -22,7 +23,14 @@ from ..decision import decide
 from ..state import BranchState
 from ..unit_store import store_residuals
 from .base import COMPUTE, FORECAST, UnitExecutor
+from .hooked_blocks import traced_ops
 from .stack import assign_stack_roles
+
+
+def serve_call(layout: Any, x: Any, delta: Any) -> Any:
+    """A reused call's output, x + Delta in the call's output layout. Under torch.compile the transformer's eager
+    frame calls it, so dynamo compiles it as a graph of its own (with fullgraph=True a call must compile a frame)."""
+    return layout.build(traced_ops().apply(x, delta))
 
 
 
@@ -57,8 +65,9 @@ class CallExecutor(UnitExecutor):
     # ------------------------------------------------------------------------------------------------ entry points
     def call_enter(self, forward: Any, args: tuple, kwargs: dict, compiling: bool = False) -> tuple[bool, Any]:
         """Decide before the transformer runs. (True, None) runs it; (False, out) returns x + Delta (or its Taylor
-        forecast) without running it. The unit is the whole call, so its FLOPs (embedders and head included) are
-        counted on the first computed call of each input shape."""
+        forecast) without running it (compiling: out is a function that builds it, for dynamo to compile). The unit
+        is the whole call, so its FLOPs (embedders and head included) are counted on the first computed call of each
+        input shape."""
         engine = self.engine
         call = engine.call  # opened by Engine.begin_call
         x = latent_input(engine.call_arguments() or {}, args)
@@ -89,6 +98,8 @@ class CallExecutor(UnitExecutor):
         if self.cfg is not None:
             self.cfg.note(call, delta, computed=False)
         call.flops_total = flops.cost(CALL_UNIT, shape) or 0.0
+        if compiling:  # the caller (dcache.hooks.transformer_call) runs it, so that dynamo compiles x + Delta too
+            return False, functools.partial(serve_call, bstate.call_layout, x, delta)
         return False, bstate.call_layout.build(engine.ops.apply(x, delta))
 
     def call_exit(self, out: Any) -> Any:

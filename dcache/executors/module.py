@@ -26,6 +26,7 @@ from .hooked_blocks import HookedBlocks
 class ModuleExecutor(HookedBlocks):
     kind = "module"
     entry_points = ("enter", "exit", "module_enter", "module_exit")
+    traces_decided_calls = False  # inner-module hooks run eagerly under compile (a graph break per module)
 
     def __init__(self, engine: Any):
         super().__init__(engine)

@@ -16,9 +16,9 @@ import torch
 
 from ..call_state import BlockSlot, CallState
 from ..state import BranchState
-from ..unit_store import apply_cached, store_residuals
+from ..unit_store import add_cached, apply_cached, store_residuals
 from .base import COMPUTE
-from .hooked_blocks import HookedBlocks
+from .hooked_blocks import HookedBlocks, traced_ops, traced_residuals
 
 
 @dataclass
@@ -87,6 +87,7 @@ class StackExecutor(HookedBlocks):
                                           for li in self.segment_lists if li not in bstate.chained)
 
     def end_call(self, call: CallState | None) -> None:
+        super().end_call(call)  # a decided call: what its graph computed first
         if call is not None and call.actions is not None and call.unit.finished_run is not None:
             self._store_run(call)  # the forward returned before the next list's first block
 
@@ -123,7 +124,13 @@ class StackExecutor(HookedBlocks):
             residual = self.engine.meter.on_probe_output(call, slot.slots.split_output(out)[0])
             if residual is not None:
                 state.probe_residual = residual
-        elif slot.role == "middle" and state.run is not None:
+        elif slot.role == "middle":
+            self._after_middle(call, slot, out)
+
+    def _after_middle(self, call: CallState, slot: BlockSlot, out: Any, traced: bool = False) -> None:
+        """A middle block ran: the open run's bookkeeping; its last block finishes the run."""
+        state: StackRun = call.unit
+        if state.run is not None:
             out_h, out_e = slot.slots.split_output(out)
             state.run_last_out = (out_h, out_e)
             if state.run_own is not None:  # read now: the transformer may write into out_h once we return
@@ -135,10 +142,43 @@ class StackExecutor(HookedBlocks):
                 state.run = None
                 state.finished_run = (start, seg_h, seg_e, out_h, out_e)
                 if slot.list_index == self.segment_lists[-1]:
-                    self._store_run(call)
+                    self._store_run(call, traced)
+
+    # ------------------------------------------------------------------------------------------------ decided calls
+    def decided_served(self, call: CallState) -> list[tuple[Any, str]]:
+        action = call.actions[0]
+        if action == COMPUTE:
+            return []
+        return [(("seg", li), action) for li in self.segment_lists if li not in call.bstate.chained]
+
+    def block_ran(self, call: CallState, slot: BlockSlot) -> bool:
+        return slot.role != "middle" or call.actions[0] == COMPUTE
+
+    def traced_served(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any) -> Any:
+        if slot.role != "middle" or call.actions[0] == COMPUTE:
+            return None
+        if not slot.segment_first or slot.list_index in call.bstate.chained:
+            return slot.slots.make_output(hidden, encoder)
+        return add_cached(traced_ops(), slot, call.decided.served[("seg", slot.list_index)], hidden, encoder)
+
+    def traced_before_run(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any) -> None:
+        if slot.role != "middle":
+            return
+        state: StackRun = call.unit
+        if slot.segment_first:
+            self._segment_start(call, slot, hidden, encoder, traced=True)
+        elif state.run_own is None and state.run_last_out is not None:
+            self._note_between(state, hidden, encoder)
+        if state.run_own is not None:
+            state.run_block_in = (hidden, encoder)
+
+    def traced_after_run(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any, out: Any) -> None:
+        if slot.role == "middle":  # probe blocks: a decided call reads no signal
+            self._after_middle(call, slot, out, traced=True)
 
     # ------------------------------------------------------------------------------------------------ runs
-    def _segment_start(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any) -> None:
+    def _segment_start(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any,
+                       traced: bool = False) -> None:
         """A computed call enters a list's middle segment. When the previous list's segment output flows into this
         block unchanged (the same tensor objects: the transformer does nothing between the two lists, as in Flux's
         double -> single blocks), the two segments are one run with one cached residual per stream, so a skipped
@@ -153,14 +193,20 @@ class StackExecutor(HookedBlocks):
                 and state.run_own is None and not slot.spec.adds_in_place:
             state.finished_run = None
             state.run = done[:3]  # continue the run: its inputs stay those of its first list
-            bstate.chained.add(li)
-            bstate.units.pop(("seg", li), None)  # a per-list residual from before would be stale
+            if traced:  # the branch state changes eagerly, after the graph (HookedBlocks.end_decided)
+                call.decided.edits.append(("chain", li))
+            else:
+                bstate.chained.add(li)
+                bstate.units.pop(("seg", li), None)  # a per-list residual from before would be stale
             return
-        self._store_run(call)
-        bstate.chained.discard(li)
+        self._store_run(call, traced)
+        if traced:
+            call.decided.edits.append(("unchain", li))
+        else:
+            bstate.chained.discard(li)
         state.run_last_out, state.run_between = None, [None, None]
         state.run_own = [None, None] if slot.spec.adds_in_place else None
-        if schedule.may_reuse(call.branch, 0):
+        if call.decided.may_reuse[0] if traced else schedule.may_reuse(call.branch, 0):
             state.run = (li, hidden, encoder)
 
     @staticmethod
@@ -176,8 +222,9 @@ class StackExecutor(HookedBlocks):
             total = state.run_between[i]
             state.run_between[i] = added if total is None else total + added
 
-    def _store_run(self, call: CallState) -> None:
-        """Cache the finished run's residual (out - in per stream) under its first list's key."""
+    def _store_run(self, call: CallState, traced: bool = False) -> None:
+        """Cache the finished run's residual (out - in per stream) under its first list's key (traced: computed in
+        the graph, stored after it)."""
         state: StackRun = call.unit
         done, state.finished_run = state.finished_run, None
         if done is None:
@@ -193,5 +240,8 @@ class StackExecutor(HookedBlocks):
             out_h = out_h - add_h
         if add_e is not None:
             out_e = out_e - add_e
+        if traced:
+            call.decided.edits.append(("store", ("seg", start), traced_residuals([out_h, out_e], [seg_h, seg_e])))
+            return
         engine = self.engine
         store_residuals(engine.ops, call, ("seg", start), engine.order, [out_h, out_e], [seg_h, seg_e])
