@@ -5,6 +5,7 @@ its payload never runs (the payload writes a marker file when unpickled)."""
 from __future__ import annotations
 
 import copy
+import math
 import os
 import pickle
 from pathlib import Path
@@ -19,6 +20,7 @@ from state_fuzz import FUZZ, dead_pid, mutate
 from dcache.schedules.disca import N_TIME_FEATURES
 from dcache.schedules.tuning.search import disca as D
 from dcache.schedules.tuning.search import ecad as E
+from dcache.schedules.tuning.search import lemica as L
 from dcache.schedules.tuning.search import router as R
 from dcache.schedules.tuning.search.core import make_template
 from dcache.state_file import StateFileError
@@ -281,3 +283,59 @@ def test_a_plans_folder_linked_out_of_the_output_folder_is_refused(calib, templa
         E.ecad_search(calib, out, E.ECADConfig(pop_size=4, generations=1, granularity="stack"), template=template,
                       progress=False)
     assert not list(elsewhere.iterdir())
+
+
+# ------------------------------------------------------------------------------------------------ LeMiCa edges
+@pytest.fixture(scope="module")
+def edges_file(tiny_pipe, template, tmp_path_factory) -> Path:
+    import search_testkit
+
+    path = tmp_path_factory.mktemp("lemica") / "edges.json"
+    L.edge_weights(search_testkit.make_calibration(tiny_pipe), template, 4, cache_path=path, progress=False)
+    return path
+
+
+EDGE_FILES = {
+    "not JSON": '{"edges": ',
+    "nested 100,000 deep": "[" * 100_000 + "]" * 100_000,
+    "a list": "[1]",
+    "a weight as a string": {"0-2": "0.5"},
+    "a negative weight": {"0-2": -1.0},
+    "an edge beyond the last step": {"0-99": 0.5},
+    "not an edge": {"zero-two": 0.5},
+}
+
+
+@pytest.mark.parametrize("case", sorted(EDGE_FILES))
+def test_a_damaged_lemica_edge_file_names_the_file_and_the_fix(calib, template, edges_file, tmp_path, case):
+    """edges.json (the measured edges a rerun skips) holding anything but this search's edges with errors >= 0 is a
+    StateFileError naming it, never a raw JSON / Key / Type error, and never a weight that steers the path."""
+    import json
+
+    path = tmp_path / "edges.json"
+    content = EDGE_FILES[case]
+    if isinstance(content, dict):
+        data = json.loads(edges_file.read_text())
+        data["edges"].update(content)
+        content = json.dumps(data)
+    path.write_text(content)
+    with pytest.raises(StateFileError) as info:
+        L.edge_weights(calib, template, 4, cache_path=path, progress=False)
+    assert str(path) in str(info.value) and "delete it" in str(info.value), info.value
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_lemica_edge_files(calib, template, edges_file, tmp_path_factory, data):
+    import json
+
+    from state_fuzz import JSON_VALUES
+
+    path = tmp_path_factory.mktemp("fuzz") / "edges.json"
+    path.write_text(json.dumps(mutate(data, json.loads(edges_file.read_text()), JSON_VALUES)))
+    weights = _refused_or_done(lambda: L.edge_weights(calib, template, 4, cache_path=path, progress=False),
+                               path.parent)
+    if weights is not None:
+        n = template.num_steps
+        expected = {(i, j) for i in range(n) for j in range(i + 1, min(n, i + 4) + 1)}
+        assert set(weights) == expected and all(math.isfinite(w) and w >= 0 for w in weights.values())

@@ -24,7 +24,10 @@ from typing import Callable, Sequence
 import torch
 
 from dcache.actions import Granularity
+from dcache.checks import is_number, same
+from dcache.io import read_json
 from dcache.plan import Plan
+from dcache.state_file import StateFileError
 
 from .core import (Calibration, FrontPoint, Template, distributed_map, is_main_process, make_template, measure,
                    run_plan, write_front, write_json)
@@ -73,11 +76,7 @@ def edge_weights(calib: Calibration, template: Template, max_span: int, error_fn
     edges = [(i, j) for i in range(n) for j in range(i + 2, min(n, i + max_span) + 1)]
     done: dict[tuple[int, int], float] = {}
     if cache_path is not None and Path(cache_path).is_file():
-        import json
-
-        data = json.loads(Path(cache_path).read_text())
-        if data.get("num_steps") == n and data.get("forecast_order", 0) == forecast_order:
-            done = {tuple(map(int, k.split("-"))): v for k, v in data["edges"].items()}
+        done = _saved_edges(Path(cache_path), n, forecast_order, edges)
     todo = [e for e in edges if e not in done]
     bar = None
     if progress and is_main_process() and todo:
@@ -110,6 +109,33 @@ def edge_weights(calib: Calibration, template: Template, max_span: int, error_fn
     for i in range(n):
         done[(i, i + 1)] = 0.0
     return {e: done[e] for e in list(edges) + [(i, i + 1) for i in range(n)]}
+
+
+MAX_EDGES_BYTES = 64 << 20  # one "i-j": weight pair per edge; a 1000-step search with spans of 100 is ~2 MB
+
+
+def _saved_edges(path: Path, n: int, forecast_order: int, edges: list[tuple[int, int]]) -> dict:
+    """The edges measured by an earlier run of this search (edges.json), {} when it was made for other steps or
+    another forecast order; StateFileError naming the file and the fix when it holds anything else than edges of
+    this DAG with finite errors >= 0 (a weight read as given would steer the path search)."""
+    fix = "delete it (the rerun measures the edges again) or pass a new --out"
+    data = read_json(path, MAX_EDGES_BYTES, "LeMiCa edge file", fix, StateFileError)
+    if not isinstance(data, dict) or not isinstance(data.get("edges"), dict):
+        raise StateFileError(f"the LeMiCa edge file {str(path)!r} holds no table of edges; {fix}.")
+    if not same(data.get("num_steps"), n) or not same(data.get("forecast_order", 0), forecast_order):
+        return {}
+    def edge(key: str) -> tuple[int, int] | None:  # "i-j" with 0 <= i, i + 2 <= j <= n (any span: max_span may grow)
+        i, _, j = key.partition("-")
+        if not (i.isdecimal() and j.isdecimal() and len(i) < 6 and len(j) < 6):
+            return None
+        return (int(i), int(j)) if int(i) + 2 <= int(j) <= n else None
+
+    saved = {edge(k): w for k, w in data["edges"].items()}
+    if None in saved or not all(is_number(w, 0.0) for w in saved.values()):
+        raise StateFileError(f"the LeMiCa edge file {str(path)!r} holds entries that are not edges i-j of this "
+                             f"{n}-step search with an error >= 0; {fix}.")
+    wanted = set(edges)
+    return {e: float(w) for e, w in saved.items() if e in wanted}
 
 
 def leximax_path(num_steps: int, weights: dict[tuple[int, int], float], budget: int) -> tuple[list[int], list[float]]:
