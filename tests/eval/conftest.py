@@ -47,3 +47,14 @@ def classifier_path(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("clf") / "digit-classifier.safetensors"
     clf.save(path)
     return path
+
+
+@pytest.fixture
+def copy(finished, tmp_path) -> Path:
+    """A fresh copy of the output folder of the test module's `finished` fixture (a finished eval or batch run), for
+    a test that damages it."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    return out

@@ -47,13 +47,6 @@ def finished(tiny_dir, prompts, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture
-def copy(finished, tmp_path) -> Path:
-    out = tmp_path / "out"
-    shutil.copytree(finished, out)
-    return out
-
-
 def _edit_marker(out: Path, edit) -> Path:
     marker = out / ".work" / f"{ITEM}.json"
     data = json.loads(marker.read_text())

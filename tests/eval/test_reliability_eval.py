@@ -49,13 +49,6 @@ def finished(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture
-def copy(finished, tmp_path) -> Path:
-    out = tmp_path / "out"
-    shutil.copytree(finished, out)
-    return out
-
-
 @pytest.mark.parametrize("name", [f"{ITEM}.safetensors", f"{ITEM}.pt"])
 def test_a_pickle_planted_as_a_record_is_refused_and_never_runs(copy, tmp_path, name):
     work = copy / ".work" / "uncached"
