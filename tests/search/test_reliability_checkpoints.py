@@ -167,18 +167,28 @@ def test_a_damaged_disca_checkpoint_names_the_file(tmp_path):
             D.train_predictor(_stream_data(), tmp_path, cfg, progress=False, resume=True)
 
 
-def test_a_killed_runs_temporary_files_are_removed_on_resume(tmp_path):
+RESUMES = {
+    "disca": lambda calib, template, out: D.train_predictor(
+        _stream_data(), out, D.DisCaConfig(iterations=1, hidden=4, online_iterations=1), progress=False, resume=True),
+    "ecad": lambda calib, template, out: E.ecad_search(
+        calib, out, E.ECADConfig(pop_size=4, generations=1, granularity="stack"), template=template, progress=False,
+        resume=True),
+    "router": lambda calib, template, out: R.train_routers(
+        calib, out, R.RouterConfig(iterations=1), template=template, progress=False, resume=True, stop_after=0),
+}
+
+
+@pytest.mark.parametrize("method", sorted(RESUMES))
+def test_a_killed_runs_temporary_files_are_removed_on_resume(calib, template, tmp_path, method):
     """kill -9 during a checkpoint write leaves dcache.io's temporary file; a resume removes it (its writer is
     gone), and keeps a live process's file and files of other names."""
     pid = dead_pid()
-    tmp_path.mkdir(exist_ok=True)
-    stale = tmp_path / f".disca.ckpt.{pid}.0123abcd.tmp.safetensors"
-    live = tmp_path / f".disca.ckpt.{os.getpid()}.0123abcd.tmp.safetensors"
+    stale = tmp_path / f".checkpoint.{pid}.0123abcd.tmp.safetensors"
+    live = tmp_path / f".checkpoint.{os.getpid()}.0123abcd.tmp.safetensors"
     other = tmp_path / "notes.tmp"
     for p in (stale, live, other):
         p.write_bytes(b"x")
-    cfg = D.DisCaConfig(iterations=1, hidden=4, online_iterations=1)
-    D.train_predictor(_stream_data(), tmp_path, cfg, progress=False, resume=True)
+    RESUMES[method](calib, template, tmp_path)
     assert not stale.exists() and live.exists() and other.exists()
 
 

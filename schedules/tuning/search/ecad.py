@@ -73,11 +73,6 @@ class ECADConfig:
     polish_reach: int = 1
 
     def __post_init__(self) -> None:
-        if not 4 <= self.pop_size <= MAX_POP_SIZE:
-            raise ValueError(f"pop_size={self.pop_size} must be in 4..{MAX_POP_SIZE}: the genomes per NSGA-II "
-                             f"generation (each one costs a calibration run).")
-        if not 0 <= self.generations <= MAX_GENERATIONS:
-            raise ValueError(f"generations={self.generations} must be in 0..{MAX_GENERATIONS}.")
         allowed = [g.value for g in Granularity]
         if self.granularity not in allowed:
             raise ValueError(f"granularity={self.granularity!r} must be one of {allowed}: the unit one genome bit "
@@ -92,10 +87,11 @@ class ECADConfig:
         for name in ("polish_evaluations", "polish_reach"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
-        if self.pop_size < 4:
-            raise ValueError(f"pop_size={self.pop_size} must be >= 4 (NSGA-II needs parents and offspring).")
-        if self.generations < 1:
-            raise ValueError(f"generations={self.generations} must be >= 1.")
+        if not 4 <= self.pop_size <= MAX_POP_SIZE:
+            raise ValueError(f"pop_size={self.pop_size} must be in 4..{MAX_POP_SIZE} (NSGA-II needs parents and "
+                             f"offspring; each genome of a generation costs a calibration run).")
+        if not 1 <= self.generations <= MAX_GENERATIONS:
+            raise ValueError(f"generations={self.generations} must be in 1..{MAX_GENERATIONS}.")
         for name in ("crossover_prob", "mutation_prob", "mutation_bits", "random_compute_fraction"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
