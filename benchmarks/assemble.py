@@ -33,6 +33,7 @@ RERUN = {
                       "--out benchmarks/results/cfg_difference",
     "guidance_transfer": "python benchmarks/guidance_transfer.py --out benchmarks/results/guidance_transfer",
     "eval": "bash benchmarks/eval_tiny.sh",
+    "transfer": "python benchmarks/transfer.py --out benchmarks/results/transfer",
     "kernels": "OMP_NUM_THREADS=1 python benchmarks/kernels.py --out benchmarks/results/kernels_cpu.md",
     "kernels-gpu": "python benchmarks/kernels.py --device cuda --dtype bf16 --out benchmarks/results/kernels_cuda.md",
 }
@@ -332,6 +333,22 @@ def kernels_part() -> str:
     ])
 
 
+def transfer_part() -> str:
+    """benchmarks/transfer.py's tables (presets and defaults on the three bundled models) and their reading."""
+    folder = RESULTS / "transfer"
+    if not (folder / "transfer.json").is_file():
+        return f"Not recorded yet: run `{RERUN['transfer']}`, then `python benchmarks/assemble.py`."
+    result = json.loads((folder / "transfer.json").read_text())
+    check_provenance(result.get("git_commit"), folder / "transfer.json", RERUN["transfer"])
+    reading = folder / "reading.md"
+    parts = [reading.read_text().strip()] if reading.is_file() else []
+    parts.append((folder / "transfer.md").read_text().strip())
+    parts.append(f"Measured from commit {result.get('git_commit')}, {result['seeds']} held-out seeds x every class x "
+                 f"{result['per_class']}, {result['threads']} torch thread, {result['seconds']} s. Rerun: "
+                 f"`{RERUN['transfer']}`.")
+    return "\n\n".join(parts)
+
+
 def build() -> str:
     methods, search, frontier = _load("methods.json"), _load("search.json"), _load("frontier.json")
     missing = "Not recorded yet: run `{}`, then `python benchmarks/assemble.py`."
@@ -344,6 +361,7 @@ def build() -> str:
     parts.append("## Beyond 4x: the frontier below 0.25\n\n" + (frontier_part(frontier) if frontier else
                                                                  missing.format(RERUN["frontier"]))
                  + "\n\n" + cfg_difference_part() + "\n\n" + guidance_transfer_part())
+    parts.append("## Tuned on one model, measured on another\n\n" + transfer_part())
     parts.append("## A `dcache eval` report\n\n" + _eval_part())
     parts.append("## Kernels\n\n" + kernels_part())
     parts.append("## On a GPU, at real scale\n\n" + gpu_part(RESULTS / "gpu"))
