@@ -18,6 +18,7 @@
 Each script takes `--out pipelines/assets`; the quality numbers are in `assets/<model>/METRICS.json`.
 """
 
+import json
 from pathlib import Path
 
 import torch
@@ -110,3 +111,36 @@ def load_shapes_classifier(device: str | torch.device = "cpu") -> ConvClassifier
     """The shapes judge: `.predict(images)` with images [B, 3, 32, 32] in [0, 1] -> classes [B] (index into
     `procedural_data.SHAPE_CLASSES`); `.features(images)` -> [B, 128]."""
     return _load_classifier(SHAPES_CLASSIFIER_PATH, "train_shapes", device)
+
+
+BUNDLED = {"tiny-digits": TINY_MODEL_DIR, "tiny-motion": MOTION_MODEL_DIR, "tiny-shapes": SHAPES_MODEL_DIR}
+
+
+def metrics_table() -> str:
+    """The bundled models' quality as a markdown table, from each model's METRICS.json (docs/bundled-models.md shows
+    it; a test keeps the two equal)."""
+    metrics = {name: json.loads((folder / "METRICS.json").read_text()) for name, folder in BUNDLED.items()}
+
+    def row(label: str, value) -> str:
+        return f"| {label} | " + " | ".join(value(m) for m in metrics.values()) + " |"
+
+    def at_default(m: dict, what: str, cfg: str = "cfg") -> float:
+        return m[f"{what}_{cfg}_{m['default_steps']}_steps"]
+
+    def floor(m: dict) -> float:  # the digits script names the real-vs-real statistic after its data split
+        return m.get("frechet_real_vs_held_out", m.get("frechet_real_train_vs_test"))
+
+    def train_seconds(m: dict) -> float:  # a continued run adds the run it continued
+        return m["train_seconds"] + (m.get("continued_from") or {}).get("train_seconds", 0)
+
+    return "\n".join([
+        "| | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|",
+        row("samples judged per setting", lambda m: str(m["eval_samples"])),
+        row("judge accuracy on clean held-out data", lambda m: f"{m['classifier_test_accuracy']:.1%}"),
+        row("accuracy, default steps and guidance", lambda m: f"{at_default(m, 'accuracy'):.1%}"),
+        row("accuracy, default steps, no CFG", lambda m: f"{at_default(m, 'accuracy', 'no_cfg'):.1%}"),
+        row("accuracy, 10 steps, CFG", lambda m: f"{m['accuracy_cfg_10_steps']:.1%}"),
+        row("Fréchet distance, default settings", lambda m: f"{at_default(m, 'frechet'):.2f}"),
+        row("Fréchet distance, two real sets (floor)", lambda m: f"{floor(m):.2f}"),
+        row("training, seconds on 1 CPU thread", lambda m: f"{train_seconds(m):,.0f}"),
+    ])

@@ -98,10 +98,15 @@ def train_classifier(recipe: Recipe, cfg: TrainConfig) -> ConvClassifier:
                                           warmup=cfg.classifier_steps // 10)
 
 
-def train_transformer(recipe: Recipe, cfg: TrainConfig, on_step=None) -> nn.ModuleDict:
-    """Rectified flow on fresh batches of the generator, in latent space; returns the EMA ModuleDict."""
+def train_transformer(recipe: Recipe, cfg: TrainConfig, on_step=None, init: Path | None = None) -> nn.ModuleDict:
+    """Rectified flow on fresh batches of the generator, in latent space; returns the EMA ModuleDict. init: a
+    folder this script wrote, whose weights the run continues from (a second learning-rate cycle)."""
     torch.manual_seed(cfg.seed)  # weight init
     model = recipe.build_model()
+    if init is not None:
+        trained = recipe.pipeline.from_pretrained(init, local_files_only=True)
+        model["transformer"].load_state_dict(trained.transformer.state_dict())
+        model["label_encoder"].load_state_dict(trained.label_encoder.state_dict())
 
     def data(generator):
         samples, labels = class_batch(recipe.draw, len(recipe.class_names), cfg.batch, generator)
@@ -131,6 +136,11 @@ def main(recipe: Recipe, argv: list[str] | None = None) -> dict:
     parser.add_argument("--classifier-steps", type=int, default=recipe.defaults.classifier_steps)
     parser.add_argument("--threads", type=int, default=recipe.defaults.threads,
                         help="torch CPU threads; use 1 on a machine busy with other jobs")
+    parser.add_argument("--init", type=Path, default=None,
+                        help=f"continue from the weights of a {recipe.name} folder this script wrote (another "
+                             f"--steps with a fresh learning-rate cycle)")
+    parser.add_argument("--classifier-from", type=Path, default=None,
+                        help=f"reuse this {recipe.classifier_file} instead of training the judge again")
     args = parser.parse_args(argv)
     cfg = replace(recipe.defaults, seed=args.seed, steps=args.steps, classifier_steps=args.classifier_steps,
                   threads=args.threads)
@@ -139,12 +149,13 @@ def main(recipe: Recipe, argv: list[str] | None = None) -> dict:
     num_classes = len(recipe.class_names)
 
     test_x, test_y = held_out(recipe.draw, num_classes, cfg.held_out_per_class, cfg.seed + 100)
-    classifier = train_classifier(recipe, cfg)
+    classifier = (train_classifier(recipe, cfg) if args.classifier_from is None
+                  else ConvClassifier.from_file(args.classifier_from))
     classifier_accuracy = (classifier.predict(test_x) == test_y).float().mean().item()
     print(f"classifier held-out accuracy: {classifier_accuracy:.4f} ({len(test_y)} samples)", flush=True)
     classifier_seconds = time.time() - start
 
-    pipe = recipe.build_pipeline(train_transformer(recipe, cfg))
+    pipe = recipe.build_pipeline(train_transformer(recipe, cfg, init=args.init))
     pipe.set_progress_bar_config(disable=True)
     train_seconds = time.time() - start
 
@@ -172,6 +183,9 @@ def main(recipe: Recipe, argv: list[str] | None = None) -> dict:
         ),
     )
 
+    if args.init is not None:  # the run this one continues: its command and training seconds
+        first = json.loads((args.init / "METRICS.json").read_text())
+        metrics["continued_from"] = {k: first.get(k) for k in ("command", "train_seconds", "train_config")}
     model_dir = args.out / recipe.name
     pipe.save_pretrained(model_dir, safe_serialization=True)
     classifier.save(args.out / recipe.classifier_file)
