@@ -66,6 +66,9 @@ class DecidedCall:
 
     served: dict[Any, list[torch.Tensor]]  # cache key -> the tensors a reused / forecast unit adds (read eagerly)
     may_reuse: tuple[bool, ...]  # per unit: Schedule.may_reuse of the call's branch
-    # in order: ("store", key, residuals) computed in the graph, ("chain", list) / ("unchain", list) (STACK runs)
+    # in order: ("store", key, residuals) computed in the graph, ("chain", list) / ("unchain", list) (STACK runs),
+    # ("outputs", key, a module's output) (MODULE)
     edits: list[tuple] = field(default_factory=list)
     shapes: dict[int, Any] = field(default_factory=dict)  # block index -> its hidden input's shape
+    layouts: dict[Any, Any] = field(default_factory=dict)  # MODULE: cache key -> UnitHistory.layout of `served`
+    module_calls: list[tuple[int, Any]] = field(default_factory=list)  # MODULE: (unit, input shape) per module call

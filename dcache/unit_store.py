@@ -45,9 +45,10 @@ def store_residuals(ops: Any, call: CallState, key: Any, order: int, outs: list,
     hist.update(residuals, call.step)
 
 
-def keep_residuals(call: CallState, key: Any, order: int, residuals: list[torch.Tensor]) -> None:
-    """Cache residuals computed in a compiled graph (the blocks' traced path): copied into the unit's own buffers,
-    since a graph's outputs may be the graph's memory (CUDA graphs rewrite them at the next replay)."""
+def keep_tensors(call: CallState, key: Any, order: int, residuals: list[torch.Tensor]) -> UnitHistory:
+    """Cache tensors computed in a compiled graph (the units' traced path: residuals, a module's outputs), copied into
+    the unit's own buffers, since a graph's outputs may be the graph's memory (CUDA graphs rewrite them at the next
+    replay)."""
     hist = call.bstate.history(key, order)
     previous = hist.store_buffers()
     kept = []
@@ -58,6 +59,7 @@ def keep_residuals(call: CallState, key: Any, order: int, residuals: list[torch.
         else:
             kept.append(r.clone() if order == 0 else r)  # a Taylor table copies what it is given
     hist.update(kept, call.step)
+    return hist
 
 
 def read_cached(schedule: Any, hist: UnitHistory, action: str, step: int) -> list[torch.Tensor]:

@@ -11,7 +11,7 @@ Engine.step_decided) takes `traced_block` instead, which dynamo captures in the 
 row, the residuals `decided_early` read out of the cache and the schedule's `may_reuse`, and writes the residuals
 it computes into `call.decided.edits`; `end_call` stores them and counts the call's FLOPs, eagerly. A kind that
 supports it fills in `decided_served` (the cache keys a reused call reads) and `traced_served` / `traced_before_run`
-/ `traced_after_run`.
+/ `traced_after_run` (the module kind: its modules' `traced_module`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from typing import Any
 
 import torch
 from diffusers.hooks import HookRegistry
+from torch.utils._pytree import tree_flatten
 
 from ..adapters import HIDDEN, UnsupportedModelError
 from ..cache_ops import AUTOGRAD, TORCH_DIRECT, CacheOps, ops_for
 from ..call_state import BlockSlot, CallState, DecidedCall
 from ..decision import decide
 from ..hooks import HOOK_NAME, NOT_DECIDED, Entries, UnitHook
-from ..unit_store import keep_residuals, read_cached, residual_pairs
+from ..unit_store import keep_tensors, read_cached, residual_pairs
 from .base import UnitExecutor
 
 _COUNTING = "counting"  # a block's enter state inside a whole-call counting pass (FlopBook.count_blocks)
@@ -195,7 +196,11 @@ class HookedBlocks(UnitExecutor):
         bstate = call.bstate
         for edit in decided.edits:
             if edit[0] == "store":
-                keep_residuals(call, edit[1], engine.order, edit[2])
+                keep_tensors(call, edit[1], engine.order, edit[2])
+            elif edit[0] == "outputs":  # MODULE: a computed module's output pytree
+                leaves, spec = tree_flatten(edit[2])
+                hist = keep_tensors(call, edit[1], engine.order, [t for t in leaves if isinstance(t, torch.Tensor)])
+                hist.layout = (spec, [isinstance(t, torch.Tensor) for t in leaves])
             elif edit[0] == "chain":  # STACK: this list's segment continued the previous list's run
                 bstate.chained.add(edit[1])
                 bstate.units.pop(("seg", edit[1]), None)

@@ -16,7 +16,8 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..adapters import composed_indices, submodule
-from ..hooks import HOOK_NAME, Entries, UnitHook
+from ..call_state import CallState
+from ..hooks import HOOK_NAME, NOT_DECIDED, Entries, UnitHook
 from ..state import BranchState
 from ..unit_store import read_cached
 from .base import COMPUTE, REUSE
@@ -26,7 +27,6 @@ from .hooked_blocks import HookedBlocks
 class ModuleExecutor(HookedBlocks):
     kind = "module"
     entry_points = ("enter", "exit", "module_enter", "module_exit")
-    traces_decided_calls = False  # inner-module hooks run eagerly under compile (a graph break per module)
 
     def __init__(self, engine: Any):
         super().__init__(engine)
@@ -84,9 +84,53 @@ class ModuleExecutor(HookedBlocks):
                     continue
                 if old is not None:
                     HookRegistry.check_if_exists_or_initialize(old).remove_hook(HOOK_NAME, recurse=False)
-                HookRegistry.check_if_exists_or_initialize(module).register_hook(UnitHook(unit, entries, traced),
-                                                                                 HOOK_NAME)
+                HookRegistry.check_if_exists_or_initialize(module).register_hook(
+                    UnitHook(unit, entries, traced, self.traced_module), HOOK_NAME)
                 self._module_hooked[unit] = module
+
+    # ------------------------------------------------------------------------------------------------ decided calls
+    def decided_served(self, call: CallState) -> list[tuple[Any, str]]:
+        actions = call.actions
+        return [(key, actions[key if isinstance(key, int) else key[0]]) for key, hist in call.bstate.units.items()
+                if actions[key if isinstance(key, int) else key[0]] != COMPUTE and hist.tables is not None]
+
+    def decided_early(self, call: CallState) -> None:
+        super().decided_early(call)
+        units = call.bstate.units
+        call.decided.layouts = {key: units[key].layout for key in call.decided.served}
+
+    def traced_module(self, unit: int, forward: Any, args: tuple, kwargs: dict) -> Any:
+        """A module's hook while dynamo traces it (as HookedBlocks.traced_block for blocks): its cached output, or
+        run it and keep its output (stored after the graph)."""
+        call = self.engine.call
+        if call is None or call.decided is None:
+            return NOT_DECIDED
+        decided = call.decided
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else next(
+            (v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+        decided.module_calls.append((unit, tuple(first.shape) if first is not None else ()))
+        cache_key: Any = unit
+        if unit in self.shared_units:
+            calls = call.unit
+            k = calls.get(unit, 0)
+            calls[unit] = k + 1
+            cache_key = unit if k == 0 else (unit, k)
+        if call.actions[unit] != COMPUTE:
+            tensors = iter(decided.served[cache_key])
+            spec, is_tensor = decided.layouts[cache_key]
+            return tree_unflatten([next(tensors) if is_t else None for is_t in is_tensor], spec)
+        out = forward(*args, **kwargs)
+        if decided.may_reuse[unit]:
+            decided.edits.append(("outputs", cache_key, out))
+        return out
+
+    def end_decided(self, call: CallState) -> None:
+        """As every block kind, and the reused modules' share of their blocks' FLOPs is not computed."""
+        super().end_decided(call)
+        flops, actions = self.engine.flops, call.actions
+        for unit, shape in call.decided.module_calls:
+            if actions[unit] != COMPUTE:
+                call.flops_computed -= flops.cost(("m", unit), shape) or 0.0
 
     # ------------------------------------------------------------------------------------------------ entry points
     def module_enter(self, unit: int, forward: Any, args: tuple, kwargs: dict,
