@@ -215,7 +215,13 @@ class HookedBlocks(UnitExecutor):
                    if not flops.known(i, shape) and (i, shape) not in flops.uncounted]
         if flops.enabled and missing and engine._call_inputs is not None:
             args, kwargs = engine._call_inputs
-            flops.count_blocks(engine.transformer_hook.chain, args, kwargs, missing)
+            # the memos (dcache.memo) run in the pass too: what they keep there is fake, put theirs back after it
+            kept = [(memo, list(memo.entries), memo.hits) for memo in engine.memos]
+            try:
+                flops.count_blocks(engine.transformer_hook.chain, args, kwargs, missing)
+            finally:
+                for memo, entries, hits in kept:
+                    memo.entries[:], memo.hits = entries, hits
         for slot in self.blocks:
             shape = shapes.get(slot.index)
             if shape is None:  # the block ran eagerly: its exit counted it

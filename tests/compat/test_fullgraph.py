@@ -169,3 +169,27 @@ def test_signal_schedule_keeps_its_eager_hooks():
         pipe.transformer.compile(backend="eager", fullgraph=True)
         with pytest.raises(Exception, match="disable"):
             generate(pipe, 3.0)
+
+
+@pytest.mark.slow
+def test_rows_past_the_recompile_limit_run_eagerly_with_the_same_results():
+    """More distinct action rows than dynamo keeps graphs for one frame: the frame runs eagerly past the limit, with
+    outputs and stats bit-identical to eager dcache. (The FLOP-counting pass on fake tensors runs the memoised
+    modules too; nothing it computed may stay in their memos for the eager calls.)"""
+    rows = ["C" * NUM_BLOCKS, "CRCRC", "CCRRC", "CRRRC"]
+    plan = Plan(model_class="FluxTransformer2DModel", block_layout=BLOCK_LAYOUT, granularity="block",
+                units=[f"b{i}" for i in range(NUM_BLOCKS)], num_steps=4, actions={"cond": rows})
+    ref = make_pipeline()
+    with dcache.apply(ref, plan) as handle:
+        want = ref([1], generator=seeded(0), num_inference_steps=4)
+        ratio = handle.stats().compute_ratio
+    graphs = GraphCounter()
+    with fresh_dynamo(recompile_limit=1):
+        pipe = make_pipeline()
+        handle = dcache.apply(pipe, plan)
+        pipe.transformer.compile(backend=graphs)
+        got = pipe([1], generator=seeded(0), num_inference_steps=4)
+        assert handle.stats().compute_ratio == ratio
+        handle.remove()
+    assert len(graphs.graphs) == 1
+    assert not isinstance(got, torch._subclasses.FakeTensor) and torch.equal(got, want)
