@@ -147,11 +147,28 @@ def test_fullgraph_fixed_interval_quick():
     assert len(graphs.graphs) == 2  # the computed row and the reused row
 
 
+class RunCounter(GraphCounter):
+    """Also counts the graphs run (a call runs one per piece between graph breaks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.runs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+
+        def run(*args):
+            self.runs += 1
+            return gm.forward(*args)
+        return run
+
+
 @pytest.mark.slow
 def test_signal_schedule_keeps_its_eager_hooks():
     """A schedule that reads a signal measured inside the call (fbcache: the probe block's residual) decides at a
-    block, after a host read: its block hooks stay eager frames (the documented graph breaks). Compiled outputs and
-    decisions are still bit-identical to eager dcache, and fullgraph=True refuses it with dynamo's own error."""
+    block, after a host read: its block hooks stay eager frames (the documented graph breaks: each block's forward a
+    graph of its own, at most blocks + 3 graphs run per call). Compiled outputs and decisions are still
+    bit-identical to eager dcache, and fullgraph=True refuses it with dynamo's own error."""
     pipe = make_pipeline()
     handle = dcache.apply(pipe, "fbcache", threshold=0.5)
     want = generate(pipe, 3.0)
@@ -160,9 +177,12 @@ def test_signal_schedule_keeps_its_eager_hooks():
     with fresh_dynamo(fail_on_recompile_limit_hit=True):
         pipe = make_pipeline()
         handle = dcache.apply(pipe, "fbcache", threshold=0.5)
-        pipe.transformer.compile(backend=GraphCounter())
+        counter = RunCounter()
+        pipe.transformer.compile(backend=counter)
         got = generate(pipe, 3.0)
+        calls = sum(len(branch_rows) for branch_rows in plan.actions.values())
         assert torch.equal(got, want) and handle.plan().actions == plan.actions and "R" in "".join(rows(plan))
+    assert counter.runs / calls <= NUM_BLOCKS + 3, f"{counter.runs / calls:.2f} graphs per call"
     with fresh_dynamo():
         pipe = make_pipeline()
         dcache.apply(pipe, "fbcache", threshold=0.5)
