@@ -67,6 +67,14 @@ class KeyframeConfig(MethodConfig):
     add `cfg_difference=True` (39.3 dB there) or search the keyframes at that scale (`benchmarks/frontier.py
     --search`).
 
+    The presets are model-specific: they were searched on the bundled tiny-digits model (28 steps, CFG 1.5) and do
+    not transfer as they are (BENCHMARKS.md, "Tuned on one model, measured on another"). keyframe-5x loses to
+    uniform keyframes on tiny-shapes (SD3, 29.8 vs 30.8 dB) and tiny-motion (Wan, 20 steps, CFG 5: 23.4 vs 31.7 dB);
+    keyframe-8x holds on tiny-shapes (25.9 vs 23.2 dB) but not on tiny-motion (16.9 vs 24.5 dB). On another model
+    start from the default, uniform keyframes, or search the keyframes on it. `cfg_difference=True` is no safe
+    default either: with keyframe-8x it cost 7.4 dB on tiny-digits at CFG 1.5, gained 7.7 dB on tiny-motion at CFG
+    5, and does nothing where the pipeline batches its CFG branches in one call.
+
     Example (the bundled tiny model, 28 steps, split CFG: 6 + 5 of 56 calls computed, ratio 0.196):
         >>> import dcache
         >>> from dcache.pipelines.bundled import load_tiny_pipeline
@@ -138,9 +146,11 @@ class KeyframeSchedule(Schedule):
 # Searched by `python benchmarks/frontier.py --search --only cfg1.5` on the tuning batch (labels 0-9, seed 0, 28 steps,
 # split CFG 1.5); benchmarks/results/frontier.md measures them on held-out seeds.
 register_preset("keyframe-5x", "keyframe", "6 cond + 5 uncond keyframes: ratio 0.196 with split CFG (28 steps: "
-                                           "cond 0, 6, 11, 17, 22, 27; uncond the same without 27)",
+                                           "cond 0, 6, 11, 17, 22, 27; uncond the same without 27); tuned on "
+                                           "tiny-digits, loses to uniform keyframes on other models",
                 keyframes=(0.0, 0.2222, 0.4074, 0.6296, 0.8148, 1.0),
                 uncond_keyframes=(0.0, 0.2222, 0.4074, 0.6296, 0.8148))
 register_preset("keyframe-8x", "keyframe", "4 cond + 3 uncond keyframes: ratio 0.125 with split CFG (28 steps: "
-                                           "cond 0, 8, 16, 24; uncond 0, 10, 21)",
+                                           "cond 0, 8, 16, 24; uncond 0, 10, 21); tuned on tiny-digits, "
+                                           "model-specific",
                 keyframes=(0.0, 0.2963, 0.5926, 0.8889), uncond_keyframes=(0.0, 0.3704, 0.7778))
