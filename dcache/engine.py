@@ -268,6 +268,8 @@ class Engine:
         whole_call: the transformer call itself raised, so its generation is over (StepTracker.abort)."""
         if whole_call:
             self.tracker.abort()
+            if self.record is not None:
+                self.record.aborted = True  # its stats stay, but no health verdict or warning (dcache.health)
         if isinstance(state, tuple) and state and isinstance(state[-1], FlopCounterMode):
             self.flops.stop(state[-1], None, None)
         self.executor.abort_call(self.call)

@@ -42,6 +42,7 @@ class GenerationRecord:
     last_timestep: float | None = None
     direction: int | None = None  # +1 / -1 once the timestep has moved (transformer-only tracking)
     finished: bool = False
+    aborted: bool = False  # a transformer call raised (Ctrl-C, an error): the generation never completed
     input_shape: tuple[int, ...] | None = None  # hidden states entering the first block, for plans and stats
     owner: tuple[int, str] | None = None  # (ident, name) of the thread that started it (dcache.concurrency)
     taken_by: tuple[int, str] | None = None  # the thread whose new generation ended this one while it was open

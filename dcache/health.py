@@ -106,8 +106,8 @@ class HealthMonitor:
 
     def end_generation(self, record: Any, branches: dict) -> Health:
         calls = record.calls
-        if not calls or self.last_record is record:
-            return self.last
+        if not calls or self.last_record is record or getattr(record, "aborted", False):
+            return self.last  # an interrupted generation is no evidence about the cache: keep the last verdict
         self.last_record = record
         units = sum(len(c.actions) for c in calls)
         served = sum(1 for c in calls for a in c.actions if a != _COMPUTE)
