@@ -38,7 +38,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+SCRATCH = Path(__file__).resolve().parent / "out"
+MODELS = {  # name: (loader, judge loader, the family it stands for)
+    "digits": ("load_tiny_pipeline", "load_digit_classifier", "Flux, split CFG 1.5, Euler, 28 steps"),
+    "motion": ("load_motion_pipeline", "load_motion_classifier", "Wan video, split CFG 5, UniPC, 20 steps"),
+    "shapes": ("load_shapes_pipeline", "load_shapes_classifier", "SD3, batched CFG 4, Euler, 28 steps"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument("--seeds", type=int, default=None, help="held-out seeds (default 4; --quick 1)")
+    ap.add_argument("--per-class", type=int, default=2, help="samples of each class per seed")
+    ap.add_argument("--steps", type=int, default=None, help="denoising steps (default: each model's; --quick 6)")
+    ap.add_argument("--quick", action="store_true", help="2 contenders, 1 seed, 6 steps: checks the code path")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--out", type=Path, default=SCRATCH, help="folder for transfer.json / transfer.md")
+    return ap
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and bad arguments answer here, before torch loads
+
+# the heavy imports come after that argument check on purpose, hence the E402 exemptions
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _peers  # noqa: E402  (benchmarks/_peers.py: the block meter)
@@ -48,12 +72,6 @@ from dcache.pipelines import bundled  # noqa: E402
 from dcache.pipelines.flow_training import eval_labels, samples  # noqa: E402
 from dcache.quality import psnr_per_image  # noqa: E402
 
-SCRATCH = Path(__file__).resolve().parent / "out"
-MODELS = {  # name: (loader, judge loader, the family it stands for)
-    "digits": ("load_tiny_pipeline", "load_digit_classifier", "Flux, split CFG 1.5, Euler, 28 steps"),
-    "motion": ("load_motion_pipeline", "load_motion_classifier", "Wan video, split CFG 5, UniPC, 20 steps"),
-    "shapes": ("load_shapes_pipeline", "load_shapes_classifier", "SD3, batched CFG 4, Euler, 28 steps"),
-}
 
 
 @dataclass(frozen=True)
@@ -225,14 +243,7 @@ def git_commit() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
-    ap.add_argument("--seeds", type=int, default=None, help="held-out seeds (default 4; --quick 1)")
-    ap.add_argument("--per-class", type=int, default=2, help="samples of each class per seed")
-    ap.add_argument("--steps", type=int, default=None, help="denoising steps (default: each model's; --quick 6)")
-    ap.add_argument("--quick", action="store_true", help="2 contenders, 1 seed, 6 steps: checks the code path")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    ap.add_argument("--out", type=Path, default=SCRATCH, help="folder for transfer.json / transfer.md")
+    ap = build_parser()
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]
