@@ -587,7 +587,6 @@ def online_loss(pipe: Any, plan: Plan, predictor: DisCaPredictor, run: Callable[
     """
     import dcache
     from dcache.plan import PlanSchedule
-    from diffusers.hooks import HookRegistry
 
     from ...disca import DisCaForecaster, sigma_of
 
@@ -596,7 +595,9 @@ def online_loss(pipe: Any, plan: Plan, predictor: DisCaPredictor, run: Callable[
     schedule.forecaster = DisCaForecaster(predictor, trainable=True)
     handle = dcache.apply(pipe, schedule, count_flops=False)
     engine, transformer = handle.engine, pipe.transformer
-    uncached = HookRegistry.check_if_exists_or_initialize(transformer).get_hook("dcache").fn_ref.original_forward
+    # The chain below dcache's transformer_call: the model's own forward (its diffusers hooks included), run
+    # outside an open call (the post hook below fires after the call closed), so nothing in it is cached.
+    uncached = engine.transformer_hook.chain
     deltas: dict[str, list[torch.Tensor]] = {}
     energy = [0.0]
 
