@@ -189,9 +189,8 @@ def test_cache_context_names_seen_by_a_cache(model, pipe):
 
 def test_fresh_process_loads_offline(tmp_path):
     code = (
-        "import torch, time\n"
         "from dcache.pipelines.bundled import load_motion_pipeline, load_shapes_pipeline\n"
-        "tick = time.time(); m, s = load_motion_pipeline(), load_shapes_pipeline(); print(time.time() - tick)\n"
+        "m, s = load_motion_pipeline(), load_shapes_pipeline()\n"
         "print(m(labels=[1], num_inference_steps=2, output_type='pt').frames.shape, "
         "s(labels=[1], num_inference_steps=2, output_type='pt').images.shape)\n"
     )
@@ -199,9 +198,7 @@ def test_fresh_process_loads_offline(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    seconds, shapes = result.stdout.strip().splitlines()[-2:]
-    assert float(seconds) < 10  # both loads, from the installed package
-    assert shapes == "torch.Size([1, 5, 3, 16, 16]) torch.Size([1, 3, 32, 32])"
+    assert result.stdout.strip().splitlines()[-1] == "torch.Size([1, 5, 3, 16, 16]) torch.Size([1, 3, 32, 32])"
 
 
 def test_pixel_latents_round_trip():
