@@ -69,6 +69,7 @@ import _peers  # noqa: E402  (benchmarks/_peers.py: the block meter)
 
 import dcache  # noqa: E402
 from dcache.pipelines import bundled  # noqa: E402
+from dcache.eval.runner import _git_commit  # noqa: E402  (the script's own checkout: it may run an installed dcache)
 from dcache.pipelines.flow_training import eval_labels, samples  # noqa: E402
 from dcache.quality import psnr_per_image  # noqa: E402
 
@@ -226,22 +227,6 @@ def table(rows: list[dict], models: list[str], uncached_accuracy: dict[str, floa
     return "\n".join(lines)
 
 
-def git_commit() -> str | None:
-    """This script's checkout commit, "+dirty" when its tracked files differ from it (assemble.py then refuses the
-    results: no commit reproduces them); None outside a git checkout."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=5).stdout.strip() or None
-        if commit and subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=root, timeout=10).returncode:
-            commit += "+dirty"
-        return commit
-    except OSError:
-        return None
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -271,7 +256,8 @@ def main(argv: list[str] | None = None) -> dict:
         meter.remove()
 
     command = "python benchmarks/transfer.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    result = {"command": command.strip(), "git_commit": git_commit(), "seeds": seeds,
+    commit = _git_commit(Path(__file__).resolve().parents[1])
+    result = {"command": command.strip(), "git_commit": commit, "seeds": seeds,
               "per_class": 1 if args.quick else args.per_class,
               "steps": steps, "threads": args.threads, "torch": torch.__version__, "platform": platform.platform(),
               "seconds": round(time.time() - started), "uncached_accuracy": uncached_accuracy, "rows": rows}

@@ -683,12 +683,12 @@ def environment(device: str, num_processes: int) -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(), "cuda": torch.version.cuda, "git_commit": _git_commit()}
 
 
-def _git_commit() -> str | None:
-    """The checkout's commit, "+dirty" when tracked files differ from it (the numbers then come from code that no
-    commit holds); None outside a git checkout."""
+def _git_commit(root: Path | None = None) -> str | None:
+    """The commit of the checkout at `root` (default: the one this package runs from), "+dirty" when tracked files
+    differ from it (the numbers then come from code that no commit holds); None outside a git checkout."""
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
+    root = root or Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=5)
