@@ -171,7 +171,8 @@ class TeaCacheSchedule(Schedule):
     def __init__(self, config: TeaCacheConfig, entry: dict):
         self.config = config
         self.coefficients: tuple[float, ...] = entry["coefficients"]
-        pick = lambda knob_value, key, default: knob_value if knob_value is not None else entry.get(key, default)
+        # knob given > calibrated value > default; a null in the file means "not calibrated", like a missing key
+        pick = lambda knob_value, key, default: next(v for v in (knob_value, entry.get(key), default) if v is not None)
         self.threshold = float(pick(config.threshold, "threshold", FALLBACK_THRESHOLD))
         self.ret_steps = int(pick(config.ret_steps, "ret_steps", 1))
         self.ret_ratio = float(pick(config.ret_ratio, "ret_ratio", 0.0))

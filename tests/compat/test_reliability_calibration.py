@@ -112,6 +112,11 @@ PLACES = ([("format",), ("version",), ("entries",)]
 @example(place=("entries", 0, "table", "cond"), value=[], delete=False)
 @example(place=("entries", 1, "table"), value={}, delete=False)
 @example(place=("entries", 0, "table", "cond", 2), value=0.0, delete=False)
+@example(place=("entries", 1, "table", "threshold"), value=None, delete=False)  # null = not calibrated
+@example(place=("entries", 1, "table", "ret_steps"), value=None, delete=False)  # null = not calibrated
+@example(place=("entries", 1, "table", "ret_ratio"), value=None, delete=False)  # null = not calibrated
+@example(place=("entries", 1, "table", "cutoff_steps"), value=None, delete=False)  # null = not calibrated
+@example(place=("entries", 1, "table", "x_range"), value=None, delete=False)  # null = not calibrated
 def test_calibration_files(setup, tmp_path, place, value, delete):
     pipe, uncached, valid = setup
     data = copy.deepcopy(valid)
