@@ -25,6 +25,7 @@ from .methods import config_for, main_knob, target_resolver
 from .io import read_json
 from .plan import MAX_PLAN_BYTES, Plan, PlanError, PlanSchedule
 from .schedule import Schedule
+from .setup_file import Setup, names_a_file, setup_file, setup_of
 
 DEFAULT_METHOD = "magcache"
 
@@ -39,11 +40,12 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
           speed: str | float | None = None, quality: str | None = None, calibration_run: Any = None,
           experts: dict[str, Any] | None = None, controlnet: Any = None, max_cache_memory: str | int | None = None,
           cache_dtype: str | None = None, cache_scale: str | None = None, cache_device: str | None = None,
-          fit: str | None = None, **overrides: Any) -> Handle:
+          fit: str | None = None, decisions: str = "sample", **overrides: Any) -> Handle:
     """Hook a caching method into a diffusers pipeline (or a bare transformer) and return its Handle.
 
-    method:    a method name ("magcache", "fbcache", ...), a preset name, a plan file path (*.json), a config
-               object, a Plan, or a Schedule instance.
+    method:    a method name ("magcache", "fbcache", ...), a preset name, a plan file path (*.json), a setup file
+               (*.json with "format": "dcache.setup", *.yaml: every argument below in one file, dcache.setup_file;
+               arguments given here override the file's), a config object, a Plan, or a Schedule instance.
     num_steps: transformer-only use: the number of denoising steps (a pipeline's scheduler tells it otherwise).
     memoize:   compute step-invariant work outside the blocks (RoPE tables) once instead of every call
                (dcache.memo; exact: keyed on the same input tensors). False leaves those modules alone.
@@ -80,8 +82,17 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     fit:       "auto" with max_cache_memory: over budget at the first call, pick the most accurate cache storage that
                fits (offload to host memory, then bfloat16, then float8 per token, then per tensor) instead of
                refusing, and say which (a dcache.budget.CacheFitChoice warning; handle.fit_choice).
+    decisions: "sample" (default): every sample of a batched transformer call, and each CFG half of a batched-CFG
+               call, is decided, cached and served on its own, so a request's output does not depend on what it is
+               batched with, and transformer-only loops may batch requests at different steps (dcache.lanes,
+               docs/serving.md); handle.stats().per_sample has each sample's counts. "batch": one decision per
+               batched call (one batched run, faster; for samples known to move together).
     overrides: config fields, e.g. apply(pipe, "magcache", threshold=0.1).
     """
+    arguments = dict(locals())  # as given: handle.setup() writes them back as a setup file
+    setup = setup_file(method)
+    if setup is not None:
+        return _apply_setup(target, setup, arguments)
     num_steps = _check_num_steps(num_steps)
     pipeline, transformer = _split_target(target)
     limit = parse_bytes(max_cache_memory) if max_cache_memory is not None else None
@@ -111,17 +122,19 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                                            calibration_run=calibration_run, num_steps=num_steps, scope=scope,
                                            overrides=overrides)
         overrides = {}
+        arguments.update(method=method, overrides={}, speed=None, quality=None)
     schedule, name, config = _resolve_schedule(method, overrides, transformer)
     if scope is None:
         scope = schedule.plan.extras.get("scope", "blocks") if isinstance(schedule, PlanSchedule) else "blocks"
     engine = Engine(transformer, adapter_for(transformer), schedule, pipeline=pipeline,
                     num_steps=num_steps, count_flops=count_flops, memoize=memoize, scope=scope, cache_codec=codec,
+                    decisions=decisions,
                     health=_health_monitor(transformer, name, warn=not isinstance(method, Schedule)))
     if isinstance(schedule, PlanSchedule):
         _check_plan_fits(schedule.plan, engine)
     transformer._dcache_engine = engine
     _APPLIED.add(engine)
-    handle = Handle(engine, name, config, chosen)
+    handle = Handle(engine, name, config, chosen, setup=lambda: setup_of(arguments))
     try:
         for expert_name, module in extra_experts(pipeline):
             picked = expert_method(method, overrides, expert_settings[expert_name])
@@ -133,7 +146,8 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                                  f"(or a method name, which builds one per expert).")
             sub_schedule, sub_name, sub_config = _resolve_schedule(picked[0], picked[1], module)
             sub = Engine(module, adapter_for(module), sub_schedule, pipeline=pipeline, num_steps=num_steps,
-                         count_flops=count_flops, memoize=memoize, scope=scope, leader=engine, cache_codec=codec)
+                         count_flops=count_flops, memoize=memoize, scope=scope, leader=engine, cache_codec=codec,
+                         decisions=decisions)
             if isinstance(sub_schedule, PlanSchedule):
                 _check_plan_fits(sub_schedule.plan, sub)
             module._dcache_engine = sub
@@ -148,6 +162,24 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                                 else copy.deepcopy(method), _with_codec(overrides, cache_dtype, cache_scale,
                                                                         cache_device), scope, fit=fit)
     return handle
+
+
+# apply's arguments that a setup file does not hold (code, or a choice made per run); given beside a setup file,
+# they pass through.
+_NOT_IN_SETUPS = ("count_flops", "speed", "quality", "calibration_run")
+
+
+def _apply_setup(target: Any, setup: Setup, arguments: dict[str, Any]) -> Handle:
+    """apply with a setup file's arguments, under the ones given beside it (those not at their defaults)."""
+    import inspect
+
+    defaults = {name: p.default for name, p in inspect.signature(apply).parameters.items()
+                if p.default is not inspect.Parameter.empty and name != "method"}
+    given = {name: arguments[name] for name, default in defaults.items() if arguments[name] is not default
+             and not (isinstance(default, bool) and arguments[name] == default)}
+    passing = {name: given.pop(name) for name in _NOT_IN_SETUPS if name in given}
+    merged = setup.with_overrides(**given, **arguments["overrides"])
+    return apply(target, **merged.apply_arguments(), **passing)
 
 
 def _health_monitor(transformer: nn.Module, name: str, warn: bool) -> HealthMonitor:
@@ -203,7 +235,7 @@ def _resolve_schedule(method: Any, overrides: dict, transformer: nn.Module) -> t
         return config.build(transformer), config.method, config.to_dict()
     if isinstance(method, (str, os.PathLike)):
         text = str(method)
-        if text.endswith(".json") or os.path.sep in text or Path(text).is_file():
+        if names_a_file(text):
             return _from_file(Path(text), overrides, transformer)
         config = config_for(text, **overrides)
         return config.build(transformer), text, config.to_dict()
@@ -224,14 +256,15 @@ def _from_file(path: Path, overrides: dict, transformer: nn.Module) -> tuple[Sch
                      "config.to_json())", PlanError)  # a size cap, and deep nesting / huge integers as PlanError
     if isinstance(data, dict) and data.get("format") == "dcache.plan":
         return _plan_schedule(Plan.from_dict(data, source=f"plan file {str(path)!r}"), overrides)
-    if isinstance(data, dict) and "method" in data:
+    if isinstance(data, dict) and "method" in data and "format" not in data:
         from .methods import config_from_dict
 
         config = config_from_dict({**data, **overrides})
         return config.build(transformer), config.method, config.to_dict()
     raise PlanError(f"{str(path)!r} is neither a dcache plan (a JSON object with \"format\": \"dcache.plan\", "
-                    f"written by handle.plan().save(path)) nor a method config (a JSON object with \"method\", "
-                    f"written by config.to_json()).")
+                    f"written by handle.plan().save(path)), a setup (\"format\": \"dcache.setup\", written by "
+                    f"handle.setup().save(path)) nor a method config (a JSON object with \"method\" and no "
+                    f"\"format\", written by config.to_json()).")
 
 
 def _check_plan_fits(plan: Plan, engine: Engine) -> None:

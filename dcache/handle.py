@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from .engine import Engine
 from .memory import MemoryReport, combine_reports, engine_report
@@ -13,8 +13,10 @@ from .stats import Stats, combine_stats, stats_from_record
 
 
 class Handle:
-    def __init__(self, engine: Engine, method: str, config: dict, target: Any = None):
+    def __init__(self, engine: Engine, method: str, config: dict, target: Any = None,
+                 setup: Callable[[], Any] | None = None):
         self._engine = engine
+        self._setup = setup  # builds the dcache.setup_file.Setup of the arguments apply was given
         self.method = method
         self.config = config
         self.target = target  # dcache.apply(speed= / quality=): the sweep that chose the config (TargetResult)
@@ -145,6 +147,15 @@ class Handle:
             provenance={"method": self.method, "config": self.config, "scope": eng.scope, "quality": quality or {},
                         "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
         )
+
+    def setup(self):
+        """What this handle was applied with, as a dcache.setup_file.Setup: `handle.setup().save("setup.json")`
+        writes a file that `dcache.apply(pipe, "setup.json")` and `dcache generate --cache setup.json` apply again
+        (a speed= / quality= target is saved as the knobs it chose)."""
+        if self._setup is None:
+            raise RuntimeError("this handle was not made by dcache.apply, so it holds no setup; apply a method name "
+                               "to get one.")
+        return self._setup()
 
     def remove(self) -> None:
         """Unhook everything; the pipeline then produces bit-identical outputs to before `apply`."""

@@ -11,7 +11,6 @@ first, so a typo fails in a fraction of a second instead of after "loading the m
 from __future__ import annotations
 
 import inspect
-import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,9 @@ def check_steps(steps: int | None, flag: str = "--steps") -> None:
 
 def is_file_spec(method: str) -> bool:
     """A --cache / --methods value that names a file (as dcache.apply reads it) rather than a method or preset."""
-    return method.endswith(".json") or os.path.sep in method or Path(method).is_file()
+    from dcache.setup_file import names_a_file
+
+    return names_a_file(method)
 
 
 def check_method(method: str, overrides: dict[str, Any], flag: str = "--cache", model: str | None = None) -> None:
@@ -35,6 +36,13 @@ def check_method(method: str, overrides: dict[str, Any], flag: str = "--cache", 
     (--set calibration=FILE) must exist; the error gives the `dcache calibrate` command for `model` that writes it."""
     import dcache
 
+    from dcache.setup_file import Setup, setup_file
+
+    setup = setup_file(method)  # a setup file: read and validated (SetupError names the file, field and fix)
+    if setup is not None:
+        merged = setup.with_overrides(**overrides)
+        Setup.from_dict(merged.to_dict(), source=f"{flag} {method!r} with --set {sorted(overrides)}")
+        return
     own = set(inspect.signature(dcache.apply).parameters)
     fields = {k: v for k, v in overrides.items() if k not in own}
     if not is_file_spec(method):
