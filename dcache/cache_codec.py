@@ -280,6 +280,7 @@ class CodedHistory(UnitHistory):
         return fetched if fetched is not None else [_fetch(s) if s.offloaded else s for s in tables]
 
     def update(self, tensors: list[torch.Tensor], step: int) -> None:
+        self.keep_sample(tensors, step)  # a forecaster's samples stay in the compute dtype
         codec = self.codec
         if self.order == 0:
             self.tables = [codec.encode(t) for t in tensors]
@@ -334,10 +335,12 @@ class CodedHistory(UnitHistory):
         """A full-precision copy for a schedule's own forecaster (it reads `tables` as tensors)."""
         view = UnitHistory(self.order)
         view.key, view.filled, view.last_step = self.key, self.filled, self.last_step
+        view.depth, view.samples = self.depth, self.samples
         view.tables = [self.codec.decode(s) for s in self._on_device()] if self.tables is not None else None
         return view
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.tables or [])
+        kept = sum(t.numel() * t.element_size() for _, tensors in self.samples for t in tensors)
+        return kept + sum(s.nbytes for s in self.tables or [])
 

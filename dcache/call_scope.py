@@ -60,7 +60,7 @@ def check_scope(scope: str, schedule: Any, granularity: str) -> bool:
     inside = sorted(signal_name(s) for s in frozenset(schedule.signals) - CALL_SIGNALS - provider_names("call"))
     if inside:
         problems.append(f"it reads signals measured inside the call ({', '.join(inside)})")
-    if schedule.forecaster is not None:
+    if schedule.forecaster is not None and not getattr(schedule.forecaster, "any_history", False):
         problems.append("its learned forecaster predicts per-list block residuals, not the call's Delta")
     if problems:
         raise ValueError(f"scope='call' needs a schedule that decides before the transformer runs, but "

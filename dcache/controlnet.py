@@ -160,7 +160,7 @@ def own_schedule(resolved: Any, module: nn.Module, resolve_schedule: Any) -> "Ow
     if schedule.signals:
         names = ", ".join(sorted(signal_name(s) for s in schedule.signals))
         problems.append(f"it decides from signals ({names}) that a skipped ControlNet call cannot measure")
-    if schedule.forecaster is not None:
+    if schedule.forecaster is not None and not getattr(schedule.forecaster, "any_history", False):
         problems.append("its learned forecaster predicts the transformer's block residuals")
     if problems:
         raise ValueError(f"controlnet={_describe(resolved)}: {name!r} cannot decide for a ControlNet: "

@@ -32,6 +32,7 @@ from .decision import decide
 from .health import HealthMonitor
 from .executors import EXECUTORS, executor_kind
 from .flops import FlopBook
+from .forecast import history_depth
 from .generation import CallRecord, GenerationRecord, StepTracker
 from .hooks import (HOOK_NAME, TransformerHook, install_outer_hook, refuse_other_cache, remove_outer_hook,
                     timestep_slot, traced_twins, transformer_call)
@@ -232,7 +233,8 @@ class Engine:
         branch = self.tracker.branch_name(record)
         bstate = self.branches.get(branch)
         if bstate is None:
-            bstate = self.branches[branch] = BranchState(codec=self.cache_codec)
+            bstate = self.branches[branch] = BranchState(codec=self.cache_codec,
+                                                         depth=history_depth(self.schedule))
         self.call = CallState(record, record.step, branch, len(record.calls), timestep, bstate,
                               unit=self.executor.new_call())
         if self.meter.providers:

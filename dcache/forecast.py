@@ -9,7 +9,14 @@ engine forecasts, for the unit's cached tensors at `step`:
 for blocks, the module-unit index for modules, (index, k) for the k-th call (k >= 1) of a module a block calls
 several times, see Adapter.shared), `hist.tables` holds its Taylor tables ([order + 1, *shape] per
 cached tensor, or the tensors themselves at order 0), `hist.filled` how many table rows are valid and
-`hist.last_step` the step of the last computed value. REUSE never asks the forecaster.
+`hist.last_step` the step of the last computed value. A forecaster with `depth = K > 0` also reads `hist.samples`,
+the unit's last K computed values [(step, [tensor per stream]), ...] oldest first, which the engine keeps for it
+(dcache.state). REUSE never asks the forecaster.
+
+Two kinds: a learned forecaster (DisCa) predicts the units it was trained on, so call scope, stack segment runs and a
+ControlNet that follows the transformer refuse it; a forecaster with `any_history = True` (the extrapolators of
+schedules/forecasters/) reads nothing but the unit's own history, so it serves any unit: stacks, blocks, modules, a
+segment run and the call scope's Delta alike.
 
 Plans carry a forecaster as `extras["forecaster"] = {"name": ..., ...}`; the name is looked up in the registry
 below (method packages register theirs when imported, like method configs: see dcache.plugins), so the core never
@@ -34,6 +41,8 @@ class Forecaster:
     """Base class: `reset` at every generation start, `__call__` for every forecast unit."""
 
     name = "forecaster"
+    depth = 0  # computed values per unit the engine keeps in hist.samples for this forecaster
+    any_history = False  # True: extrapolates any unit's history (not trained on particular units)
 
     def reset(self, generation: "GenerationInfo") -> None:
         """A new generation starts (its step count and timesteps are known here)."""
@@ -54,6 +63,11 @@ FORECASTERS: PlanExtension[Forecaster] = PlanExtension("forecaster", "forecaster
 def register_forecaster(name: str, loader: Callable[[dict, "Plan"], Forecaster]) -> None:
     """Make plans whose extras["forecaster"]["name"] == name loadable; loader(spec, plan) builds the forecaster."""
     FORECASTERS.register(name, loader)
+
+
+def history_depth(schedule: object) -> int:
+    """How many computed values per unit the engine keeps for the schedule's forecaster (0 without one)."""
+    return int(getattr(getattr(schedule, "forecaster", None), "depth", 0) or 0)
 
 
 def forecaster_from_plan(plan: "Plan") -> Forecaster | None:

@@ -51,12 +51,12 @@ class Schedule:
       tail_blocks:    STACK granularity: back blocks that always compute (Bn).
       forecast_order: Taylor order kept for FORECAST (0 = plain reuse history only).
       forecaster:     None (FORECAST = Taylor extrapolation) or a `dcache.forecast.Forecaster` that the engine asks
-                      for every forecast unit instead.
+                      for every forecast unit instead (its `depth`: computed values kept per unit for it).
       segment_runs:   STACK granularity: the middle segments of consecutive block lists are one unit ("run") where
                       the transformer passes one list's output straight to the next (Flux: double -> single blocks),
                       so one residual per stream is cached and applied instead of one per list. Exact for REUSE
                       and Taylor FORECAST (linear in the residuals); a learned forecaster is trained per list, so
-                      by default a schedule with one keeps the lists apart (and so must the recordings that train
+                      by default a schedule with one (not `any_history`) keeps the lists apart (and so must the recordings that train
                       it).
       cfg_difference: call scope, split CFG: serve the "uncond" branch's reused / forecast calls as the "cond"
                       branch's Delta of the step minus a forecast of the CFG difference (dcache.cfg_difference).
@@ -77,7 +77,7 @@ class Schedule:
 
     @property
     def segment_runs(self) -> bool:
-        return self.forecaster is None
+        return self.forecaster is None or bool(getattr(self.forecaster, "any_history", False))
 
     def reset(self, generation: GenerationInfo) -> None:
         """A new generation starts: forget all per-generation state."""

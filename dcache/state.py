@@ -4,6 +4,11 @@ A unit's history is a Taylor table per cached tensor: d_0 is the value at the la
 finite difference divided by the step distance. REUSE returns d_0; FORECAST evaluates
     y(step) = sum_k d_k * (step - last_step)^k / k!
 With order 0 the table is the tensor itself (no copy). Memory is bounded: (order + 1) tensors per cached unit.
+
+A schedule whose forecaster reads more than the Taylor table (dcache.forecast: `Forecaster.depth` > 0) also gets the
+last `depth` computed values themselves, oldest first:
+    samples = [(step, [tensor per cached stream]), ...]      # len(samples) <= depth, steps increasing
+so memory is then (order + 1 + depth) tensors per cached unit.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ MAX_FORECAST_ORDER = 8
 class UnitHistory:
     """Cached tensors of one unit in one branch (e.g. the [hidden, encoder] residuals of a block)."""
 
-    def __init__(self, order: int):
+    def __init__(self, order: int, depth: int = 0):
         if type(order) is not int or not 0 <= order <= MAX_FORECAST_ORDER:  # noqa: E721 - bool is not an order
             raise ValueError(f"forecast_order={order!r} must be an int in 0..{MAX_FORECAST_ORDER} (the Taylor "
                              f"order of forecasts; order k keeps k + 1 cached tensors per unit).")
@@ -36,8 +41,20 @@ class UnitHistory:
         self.tables: list[torch.Tensor] | None = None
         self.filled = 0
         self.last_step: int | None = None
+        self.depth = depth  # computed values kept as they are, for a forecaster that reads them (see above)
+        self.samples: list[tuple[int, list[torch.Tensor]]] = []
+
+    def keep_sample(self, tensors: list[torch.Tensor], step: int) -> None:
+        """Remember the computed values of `step` (copies: an order-0 table's buffers are rewritten in place)."""
+        if self.depth == 0:
+            return
+        if self.samples and [t.shape for t in self.samples[-1][1]] != [t.shape for t in tensors]:
+            self.samples = []  # a new layout (resolution, batch): the old values describe another trajectory
+        self.samples = [s for s in self.samples if s[0] < step][-(self.depth - 1):] if self.depth > 1 else []
+        self.samples.append((step, [t.detach().clone() for t in tensors]))
 
     def update(self, tensors: list[torch.Tensor], step: int) -> None:
+        self.keep_sample(tensors, step)
         if self.order == 0:
             self.tables = [t.detach() for t in tensors]
         else:
@@ -85,7 +102,8 @@ class UnitHistory:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tables or [])
+        kept = sum(t.numel() * t.element_size() for _, tensors in self.samples for t in tensors)
+        return kept + sum(t.numel() * t.element_size() for t in self.tables or [])
 
 
 @dataclass
@@ -108,6 +126,7 @@ class BranchState:
     pending_call: Any = None  # the CallRecord the pending post signals belong to
     call_layout: Any = None  # call scope: how the last computed call's output is built (call_scope.OutputLayout)
     codec: Any = None  # dcache.cache_codec.CacheCodec of a low-precision cache (None: the compute dtype)
+    depth: int = 0  # computed values each unit keeps for the schedule's forecaster (UnitHistory.samples)
     provided: dict[str, dict[str, Any]] = field(default_factory=dict)  # a signal provider's memory, by its name
     # call scope with a schedule's cfg_difference (dcache.cfg_difference): the conditional branch's (step, Delta,
     # computed) of the running step; the unconditional branch's history of D = Delta_c - Delta_u
@@ -118,7 +137,7 @@ class BranchState:
         hist = self.units.get(key)
         if hist is None:
             hist = self.units[key] = UnitHistory(order) if self.codec is None else self.codec.history(order)
-            hist.key = key
+            hist.key, hist.depth = key, self.depth
         return hist
 
     @property

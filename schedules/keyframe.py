@@ -27,6 +27,10 @@ keyframes should be a subset of the cond ones (the difference is only known wher
 
 Memory: (order + 1) tensors per cached unit and branch (stack granularity: one residual per stream, or one Delta
 in call scope).
+
+`forecaster` replaces the Taylor series between keyframes by another extrapolation of the computed keyframes
+('foca', 'hyca', 'spectrum', 'dmd': dcache.schedules.forecasters); Spectrum and FoCa use every kept keyframe at its
+true step, which uneven keyframes need (the Taylor table only knows the last gap's length).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from torch import nn
 
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob
 from dcache import register_method, register_preset
+
+from .forecasters import config_forecaster, forecaster_knob
 
 UNCOND = "uncond"  # the branch name diffusers' cache_context gives split CFG's unconditional call
 
@@ -98,8 +104,10 @@ class KeyframeConfig(MethodConfig):
                                            "(over the steps both computed), which keeps the two branches' errors "
                                            "cancelling; use it with uncond keyframes that are a subset of the cond "
                                            "ones")
+    forecaster: str | dict = forecaster_knob()
 
     def check(self) -> None:
+        config_forecaster(self)
         for name in ("keyframes", "uncond_keyframes"):
             value = getattr(self, name)
             if value is None:
@@ -121,6 +129,7 @@ class KeyframeSchedule(Schedule):
         self.config = config
         self.forecast_order = config.order
         self.cfg_difference = config.cfg_difference  # dcache.cfg_difference (call scope)
+        self.forecaster = config_forecaster(config)  # None: the Taylor table of `order`
         self.name = "keyframe"
         self._steps: dict[bool, frozenset[int]] = {}  # is the uncond branch -> computed steps of this generation
 
@@ -131,13 +140,15 @@ class KeyframeSchedule(Schedule):
                              "step count: pass dcache.apply(transformer, 'keyframe', num_steps=N) when the "
                              "transformer is used without a pipeline's scheduler.")
         c = self.config
+        if self.forecaster is not None:
+            self.forecaster.reset(generation)
         self._steps = {False: keyframe_steps(c.keyframes, n),
                        True: keyframe_steps(c.uncond_keyframes if c.uncond_keyframes is not None else c.keyframes, n)}
 
     def decide(self, ctx: CallContext) -> Action:
         if ctx.step in self._steps[ctx.branch == UNCOND]:
             return Action.COMPUTE
-        return Action.FORECAST if self.config.order > 0 else Action.REUSE
+        return Action.FORECAST if self.config.order > 0 or self.forecaster is not None else Action.REUSE
 
     def config_dict(self) -> dict:
         return self.config.to_dict()

@@ -10,6 +10,10 @@ granularity "module" (default, the paper's: each block's attention / feed-forwar
 are recomputed with the current timestep, so `h + gate * F` uses this step's gates), "block" (each block's
 residual), or "stack" (the whole stack residual: cheapest memory, coarsest).
 Memory: (order + 1) tensors per cached unit and branch.
+
+`forecaster` replaces the Taylor series by another extrapolation of the same history ('foca', 'hyca', 'spectrum',
+'dmd': dcache.schedules.forecasters; each keeps its own window of computed values, plus the order's table, which
+serves while the window fills).
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dcache import Action, CallContext, Granularity, MethodConfig, Schedule, knob, register_method, register_preset
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
+from dcache import register_preset
+
+from .forecasters import config_forecaster, forecaster_knob
 
 
 def full_step(step: int, warmup_steps: int, interval: int) -> bool:
@@ -54,6 +61,10 @@ class TaylorSeerConfig(MethodConfig):
     granularity: str = knob("module", choices=("module", "block", "stack"),
                             doc="what is forecast: attention / MLP module outputs, block residuals, or the stack "
                                 "residual")
+    forecaster: str | dict = forecaster_knob()
+
+    def check(self) -> None:
+        config_forecaster(self)
 
     def build(self, model: nn.Module) -> Schedule:
         return TaylorSeerSchedule(self)
@@ -66,14 +77,19 @@ class TaylorSeerSchedule(Schedule):
         self.config = config
         self.granularity = Granularity(config.granularity)
         self.forecast_order = config.order
+        self.forecaster = config_forecaster(config)  # None: the Taylor table of `order`
         self.name = "taylorseer"
+
+    def reset(self, generation: GenerationInfo) -> None:
+        if self.forecaster is not None:
+            self.forecaster.reset(generation)
 
     def decide(self, ctx: CallContext) -> Action:
         c = self.config
         n = ctx.num_steps
         if full_step(ctx.step, c.warmup_steps, c.interval) or (n is not None and ctx.step >= n - c.cutoff_steps):
             return Action.COMPUTE
-        return Action.FORECAST if c.order > 0 else Action.REUSE
+        return Action.FORECAST if c.order > 0 or self.forecaster is not None else Action.REUSE
 
     def config_dict(self) -> dict:
         return self.config.to_dict()

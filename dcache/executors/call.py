@@ -21,7 +21,7 @@ from ..call_state import BlockSlot, CallState
 from ..cfg_difference import CfgDifference
 from ..decision import decide
 from ..state import BranchState
-from ..unit_store import store_residuals
+from ..unit_store import read_cached, store_residuals
 from .base import COMPUTE, FORECAST, UnitExecutor
 from .hooked_blocks import traced_ops
 from .stack import assign_stack_roles
@@ -94,7 +94,7 @@ class CallExecutor(UnitExecutor):
         forecast = action == FORECAST
         delta = self.cfg.served(call, forecast) if self.cfg is not None else None  # dcache.cfg_difference
         if delta is None:
-            delta = bstate.units[CALL_UNIT].read(forecast, call.step)[0]
+            delta = read_cached(engine.schedule, bstate.units[CALL_UNIT], action, call.step)[0]
         if self.cfg is not None:
             self.cfg.note(call, delta, computed=False)
         call.flops_total = flops.cost(CALL_UNIT, shape) or 0.0

@@ -1,0 +1,243 @@
+"""Forecasters beyond Taylor (dcache.schedules.forecasters) against closed forms.
+
+References: analytic histories where a forecaster is exact (a quadratic at uneven steps for FoCa, Spectrum and HyCa;
+linear dynamics for DMD), the uncached toy transformer (tests/toy_models.py) whose every residual and call Delta is
+b * t(s) with t quadratic in the step, and each forecaster applied by hand to the uncached Deltas."""
+
+from __future__ import annotations
+
+import pytest
+import toy_models as toy
+import torch
+
+import dcache
+from dcache.plan import PlanError
+from dcache.schedules.forecasters import FORECASTERS, build_forecaster
+from dcache.schedules.forecasters.dmd import matrix_power
+from dcache.state import UnitHistory
+
+EXACT_ON_QUADRATICS = ["foca", {"name": "spectrum", "ridge": 0.0}, "hyca"]
+ALL = ["foca", "spectrum", "hyca", "dmd"]
+
+
+def _quadratic(shape=(2, 5, 3), seed=0):
+    c = torch.randn(3, *shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return lambda s: c[0] + c[1] * s + c[2] * s * s
+
+
+@pytest.mark.parametrize("spec", EXACT_ON_QUADRATICS)
+def test_polynomial_forecasters_are_exact_on_a_quadratic_at_uneven_steps(spec):
+    f = build_forecaster(spec)
+    trend = _quadratic()
+    steps = [0.0, 3.0, 4.0, 8.0, 9.0, 13.0][-f.depth:]
+    for target in (14.0, 16.5, 20.0):
+        got = f.extrapolate(steps, [trend(s) for s in steps], target)
+        torch.testing.assert_close(got, trend(target), rtol=1e-9, atol=1e-9)
+
+
+def test_the_engine_taylor_table_is_not_exact_there():
+    # the reason for the forecasters above: the table divides by the last gap only, so uneven steps break it
+    trend = _quadratic()
+    hist = UnitHistory(2)
+    for s in (0, 3, 4, 8, 9, 13):
+        hist.update([trend(float(s))], s)
+    err = (hist.forecast(16)[0] - trend(16.0)).abs().max()
+    assert err > 1e-2
+
+
+def test_foca_without_the_corrector_is_the_tangent_line():
+    trend = _quadratic()
+    steps, target = [2.0, 5.0, 6.0], 10.0
+    slope_at_6 = (trend(6.0 + 1e-3) - trend(6.0 - 1e-3)) / 2e-3
+    got = build_forecaster({"name": "foca", "calibration": 0.0}).extrapolate(steps, [trend(s) for s in steps], target)
+    torch.testing.assert_close(got, trend(6.0) + 4.0 * slope_at_6, rtol=1e-6, atol=1e-6)
+    assert (got - trend(target)).abs().max() > 1e-2  # the curvature term it leaves out
+
+
+def test_spectrum_ridge_trades_exactness_for_a_bounded_shrinkage():
+    trend = _quadratic()
+    steps = [0.0, 4.0, 8.0, 12.0, 16.0, 20.0]
+    f = build_forecaster({"name": "spectrum", "ridge": 1e-3})
+    f.num_steps = 28  # the step axis [0, 27] maps onto [-1, 1]
+    exact = trend(24.0)
+    err = (f.extrapolate(steps, [trend(s) for s in steps], 24.0) - exact).abs().max()
+    assert 0 < err < 0.05 * exact.abs().max()
+
+
+def test_hyca_serves_reuse_where_extrapolation_amplifies_jitter():
+    # per element: channel 0 jitters around a level (+-eps), channel 1 is a line, channel 2 a parabola
+    eps, steps = 0.01, [0.0, 1.0, 2.0, 3.0, 4.0]
+
+    def value(s):
+        return torch.tensor([[5.0 + eps * (-1) ** int(s), 1.0 + 2.0 * s, 0.5 * s * s]], dtype=torch.float64)
+
+    values = [value(s) for s in steps]
+    target, truth = 5.0, torch.tensor([[5.0 - eps, 11.0, 12.5]], dtype=torch.float64)
+    got = build_forecaster("hyca").extrapolate(steps, values, target)
+    torch.testing.assert_close(got[:, 1:], truth[:, 1:], rtol=1e-9, atol=1e-9)  # line and parabola: exact
+    quadratic = build_forecaster({"name": "spectrum", "ridge": 0.0, "window": 3}).extrapolate(steps[-3:],
+                                                                                               values[-3:], target)
+    assert abs(float(got[0, 0] - truth[0, 0])) <= 2 * eps + 1e-12  # reuse: one jitter swing
+    assert abs(float(quadratic[0, 0] - truth[0, 0])) >= 6 * eps  # a parabola through jitter overshoots
+
+
+def _linear_dynamics(batch=2, dim=40, seed=1):
+    """x_k = a + Q [r^k cos(w k), r^k sin(w k)] per sample: a level plus a damped rotation (3 modes)."""
+    g = torch.Generator().manual_seed(seed)
+    level = torch.randn(batch, dim, generator=g, dtype=torch.float64)
+    q = torch.randn(batch, dim, 2, generator=g, dtype=torch.float64)
+    r = 0.93 - 0.1 * torch.arange(batch, dtype=torch.float64)  # per sample: its own decay and frequency
+    w = 0.35 - 0.1 * torch.arange(batch, dtype=torch.float64)
+
+    def at(k: float) -> torch.Tensor:
+        osc = torch.stack([r ** k * torch.cos(w * k), r ** k * torch.sin(w * k)], dim=1)  # [B, 2]
+        return level + (q @ osc.unsqueeze(2)).squeeze(2)
+
+    return at
+
+
+def test_dmd_is_exact_on_linear_dynamics_at_integer_and_fractional_horizons():
+    at = _linear_dynamics()
+    f = build_forecaster({"name": "dmd", "window": 5})
+    steps = [0.0, 2.0, 4.0, 6.0, 8.0]  # h = 2
+    values = [at(s) for s in steps]
+    for target in (10.0, 11.0, 13.0):
+        torch.testing.assert_close(f.extrapolate(steps, values, target), at(target), rtol=1e-7, atol=1e-7)
+    taylor = build_forecaster({"name": "foca"}).extrapolate(steps, values, 13.0)
+    assert (taylor - at(13.0)).abs().max() > 1e-3  # a polynomial does not follow the rotation
+
+
+def test_dmd_fractional_power_of_a_polynomial_trend_is_exact():
+    # a quadratic is a linear recurrence with a defective (Jordan) operator: the binomial series handles it
+    a = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    half = matrix_power(a, 0.5)
+    torch.testing.assert_close(half @ half, a, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec", ["hyca", "dmd"])
+def test_a_sample_forecast_does_not_depend_on_its_batch(spec):
+    at = _linear_dynamics(batch=3)
+    f = build_forecaster(spec)
+    steps = [0.0, 1.0, 2.0, 3.0, 4.0][-f.depth:]
+    values = [at(s) for s in steps]
+    together = f.extrapolate(steps, values, 6.0)
+    alone = f.extrapolate(steps, [v[1:2] for v in values], 6.0)
+    torch.testing.assert_close(together[1:2], alone, rtol=0, atol=1e-12)
+
+
+def test_unit_history_keeps_copies_of_the_last_depth_values():
+    hist = UnitHistory(0, depth=3)
+    buffer = torch.zeros(2)
+    for s in range(5):
+        buffer.fill_(float(s))  # an order-0 table is written in place; the samples must not follow
+        hist.update([buffer], s)
+    assert [s for s, _ in hist.samples] == [2, 3, 4]
+    assert [float(v[0][0]) for _, v in hist.samples] == [2.0, 3.0, 4.0]
+    hist.update([torch.zeros(3)], 5)  # another shape: a new trajectory
+    assert [s for s, _ in hist.samples] == [5]
+    assert UnitHistory(1).samples == [] and UnitHistory(1).nbytes == 0
+
+
+def _quadratic_toy(b: float = 0.7) -> toy.ToyTransformer:
+    """Every block adds b * t, no attention term: with a constant input every residual, module output and call Delta
+    is b * t (times the block count), so with t = 1 + c s^2 each is a quadratic in the step."""
+    model = toy.ToyTransformer(joint=(0.0, 0.0, 0.0), single=(0.0, 0.0, 0.0))
+    for block in model.blocks():
+        block.ff.b = b
+    return model
+
+
+def _generate(model, timesteps, method=None, **apply):
+    inputs = toy.toy_inputs(0, len(timesteps))
+    handle = dcache.apply(model, method, num_steps=len(timesteps), **apply) if method else None
+    try:
+        with torch.no_grad():
+            return [model(**{**inputs, "timestep": torch.tensor([t], dtype=torch.float64)}).double()
+                    for t in timesteps]
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+QUADRATIC_T = [1.0 + 0.01 * s * s for s in range(14)]
+# steps 0, 1, 2, 3 (4 values: every forecaster has its full window, HyCa all three solvers), then 7 and 11
+KEYFRAMES = (0.0, 1 / 13, 2 / 13, 3 / 13, 7 / 13, 11 / 13)
+
+
+@pytest.mark.parametrize("spec", EXACT_ON_QUADRATICS)
+@pytest.mark.parametrize("setting", [
+    ("keyframe", {"scope": "call", "keyframes": KEYFRAMES, "order": 1}),
+    ("keyframe", {"scope": "blocks", "keyframes": KEYFRAMES, "order": 1}),
+    ("taylorseer", {"granularity": "block", "interval": 3, "warmup_steps": 4, "order": 1}),
+    ("taylorseer", {"granularity": "module", "interval": 3, "warmup_steps": 4, "order": 1}),
+], ids=["keyframe-call", "keyframe-stack", "taylorseer-block", "taylorseer-module"])
+def test_forecasting_schedules_serve_the_forecaster_exactly_on_every_unit_kind(spec, setting):
+    method, overrides = setting
+    model = _quadratic_toy()
+    reference = _generate(model, QUADRATIC_T)
+    cached = _generate(model, QUADRATIC_T, method, forecaster=spec, **overrides)
+    for out, ref in zip(cached, reference):
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    taylor = _generate(model, QUADRATIC_T, method, **overrides)  # order 1 Taylor is not exact here
+    assert max(float((t - r).abs().max()) for t, r in zip(taylor, reference)) > 1e-3
+
+
+@pytest.mark.parametrize("spec", ALL)
+def test_call_scope_serves_x_plus_the_forecast_of_the_computed_deltas(spec):
+    # keyframes 0, 1, 3, 5, 8 of 12 (uneven): every other step is x + f(history of Delta), f applied here by hand
+    model = _quadratic_toy()
+    n, keyframes = 12, (0.0, 1 / 11, 3 / 11, 5 / 11, 8 / 11)
+    u = [s / n for s in range(n)]
+    timesteps = [1.0 - 0.5 * a + 0.3 * a * a - 0.2 * a ** 3 for a in u]  # a falling cubic: no forecaster is exact
+    reference = _generate(model, timesteps)
+    x = toy.toy_inputs(0, n)["hidden_states"].double()
+    cached = _generate(model, timesteps, "keyframe", scope="call", keyframes=keyframes, order=2, forecaster=spec)
+    f = build_forecaster(spec)
+    f.num_steps = n
+    computed = [0, 1, 3, 5, 8]
+    for s in range(n):
+        if s in computed:
+            torch.testing.assert_close(cached[s], reference[s])
+            continue
+        history = [k for k in computed if k < s][-f.depth:]
+        if len(history) < f.min_samples:
+            continue  # the Taylor table serves while the window fills
+        expected = x + f.extrapolate([float(k) for k in history], [reference[k] - x for k in history], float(s))
+        torch.testing.assert_close(cached[s], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_forecaster_knob_names_the_field_and_the_fix():
+    with pytest.raises(ValueError, match=r"KeyframeConfig\.forecaster='spectrm' is not a forecaster\. Did you mean "
+                                         r"'spectrum'"):
+        dcache.config_for("keyframe", forecaster="spectrm")
+    with pytest.raises(ValueError, match=r"no setting\(s\) 'calib'\. Did you mean 'calibration'"):
+        dcache.config_for("taylorseer", forecaster={"name": "foca", "calib": 0.5})
+    with pytest.raises(ValueError, match=r"TaylorSeerConfig\.forecaster\.window=1 must be in \[3, 16\]"):
+        dcache.config_for("taylorseer", forecaster={"name": "dmd", "window": 1})
+    with pytest.raises(ValueError, match="'taylor' takes no settings"):
+        dcache.config_for("keyframe", forecaster={"name": "taylor", "order": 2})
+    config = dcache.config_for("keyframe", forecaster={"name": "spectrum", "degree": 3})
+    assert dcache.config_from_dict(config.to_dict()) == config  # JSON round trip
+
+
+def test_plans_carry_a_forecaster_in_their_extras_and_refuse_bad_ones():
+    from dcache.forecast import forecaster_from_plan
+
+    class FakePlan:
+        extras = {"forecaster": {"name": "hyca", "backtests": 3}}
+
+    forecaster = forecaster_from_plan(FakePlan())
+    assert forecaster.to_extras() == {"name": "hyca", "max_order": 2, "backtests": 3}
+    assert forecaster.depth == 2 + 1 + 3
+    FakePlan.extras = {"forecaster": {"name": "hyca", "backtests": 0}}
+    with pytest.raises(PlanError, match=r"extras\.forecaster'\.backtests=0 must be in \[1, 8\]"):
+        forecaster_from_plan(FakePlan())
+
+
+def test_every_registered_forecaster_is_documented_with_its_paper_and_use():
+    import inspect
+
+    for name, cls in FORECASTERS.items():
+        doc = inspect.getmodule(cls).__doc__
+        assert "arxiv.org" in doc or "Schmid" in doc, name
+        assert "When it helps" in doc and "Memory" in doc, name
