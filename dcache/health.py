@@ -12,6 +12,8 @@ After every generation the engine hands its record here (`HealthMonitor.end_gene
     missing_branches   CFG branches earlier generations of this handle had and this one did not (a pipeline that
                        stopped setting cache_context names, or guidance switched off): decisions may differ
     non_finite_units   cached tensors that hold NaN or infinity at the generation's end ("branch/unit")
+    notes              what a method said about itself in the generation, by kind (e.g. "cfg_difference_fallback":
+                       the CFG difference measured worse than the branches' own caches and was not served)
 
 Warnings (`DCacheHealthWarning`, a UserWarning) are said once per handle and kind, with the knob to change. The
 checks read the record the engine keeps anyway; only `non_finite_units` reads tensors: one reduction per cached
@@ -63,6 +65,7 @@ class Health:
     reused_after_warmup: float = 0.0
     missing_branches: list[str] = field(default_factory=list)
     non_finite_units: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what a method said about itself (HealthMonitor.note), by kind
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,9 +103,11 @@ class HealthMonitor:
         self._seen_branches: set[str] = set()
         self._warned: set[str] = set()
         self._calibrating = False  # the running generation measures a calibration (computes every step on purpose)
+        self._notes: list[str] = []  # kinds noted during the running generation (note)
 
     def start_generation(self, calibrating: bool) -> None:
         self._calibrating = bool(calibrating)
+        self._notes = []
 
     def end_generation(self, record: Any, branches: dict) -> Health:
         calls = record.calls
@@ -122,7 +127,7 @@ class HealthMonitor:
                         calibrating=self._calibrating,
                         reused_after_warmup=whole / len(after) if after else 0.0,
                         missing_branches=sorted(self._seen_branches - names),
-                        non_finite_units=_finite_check(branches))
+                        non_finite_units=_finite_check(branches), notes=list(self._notes))
         self._seen_branches |= names
         self.last = health
         if self.warn and not getattr(_QUIET, "depth", 0):
@@ -150,6 +155,14 @@ class HealthMonitor:
             self._once("non_finite", f"{name}: cached tensors hold NaN or infinity at the end of the generation "
                        f"({shown}); the outputs served from them are not finite. Check the model in this dtype "
                        f"without dcache, or use a wider cache_dtype (None keeps the compute dtype).")
+
+    def note(self, kind: str, message: str) -> None:
+        """A method's own fact about the running generation (e.g. cfg_difference fell back): kept in the
+        generation's Health.notes and warned once per handle and kind, like the checks above."""
+        if kind not in self._notes:
+            self._notes.append(kind)
+        if self.warn and not getattr(_QUIET, "depth", 0):
+            self._once(kind, message)
 
     def _once(self, kind: str, message: str) -> None:
         if kind not in self._warned:

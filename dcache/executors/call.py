@@ -117,8 +117,8 @@ class CallExecutor(UnitExecutor):
         layout, v = output_layout(out, x, type(engine.transformer).__name__)
         bstate.call_layout = layout
         call.stack_input, call.stack_output = x, v
+        if self.cfg is not None:  # before the branch's cache learns this step: it scores the cache's forecast of it
+            self.cfg.note(call, (v - x).detach(), computed=True)
         if engine.schedule.may_reuse(call.branch, 0):
             store_residuals(engine.ops, call, CALL_UNIT, engine.order, [v], [x])
-        if self.cfg is not None and self.cfg.couples(call.branch):
-            self.cfg.note(call, (v - x).detach(), computed=True)
         return out

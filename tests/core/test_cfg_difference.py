@@ -16,6 +16,7 @@ from torch import nn
 import dcache
 from dcache import Plan
 from dcache.adapters import HIDDEN, Adapter, BlockList, register_adapter
+from dcache.health import DCacheHealthWarning
 
 N = 8
 
@@ -118,3 +119,39 @@ def test_the_cond_branch_is_served_the_same_with_and_without_the_coupling():
 def test_block_scope_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="needs scope='call'"):
         dcache.apply(CfgToy(), "keyframe", keyframes=(0.0, 1.0), order=1, num_steps=N, cfg_difference=True)
+
+
+class CurvedDifferenceBlock(nn.Module):
+    """Delta_u = t (a first-order forecast of the uncond branch is exact), Delta_c = t + e * 8 (t - 1/2)^2: the CFG
+    difference bends, so its first-order forecast is not exact while the uncond branch's own one is."""
+
+    def forward(self, hidden_states, encoder_hidden_states, temb):
+        e = encoder_hidden_states.mean(dim=(1, 2))[:, None, None]
+        t = temb[:, None, None]
+        return hidden_states + t + e * 8 * (t - 0.5) ** 2
+
+
+def test_a_difference_measured_worse_than_the_own_caches_is_not_served_and_is_said():
+    model = CfgToy()
+    model.blocks = nn.ModuleList([CurvedDifferenceBlock()])
+    with dcache.apply(model, "keyframe", **keyframes()):
+        separate = run(model)
+    with pytest.warns(DCacheHealthWarning, match="cfg_difference measured worse"):
+        with dcache.apply(model, "keyframe", **keyframes(cfg_difference=True)) as handle:
+            coupled = run(model)
+    assert "cfg_difference_fallback" in handle.stats().health["notes"]
+    for (a, b), (c, d) in zip(separate, coupled):  # served from the own caches: the same run, bit for bit
+        assert torch.equal(a, c) and torch.equal(b, d)
+    vc, vu = coupled[7]  # step 7: cond computes, uncond is its own first-order forecast, exact: v_u - v_c = -D
+    t = 1.0 - 7 / N
+    torch.testing.assert_close(vu - vc, torch.full_like(vu, -8 * (t - 0.5) ** 2), rtol=0, atol=1e-5)
+
+
+def test_the_difference_on_a_pipeline_without_split_branches_says_it_does_nothing():
+    model = CfgToy()
+    x, cond = torch.randn(2, 4, 3), torch.ones(2, 2, 3)
+    with pytest.warns(DCacheHealthWarning, match="cfg_difference=True has no effect"):
+        with dcache.apply(model, "keyframe", **keyframes(cfg_difference=True)) as handle:
+            for i in range(N):  # batched CFG: one call, no cache_context names
+                model(hidden_states=x, encoder_hidden_states=cond, timestep=torch.tensor([1.0 - i / N]))
+    assert "cfg_difference_no_branches" in handle.stats().health["notes"]
