@@ -142,9 +142,10 @@ class Model:
     flops: float = 0.0  # block FLOPs of the uncached held-out generations
 
 
-def generate(pipe, labels: list[int], seed: int, steps: int | None) -> torch.Tensor:
+def generate(pipe, labels: list[int], seed: int, steps: int | None, **call: Any) -> torch.Tensor:
+    """The samples of one pipeline call; `call`: more pipeline arguments (e.g. guidance_scale)."""
     kwargs = {} if steps is None else {"num_inference_steps": steps}
-    out = pipe(labels=labels, generator=torch.Generator().manual_seed(seed), output_type="pt", **kwargs)
+    out = pipe(labels=labels, generator=torch.Generator().manual_seed(seed), output_type="pt", **kwargs, **call)
     return samples(out).float()
 
 
@@ -162,15 +163,15 @@ def load_model(name: str, seeds: int, per_class: int) -> Model:
                  [1000 + s for s in range(seeds)])
 
 
-def uncached(model: Model, meter: _peers.BlockMeter, steps: int | None) -> None:
+def uncached(model: Model, meter: _peers.BlockMeter, steps: int | None, **call: Any) -> None:
     meter.reset()
     with meter.count():
         for seed in model.seeds:
-            model.reference[seed] = generate(model.pipe, model.labels, seed, steps)
+            model.reference[seed] = generate(model.pipe, model.labels, seed, steps, **call)
     model.flops = meter.flops
 
 
-def measure(model: Model, contender: Contender, meter: _peers.BlockMeter, steps: int | None) -> dict:
+def measure(model: Model, contender: Contender, meter: _peers.BlockMeter, steps: int | None, **call: Any) -> dict:
     row: dict[str, Any] = {"model": model.name, "library": contender.library, "contender": contender.name,
                            "tuned_on": contender.tuned_on}
     start = time.perf_counter()
@@ -180,12 +181,12 @@ def measure(model: Model, contender: Contender, meter: _peers.BlockMeter, steps:
         row["error"] = f"{type(exc).__name__}: {exc}"
         return row
     try:
-        generate(model.pipe, model.labels, 0, steps)  # the tuning generation (self-calibration), not measured
+        generate(model.pipe, model.labels, 0, steps, **call)  # the tuning generation (self-calibration), unmeasured
         meter.reset()
         psnrs, correct, outputs = [], 0, {}
         with meter.count():
             for seed in model.seeds:
-                outputs[seed] = generate(model.pipe, model.labels, seed, steps)
+                outputs[seed] = generate(model.pipe, model.labels, seed, steps, **call)
         for seed, out in outputs.items():
             psnrs += psnr_per_image(as_images(out), as_images(model.reference[seed])).tolist()
             correct += int((model.judge.predict(out) == torch.tensor(model.labels)).sum())
@@ -199,7 +200,7 @@ def measure(model: Model, contender: Contender, meter: _peers.BlockMeter, steps:
         traceback.print_exc()
     finally:
         remove()
-    again = generate(model.pipe, model.labels, model.seeds[0], steps)
+    again = generate(model.pipe, model.labels, model.seeds[0], steps, **call)
     row["restored_bit_identical"] = bool(torch.equal(again, model.reference[model.seeds[0]]))
     row["seconds"] = round(time.perf_counter() - start, 1)
     return row

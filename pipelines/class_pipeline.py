@@ -70,6 +70,11 @@ class ClassConditionalPipeline(DiffusionPipeline):
         """Number of denoising steps of the last (or current) call."""
         return self._num_timesteps
 
+    @property
+    def guidance_scale(self) -> float:
+        """The CFG scale of the last (or current) call, as diffusers pipelines expose it (caches read it)."""
+        return self._guidance_scale
+
     def parse_prompt(self, prompt, position: int | None = None) -> int:
         """A prompt -> its class label (`parse_class_prompt` over `class_names`)."""
         return parse_class_prompt(prompt, self.class_names, self.prompt_noun, position)
@@ -233,6 +238,7 @@ class ClassConditionalPipeline(DiffusionPipeline):
         timesteps = self.scheduler.timesteps  # [N] = 1000 * shifted sigma
         sigmas = self.scheduler.sigmas.tolist()  # [N + 1] on the host, once, for the cache context
         self._num_timesteps = len(timesteps)
+        self._guidance_scale = float(guidance_scale)
 
         with self.progress_bar(total=num_inference_steps) as progress_bar:
             for i, t in enumerate(timesteps):

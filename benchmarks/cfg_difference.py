@@ -1,0 +1,125 @@
+"""Does `cfg_difference=True` ever make a generation worse than the same setting without it?
+
+    python benchmarks/cfg_difference.py --out benchmarks/results/cfg_difference     # ~10 min on 2 shared cores
+    python benchmarks/cfg_difference.py --quick                                     # 1 model, 1 guidance (smoke)
+
+For each bundled model with split CFG (tiny-digits, tiny-motion) and guidance 2, 4 and 5, the keyframe presets
+(keyframe-5x, keyframe-8x; chosen on tiny-digits' tuning batch at CFG 1.5, so tiny-motion has never been seen and
+tiny-digits is judged on held-out seeds at guidance it was not tuned at) run in call scope with and without the CFG
+difference, on the held-out seeds of benchmarks/transfer.py's protocol (one unmeasured generation first; PSNR of
+every sample against the uncached sample of the same seed and guidance; compute ratio from the block meter). One
+row runs tiny-shapes (batched CFG: one call for both branches) with the option on, to show it is said to do
+nothing there. The `notes` column is what the handle's health said (cfg_difference_fallback: the difference was
+measured worse than the branches' own caches and not served). Writes <out>/cfg_difference.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+SCRATCH = Path(__file__).resolve().parent / "out"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=2, help="held-out seeds per model")
+    ap.add_argument("--guidance", default="2,4,5", help="comma-separated guidance scales")
+    ap.add_argument("--quick", action="store_true", help="tiny-digits, guidance 2, 1 seed, 8 steps: the code path")
+    ap.add_argument("--out", type=Path, default=SCRATCH, help="folder for cfg_difference.json / .md")
+    return ap
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and bad arguments answer here, before torch loads
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _peers  # noqa: E402
+import transfer  # noqa: E402  (the held-out protocol: load_model, uncached, measure)
+
+import dcache  # noqa: E402
+from dcache.eval.runner import _git_commit  # noqa: E402
+from dcache.io import atomic_write_text  # noqa: E402
+
+PRESETS = ("keyframe-5x", "keyframe-8x")
+
+
+def contender(preset: str, cfg_difference: bool, notes: list) -> transfer.Contender:
+    def enable(pipe):
+        handle = dcache.apply(pipe, preset, scope="call", cfg_difference=cfg_difference)
+
+        def remove():
+            notes[:] = handle.stats().health.get("notes", [])
+            handle.remove()
+        return remove
+
+    name = f"{preset}{' + cfg_difference' if cfg_difference else ''}, call scope"
+    return transfer.Contender("dcache", name, "tiny-digits tuning batch, CFG 1.5", enable)
+
+
+def run(model_name: str, guidance: float, seeds: int, steps: int | None, with_plain: bool = True) -> list:
+    model = transfer.load_model(model_name, seeds, per_class=2)
+    meter = _peers.BlockMeter(model.pipe.transformer)
+    transfer.uncached(model, meter, steps, guidance_scale=guidance)
+    rows = []
+    for preset in PRESETS:
+        for cfg in ((False, True) if with_plain else (True,)):
+            notes: list = []
+            row = transfer.measure(model, contender(preset, cfg, notes), meter, steps, guidance_scale=guidance)
+            row.update(guidance=guidance, preset=preset, cfg_difference=cfg, notes=list(notes))
+            rows.append(row)
+            print(f"{model_name} g={guidance} {row['contender']}: ratio {row.get('compute_ratio', 0):.3f} "
+                  f"PSNR {row.get('psnr', float('nan')):.2f} {notes}", flush=True)
+    meter.remove()
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | guidance | preset (call scope) | compute ratio | PSNR without | PSNR with cfg_difference "
+             "| with - without | health notes |", "|---|---:|---|---:|---:|---:|---:|---|"]
+    pairs: dict[tuple, dict] = {}
+    for r in rows:
+        pairs.setdefault((r["model"], r["guidance"], r["preset"]), {})[r["cfg_difference"]] = r
+    for (model, g, preset), pair in pairs.items():
+        on, off = pair.get(True, {}), pair.get(False)
+        if "error" in on:
+            lines.append(f"| tiny-{model} | {g:g} | {preset} | – | – | did not run: {on['error'][:120]} | – | – |")
+            continue
+        base = f"{off['psnr']:.2f}" if off else "–"
+        gain = f"{on['psnr'] - off['psnr']:+.2f}" if off else "–"
+        lines.append(f"| tiny-{model} | {g:g} | {preset} | {on['compute_ratio']:.3f} | {base} | {on['psnr']:.2f} "
+                     f"| {gain} | {', '.join(on['notes']) or '–'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(1)
+    guidances = [float(g) for g in args.guidance.split(",")]
+    rows: list[dict] = []
+    if args.quick:
+        rows += run("digits", guidances[0], 1, 8)
+    else:
+        for name in ("digits", "motion"):
+            for g in guidances:
+                rows += run(name, g, args.seeds, None)
+        rows += run("shapes", 4.0, 1, None, with_plain=False)
+    command = "python benchmarks/cfg_difference.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    result = {"command": command.strip(), "git_commit": _git_commit(Path(__file__).resolve().parents[1]),
+              "seeds": args.seeds, "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out / "cfg_difference.json", json.dumps(result, indent=1) + "\n")
+    atomic_write_text(args.out / "cfg_difference.md", f"`{result['command']}` (commit {result['git_commit']})\n\n"
+                      f"{table(rows)}\n")
+    print(table(rows))
+    return result
+
+
+if __name__ == "__main__":
+    main()
