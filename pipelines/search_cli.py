@@ -7,9 +7,14 @@
     dcache search --method disca --base-plans search-lemica/plans/lemica-B14.plan.json --out search-disca
     dcache generate --cache search-disca/plans/disca-lemica-B14.plan.json
     dcache search --method lemica --forecast-order 2 --guidance 1.5,3 --scope auto --out search-g   # hold up at both
+    dcache search --method keyframe --budget 0.2,0.14 --scope auto --out search-kf   # where to compute, 5x and 7x
+    dcache generate --cache search-kf/setups/keyframe-k6.setup.json --steps 50      # any step count
 
 DisCa trains a forecaster for the skipped cells of base plans (default: the DP plans at --budget) on --train-seeds
 calibration runs and writes each base plan with FORECAST cells served by it (the predictor rides in the plan file).
+Keyframe places --budget computed calls per branch in normalised time and forecasts the rest (uniform starts, then
+one keyframe moved at a time while the quality rises; resumable from <out>/keyframe-scores.json) and writes, per
+budget, a plan and a setup file (<out>/setups/*.setup.json) that apply at any step count.
 
 Writes `<out>/plans/*.plan.json`, `<out>/front.json` (measured quality and compute ratio of every plan),
 `<out>/front.png` and `<out>/summary.md`. Quality objective: PSNR of the cached images against the uncached ones
@@ -36,7 +41,7 @@ from .progress import Progress
 if TYPE_CHECKING:
     import torch
 
-METHODS = ("ecad", "lemica", "dp", "harmonica", "l2c", "disca")
+METHODS = ("ecad", "lemica", "dp", "harmonica", "l2c", "disca", "keyframe")
 SCOPE_CHOICES = ("blocks", "call", "auto")  # --scope: as searched, call scope, the better of the two per plan
 DEFAULT_CALIB_LABELS = "0,1,2,3,4,5,6,7,8,9"
 
@@ -253,7 +258,9 @@ def search_command(
                                              "on the calibration set, the better kept)"),
     pop_size: int = typer.Option(16, help="ECAD population size"),
     generations: int = typer.Option(8, help="ECAD generations"),
-    resume: bool = typer.Option(False, help="ECAD / routers / DisCa: continue from the checkpoint in <out>"),
+    resume: bool = typer.Option(False, help="ECAD / routers / DisCa: continue from the checkpoint in <out> "
+                                            "(LeMiCa and keyframe always reuse what <out> holds for the same "
+                                            "calibration)"),
     max_span: int = typer.Option(8, help="LeMiCa: longest cached segment + 1"),
     forecast_order: int = typer.Option(0, help="LeMiCa / ECAD: 0 reuses the skipped cells; k >= 1 forecasts them "
                                                "with Taylor of order k (edges / candidates measured that way too; "
@@ -312,6 +319,8 @@ def search_command(
     for p in front.get("points", []):
         typer.echo(f"  {p['plan']}  compute ratio {p['compute_ratio']:.3f}  quality {p['quality']:.3f}")
     typer.echo(f"use one with: dcache generate --cache {Path(out) / 'plans' / '<plan>.plan.json'} --steps {steps}")
+    if method == "keyframe":
+        typer.echo(f"or, at any step count: dcache generate --cache {Path(out) / 'setups' / '<plan>.setup.json'}")
 
 
 def check_search_arguments(method: str, *, model: str | None, steps: int, budget: str, threads: int | None,
@@ -336,6 +345,8 @@ def check_search_arguments(method: str, *, model: str | None, steps: int, budget
                               forecast_order=forecast_order)
         if method == "lemica":
             search.LeMiCaConfig(budgets=counts, max_span=max_span, forecast_order=forecast_order)
+        if method == "keyframe":
+            search.KeyframeSearchConfig(budgets=counts)
         if method == "disca" and train_seeds < 1:
             raise ValueError(f"--train-seeds {train_seeds} must be >= 1.")
         for name in [p.strip() for p in base_plans.split(",") if p.strip()] if method == "disca" else []:
@@ -420,8 +431,8 @@ def _search_front(method: str, pipe: Any, is_tiny: bool, calib, search, *, budge
                         resume=resume, max_span=max_span, iterations=iterations, progress=progress,
                         seed_methods=seed_methods, on_generation=on_generation, base_plans=base_plans,
                         train_seeds=train_seeds, online_iterations=online_iterations,
-                        forecast_order=forecast_order, granularity=granularity)
-    if scope == "blocks":
+                        forecast_order=forecast_order, granularity=granularity, scope=scope)
+    if scope == "blocks" or method == "keyframe":  # the keyframe search chooses its scope itself
         return front
     from dcache.schedules.tuning.search.scope_choice import SCOPES
 
@@ -432,7 +443,7 @@ def _run_method(method: str, pipe: Any, is_tiny: bool, calib, template, *, budge
                 prompts: list[str], seed: int, scales: list[float], pop_size: int, generations: int, resume: bool,
                 max_span: int, iterations: int | None, progress: bool, seed_methods: tuple[str, ...],
                 on_generation, base_plans: str, train_seeds: int, online_iterations: int | None,
-                forecast_order: int, granularity: str) -> dict:
+                forecast_order: int, granularity: str, scope: str = "blocks") -> dict:
     """One search method on the calibration set; writes and returns its front."""
     from dcache.schedules.tuning import search
 
@@ -449,6 +460,9 @@ def _run_method(method: str, pipe: Any, is_tiny: bool, calib, template, *, budge
     if method == "lemica":
         cfg = search.LeMiCaConfig(budgets=counts, max_span=max_span, forecast_order=forecast_order)
         return search.lemica_search(calib, out, cfg, template=template, progress=progress)
+    if method == "keyframe":
+        cfg = search.KeyframeSearchConfig(budgets=counts, scope=scope)
+        return search.keyframe_search(calib, out, cfg, template=template, progress=progress)
     if method == "dp":
         return search.dp_search(calib, out, search.DPConfig(budgets=counts), template=template, progress=progress)
     if method == "disca":

@@ -1,0 +1,208 @@
+"""Keyframe search: where to compute, for a given number of computed steps, on the user's own calibration set.
+
+The `keyframe` method computes at a few fixed places in normalised time t in [0, 1] and forecasts every other step
+from them with a Taylor series (schedules/keyframe.py). Which places work best depends on the model and the prompts:
+uniform spacing is a good start, the best placement is often denser early. For each budget of k computed calls per
+branch this search
+
+  1. scores uniform placements of k keyframes ending at 80, 90 and 100 % of the generation (order 2),
+  2. moves one keyframe at a time by -2..+2 steps while the calibration quality rises by more than `min_gain`
+     (coordinate ascent, at most `rounds` passes),
+  3. tries the placement with order 1 and keeps the better order,
+
+scoring each setting by one calibration generation (the calibration's quality_fn, e.g. PSNR to the uncached images;
+the worst guidance scale with several). Every score is saved to <out>/keyframe-scores.json as it is measured, so a
+rerun with the same calibration resumes where it stopped. The result per budget is a plan (recorded from the best
+setting; its FORECAST rows replay in normalised time at any step count) and a setup file (method "keyframe" with
+its knobs and scope: the same placement, applied natively at any step count).
+
+Scope: the keyframe schedule decides from the step alone, so it runs in call scope (the whole transformer call
+served; fastest at batch 1) or in block scope. "auto" searches in call scope and keeps, per budget, the scope that
+scores better on the calibration set.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import dcache
+from dcache.checks import is_number, same
+from dcache.health import quiet
+from dcache.io import read_json
+from dcache.setup_file import Setup
+from dcache.state_file import StateFileError
+
+from .core import Calibration, FrontPoint, Template, is_main_process, make_template, measure, write_front, write_json
+
+SCORES_FILE = "keyframe-scores.json"
+MAX_SCORES_BYTES = 16 << 20  # one "order|steps" key per scored setting: a search scores a few hundred
+SCOPES = ("blocks", "call", "auto")
+
+
+@dataclass(frozen=True)
+class KeyframeSearchConfig:
+    budgets: tuple[int, ...] = (6, 4)  # computed calls per branch (keyframes), one searched placement each
+    scope: str = "call"  # "blocks" | "call" | "auto" (searched in call scope, the better scope kept per budget)
+    rounds: int = 6  # coordinate-ascent passes over the keyframes
+    min_gain: float = 0.03  # quality gain (dB for PSNR) a move must bring to be taken
+
+    def __post_init__(self) -> None:
+        if not self.budgets or any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in self.budgets):
+            raise ValueError(f"budgets={self.budgets!r}: give computed calls per branch as ints >= 2, e.g. (6, 4) "
+                             f"(--budget 6,4, or compute ratios such as 0.25,0.15).")
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope={self.scope!r} must be one of {', '.join(SCOPES)}.")
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 0:
+            raise ValueError(f"rounds={self.rounds!r} must be an int >= 0 (0 keeps the best uniform placement).")
+        if not is_number(self.min_gain, 0.0):
+            raise ValueError(f"min_gain={self.min_gain!r} must be a finite number >= 0.")
+
+
+def fractions(steps: list[int], num_steps: int) -> tuple[float, ...]:
+    """Step indices -> keyframes in normalised time (step / (N - 1)), as the keyframe method takes them."""
+    return tuple(round(s / (num_steps - 1), 4) for s in steps)
+
+
+def uniform(k: int, last: int) -> list[int]:
+    """k step indices spread evenly over 0..last (fewer when steps coincide)."""
+    return sorted({round(i * last / (k - 1)) for i in range(k)}) if k > 1 else [0]
+
+
+class ScoreBook:
+    """The quality of every setting scored so far, saved after each one (resumable), keyed "order|scope|i,j,..."."""
+
+    def __init__(self, path: Path | None, settings: dict[str, Any]):
+        self.path, self.settings = path, settings
+        self.scores: dict[str, float] = self._load() if path is not None and path.is_file() else {}
+
+    def _load(self) -> dict[str, float]:
+        fix = "delete it (the rerun scores the settings again) or pass a new --out"
+        data = read_json(self.path, MAX_SCORES_BYTES, "keyframe score file", fix, StateFileError)
+        if not isinstance(data, dict) or not isinstance(data.get("scores"), dict):
+            raise StateFileError(f"the keyframe score file {str(self.path)!r} holds no table of scores; {fix}.")
+        if not same(data.get("settings"), self.settings):
+            return {}  # scores of another calibration set or step count: not evidence here; overwritten
+        scores = data["scores"]
+        if not all(isinstance(k, str) and _parse_key(k) is not None and is_number(v) for k, v in scores.items()):
+            raise StateFileError(f"the keyframe score file {str(self.path)!r} holds entries that are not "
+                                 f"\"order|scope|steps\": finite quality; {fix}.")
+        return {k: float(v) for k, v in scores.items()}
+
+    def get(self, key: str, measure_fn: Callable[[], float]) -> float:
+        if key not in self.scores:
+            self.scores[key] = measure_fn()
+            if self.path is not None and is_main_process():
+                write_json(self.path, {"format": "dcache.keyframe-scores", "version": 1, "settings": self.settings,
+                                       "scores": self.scores})
+        return self.scores[key]
+
+
+def _key(order: int, scope: str, steps: list[int]) -> str:
+    return f"{order}|{scope}|{','.join(map(str, steps))}"
+
+
+def _parse_key(key: str) -> tuple | None:
+    parts = key.split("|")
+    if len(parts) != 3 or parts[0] not in ("1", "2") or parts[1] not in ("blocks", "call"):
+        return None
+    steps = parts[2].split(",")
+    return tuple(parts) if all(s.isdecimal() and len(s) < 6 for s in steps) else None
+
+
+def keyframe_search(calib: Calibration, out_dir: str | os.PathLike,
+                    config: KeyframeSearchConfig = KeyframeSearchConfig(), *, template: Template | None = None,
+                    progress: bool = True) -> dict:
+    """Search a keyframe placement per budget on the calibration set; write plans, setups and the front."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    template = template or make_template(calib)
+    n = template.num_steps
+    too_many = [b for b in config.budgets if b > n]
+    if too_many:
+        raise ValueError(f"budgets {too_many} ask for more keyframes than the {n} steps of the calibration run; "
+                         f"give at most {n} per branch, or search with more --steps.")
+    reference = calib.reference()
+    book = ScoreBook(out / SCORES_FILE, {**calib.settings, "num_steps": n})
+
+    def score(order: int, scope: str, steps: list[int]) -> float:
+        def run() -> float:
+            knobs = dict(keyframes=fractions(steps, n), order=order)
+            handle = dcache.apply(calib.pipe, "keyframe", scope=scope, count_flops=False, **knobs)
+            try:
+                with quiet(), torch.no_grad():
+                    value = float(calib.quality_fn(calib.generate().detach().float().cpu(), reference))
+            finally:
+                handle.remove()
+            return value if math.isfinite(value) else (1e9 if value > 0 else -1e9)
+        return book.get(_key(order, scope, steps), run)
+
+    search_scope = "blocks" if config.scope == "blocks" else "call"
+    points, found = [], []
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(config.budgets), desc="keyframe budgets", leave=False,
+              disable=not (progress and is_main_process())) as bar:
+        for k in config.budgets:
+            quality, steps = _best_placement(lambda s: score(2, search_scope, s), k, n, config)
+            order = 1 if score(1, search_scope, steps) > quality else 2
+            scope = search_scope
+            if config.scope == "auto" and score(order, "blocks", steps) > score(order, "call", steps):
+                scope = "blocks"
+            setting = {"keyframes": fractions(steps, n), "order": order}
+            found.append({"budget": k, "steps": steps, "scope": scope, **setting,
+                          "quality": score(order, scope, steps)})
+            plan = _record_plan(calib, setting, scope, k)
+            points.append(FrontPoint(f"keyframe-k{k}", plan, measure(calib, template, plan)))
+            Setup(method="keyframe", knobs={"keyframes": list(setting["keyframes"]), "order": order},
+                  scope=scope).save(out / "setups" / f"keyframe-k{k}.setup.json")
+            bar.update(1)
+    return write_front(out, "keyframe", points, config={**asdict(config), "budgets": list(config.budgets),
+                                                         "found": found})
+
+
+def _best_placement(score: Callable[[list[int]], float], k: int, n: int,
+                    config: KeyframeSearchConfig) -> tuple[float, list[int]]:
+    """(quality, step indices) of the best placement of k keyframes found by uniform starts + coordinate ascent."""
+    best: tuple[float, list[int]] | None = None
+    for end in (0.8, 0.9, 1.0):
+        steps = uniform(k, max(round(end * (n - 1)), k - 1))
+        q = score(steps)
+        if best is None or q > best[0]:
+            best = (q, steps)
+    quality, steps = best
+    for _ in range(config.rounds):
+        improved = False
+        for i in range(1, len(steps)):  # the first keyframe stays at step 0: nothing is cached before it
+            for move in (-2, -1, 1, 2):
+                moved = list(steps)
+                moved[i] += move
+                after = moved[i + 1] if i + 1 < len(moved) else n
+                if not moved[i - 1] < moved[i] < after:
+                    continue
+                q = score(moved)
+                if q > quality + config.min_gain:
+                    quality, steps, improved = q, moved, True
+        if not improved:
+            break
+    return quality, steps
+
+
+def _record_plan(calib: Calibration, setting: dict, scope: str, k: int):
+    """The plan of one keyframe setting, recorded on the calibration set (count_flops: the front's compute ratio)."""
+    handle = dcache.apply(calib.pipe, "keyframe", scope=scope, **setting)
+    try:
+        with quiet(), torch.no_grad():
+            calib.generate()
+        plan = handle.plan()
+    finally:
+        handle.remove()
+    plan.provenance.update(method="keyframe", config={**setting, "keyframes": list(setting["keyframes"]),
+                                                      "scope": scope, "budget": k},
+                           calibration=dict(calib.settings))
+    return plan

@@ -1,0 +1,110 @@
+"""`dcache search --method keyframe`: a placement per budget that scores at least the uniform one on the
+calibration set, a plan and a setup file that replay it (the setup at any step count), every score saved as measured
+(a rerun resumes), and teaching errors for budgets and damaged score files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from search_testkit import make_calibration
+from typer.testing import CliRunner
+
+import dcache
+from dcache.pipelines.cli import app
+from dcache.schedules.tuning.search import KeyframeSearchConfig, keyframe_search
+from dcache.schedules.tuning.search.core import make_template
+from dcache.schedules.tuning.search.keyframe_search import SCORES_FILE, uniform
+from dcache.state_file import StateFileError
+
+STEPS = 8
+
+
+class Counted:
+    """A calibration generate() that counts its calls."""
+
+    def __init__(self, generate):
+        self.generate, self.calls = generate, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.generate()
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, tiny_pipe):
+    out = tmp_path_factory.mktemp("kf")
+    calib = make_calibration(tiny_pipe, steps=STEPS)
+    calib.generate = Counted(calib.generate)
+    front = keyframe_search(calib, out, KeyframeSearchConfig(budgets=(4, 3), scope="auto", rounds=2),
+                            progress=False)
+    return calib, out, front
+
+
+def test_the_front_has_a_plan_and_a_setup_per_budget_that_replay_the_measured_quality(searched, tiny_pipe):
+    calib, out, front = searched
+    assert [p["name"] for p in sorted(front["points"], key=lambda p: p["name"])] == ["keyframe-k3", "keyframe-k4"]
+    reference = calib.reference()
+    for point in front["points"]:
+        k = int(point["name"].removeprefix("keyframe-k"))
+        assert point["compute_ratio"] <= (k + 0.5) / STEPS  # k computed calls per branch of STEPS
+        for spec in (out / point["plan"], out / "setups" / f"{point['name']}.setup.json"):
+            with dcache.apply(tiny_pipe, str(spec)):
+                images = calib.generate().float().cpu()
+            assert calib.quality_fn(images, reference) == pytest.approx(point["quality"], abs=1e-6), spec
+
+
+def test_the_placement_scores_at_least_the_uniform_one(searched):
+    calib, out, front = searched
+    scores = json.loads((out / SCORES_FILE).read_text())["scores"]
+    for found in front["config"]["found"]:
+        k = found["budget"]
+        starts = [scores[key] for key in scores if key.startswith("2|call|")
+                  and key.endswith(",".join(map(str, uniform(k, STEPS - 1))))]
+        assert starts and found["quality"] >= max(starts) - 1e-9
+
+
+def test_a_rerun_resumes_from_the_saved_scores(searched, tiny_pipe):
+    calib, out, _ = searched
+    first = calib.generate.calls
+    scored = len(json.loads((out / SCORES_FILE).read_text())["scores"])
+    again = make_calibration(tiny_pipe, steps=STEPS)
+    again.generate = Counted(again.generate)
+    keyframe_search(again, out, KeyframeSearchConfig(budgets=(4, 3), scope="auto", rounds=2), progress=False)
+    assert scored >= 10 and again.generate.calls <= first - scored  # no setting scored twice
+
+
+def test_the_setup_places_the_keyframes_in_normalised_time_at_another_step_count(searched, tiny_pipe):
+    _, out, front = searched
+    found = next(f for f in front["config"]["found"] if f["budget"] == 4)
+    with dcache.apply(tiny_pipe, str(out / "setups" / "keyframe-k4.setup.json")) as handle:
+        tiny_pipe(labels=[1], num_inference_steps=16, output_type="pt")
+    assert handle.setup().knobs["keyframes"] == list(found["keyframes"])
+    assert handle.stats().compute_ratio == pytest.approx(4 / 16, abs=0.03)  # 4 keyframes of 16 steps
+
+
+def test_budgets_and_damaged_score_files_are_refused_with_the_fix(tmp_path, tiny_pipe):
+    with pytest.raises(ValueError, match="ints >= 2"):
+        KeyframeSearchConfig(budgets=(1,))
+    with pytest.raises(ValueError, match="scope"):
+        KeyframeSearchConfig(scope="everywhere")
+    calib = make_calibration(tiny_pipe, steps=4)
+    with pytest.raises(ValueError, match="more keyframes than the 4 steps"):
+        keyframe_search(calib, tmp_path, KeyframeSearchConfig(budgets=(6,)), template=make_template(calib),
+                        progress=False)
+    damaged = tmp_path / "d"
+    damaged.mkdir()
+    (damaged / SCORES_FILE).write_text(json.dumps({"scores": "lots"}))
+    with pytest.raises(StateFileError, match="delete it"):
+        keyframe_search(calib, damaged, KeyframeSearchConfig(budgets=(2,)), progress=False)
+
+
+def test_dcache_search_keyframe_writes_plans_and_setups(tmp_path):
+    out = tmp_path / "s"
+    result = CliRunner().invoke(app, ["search", "--method", "keyframe", "--steps", "6", "--budget", "3",
+                                      "--prompts", "1", "--scope", "call", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "plans" / "keyframe-k3.plan.json").is_file() and (out / "front.png").is_file()
+    setup = json.loads((out / "setups" / "keyframe-k3.setup.json").read_text())
+    assert setup["method"] == "keyframe" and setup["scope"] == "call" and len(setup["knobs"]["keyframes"]) == 3
+    assert "setup.json" in result.output
