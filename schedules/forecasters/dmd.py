@@ -38,7 +38,7 @@ class DMDForecaster(HistoryForecaster):
     name = "dmd"
     min_samples = 3
     knobs: ClassVar[dict[str, Knob]] = {
-        "window": Knob(5, 3, 16, "K: computed values per unit (K - 1 snapshot pairs)"),
+        "window": Knob(4, 3, 16, "K: computed values per unit (K - 1 snapshot pairs)"),
         "rank": Knob(0, 0, 16, "r: most modes kept (0 = every mode above rtol)"),
         "rtol": Knob(1e-6, 0.0, 1.0, "singular values below rtol * the largest are dropped (conditioning)"),
     }

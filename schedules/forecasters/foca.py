@@ -34,7 +34,7 @@ class FoCaForecaster(HistoryForecaster):
     name = "foca"
     min_samples = 3  # also its window: the last three computed values
     knobs: ClassVar[dict[str, Knob]] = {
-        "calibration": Knob(1.0, 0.0, 1.0, "gamma: weight of the Heun corrector over the Euler predictor (1 = the "
+        "calibration": Knob(0.25, 0.0, 1.0, "gamma: weight of the Heun corrector over the Euler predictor (1 = the "
                                            "full corrector, exact on quadratics; 0 = the predictor alone)"),
     }
 

@@ -40,8 +40,8 @@ class HyCaForecaster(HistoryForecaster):
     name = "hyca"
     min_samples = 3
     knobs: ClassVar[dict[str, Knob]] = {
-        "max_order": Knob(2, 1, 3, "highest solver order among the candidates (reuse, line, quadratic, cubic)"),
-        "backtests": Knob(2, 1, 8, "B: how many of the last computed values each solver is scored on"),
+        "max_order": Knob(1, 1, 3, "highest solver order among the candidates (reuse, line, quadratic, cubic)"),
+        "backtests": Knob(1, 1, 8, "B: how many of the last computed values each solver is scored on"),
     }
 
     def needed_depth(self) -> int:

@@ -32,7 +32,7 @@ class SpectrumForecaster(HistoryForecaster):
     name = "spectrum"
     knobs: ClassVar[dict[str, Knob]] = {
         "degree": Knob(2, 0, 8, "M: highest Chebyshev degree of the fit (capped at the number of points - 1)"),
-        "window": Knob(6, 2, 32, "K: computed values per unit the fit uses (the most recent ones)"),
+        "window": Knob(4, 2, 32, "K: computed values per unit the fit uses (the most recent ones)"),
         "ridge": Knob(0.01, 0.0, 1e6, "lambda: ridge penalty on the non-constant coefficients (0 = least squares)"),
     }
 

@@ -16,7 +16,8 @@ from dcache.schedules.forecasters import FORECASTERS, build_forecaster
 from dcache.schedules.forecasters.dmd import matrix_power
 from dcache.state import UnitHistory
 
-EXACT_ON_QUADRATICS = ["foca", {"name": "spectrum", "ridge": 0.0}, "hyca"]
+EXACT_ON_QUADRATICS = [{"name": "foca", "calibration": 1.0}, {"name": "spectrum", "ridge": 0.0, "window": 6},
+                       {"name": "hyca", "max_order": 2}]
 ALL = ["foca", "spectrum", "hyca", "dmd"]
 
 
@@ -57,7 +58,7 @@ def test_foca_without_the_corrector_is_the_tangent_line():
 def test_spectrum_ridge_trades_exactness_for_a_bounded_shrinkage():
     trend = _quadratic()
     steps = [0.0, 4.0, 8.0, 12.0, 16.0, 20.0]
-    f = build_forecaster({"name": "spectrum", "ridge": 1e-3})
+    f = build_forecaster({"name": "spectrum", "ridge": 1e-3, "window": 6})
     f.num_steps = 28  # the step axis [0, 27] maps onto [-1, 1]
     exact = trend(24.0)
     err = (f.extrapolate(steps, [trend(s) for s in steps], 24.0) - exact).abs().max()
@@ -73,7 +74,7 @@ def test_hyca_serves_reuse_where_extrapolation_amplifies_jitter():
 
     values = [value(s) for s in steps]
     target, truth = 5.0, torch.tensor([[5.0 - eps, 11.0, 12.5]], dtype=torch.float64)
-    got = build_forecaster("hyca").extrapolate(steps, values, target)
+    got = build_forecaster({"name": "hyca", "max_order": 2}).extrapolate(steps, values, target)
     torch.testing.assert_close(got[:, 1:], truth[:, 1:], rtol=1e-9, atol=1e-9)  # line and parabola: exact
     quadratic = build_forecaster({"name": "spectrum", "ridge": 0.0, "window": 3}).extrapolate(steps[-3:],
                                                                                                values[-3:], target)
@@ -103,7 +104,7 @@ def test_dmd_is_exact_on_linear_dynamics_at_integer_and_fractional_horizons():
     values = [at(s) for s in steps]
     for target in (10.0, 11.0, 13.0):
         torch.testing.assert_close(f.extrapolate(steps, values, target), at(target), rtol=1e-7, atol=1e-7)
-    taylor = build_forecaster({"name": "foca"}).extrapolate(steps, values, 13.0)
+    taylor = build_forecaster({"name": "foca", "calibration": 1.0}).extrapolate(steps, values, 13.0)
     assert (taylor - at(13.0)).abs().max() > 1e-3  # a polynomial does not follow the rotation
 
 
@@ -227,8 +228,8 @@ def test_plans_carry_a_forecaster_in_their_extras_and_refuse_bad_ones():
         extras = {"forecaster": {"name": "hyca", "backtests": 3}}
 
     forecaster = forecaster_from_plan(FakePlan())
-    assert forecaster.to_extras() == {"name": "hyca", "max_order": 2, "backtests": 3}
-    assert forecaster.depth == 2 + 1 + 3
+    assert forecaster.to_extras() == {"name": "hyca", "max_order": 1, "backtests": 3}
+    assert forecaster.depth == 1 + 1 + 3
     FakePlan.extras = {"forecaster": {"name": "hyca", "backtests": 0}}
     with pytest.raises(PlanError, match=r"extras\.forecaster'\.backtests=0 must be in \[1, 8\]"):
         forecaster_from_plan(FakePlan())
