@@ -42,7 +42,7 @@ from torch import nn
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob
 from dcache import register_method, register_preset
 
-from .forecasters import config_forecaster, forecaster_knob
+from .forecasters import config_forecaster, forecaster_extras, forecaster_knob
 
 UNCOND = "uncond"  # the branch name diffusers' cache_context gives split CFG's unconditional call
 
@@ -149,6 +149,10 @@ class KeyframeSchedule(Schedule):
         if ctx.step in self._steps[ctx.branch == UNCOND]:
             return Action.COMPUTE
         return Action.FORECAST if self.config.order > 0 or self.forecaster is not None else Action.REUSE
+
+    def plan_extras(self) -> dict:
+        """The forecaster rides in the exported plan, which then replays this run's forecasts."""
+        return forecaster_extras(self.forecaster)
 
     def config_dict(self) -> dict:
         return self.config.to_dict()

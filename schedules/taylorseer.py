@@ -25,7 +25,7 @@ from torch import nn
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
 from dcache import register_preset
 
-from .forecasters import config_forecaster, forecaster_knob
+from .forecasters import config_forecaster, forecaster_extras, forecaster_knob
 
 
 def full_step(step: int, warmup_steps: int, interval: int) -> bool:
@@ -90,6 +90,10 @@ class TaylorSeerSchedule(Schedule):
         if full_step(ctx.step, c.warmup_steps, c.interval) or (n is not None and ctx.step >= n - c.cutoff_steps):
             return Action.COMPUTE
         return Action.FORECAST if c.order > 0 or self.forecaster is not None else Action.REUSE
+
+    def plan_extras(self) -> dict:
+        """The forecaster rides in the exported plan, which then replays this run's forecasts."""
+        return forecaster_extras(self.forecaster)
 
     def config_dict(self) -> dict:
         return self.config.to_dict()

@@ -159,3 +159,50 @@ def test_dynamic_plan_replays_bit_exactly(family):
         replay = run_steps(model, entry)
     assert all(torch.equal(a, b) for a, b in zip(first, replay))
     assert all(math.isfinite(float(t.abs().max())) for t in first)
+
+
+FORECAST_ROWS = "CCCCFFCFFC"  # 4 computed steps fill every forecaster's window before the first forecast
+FORECASTERS = ("foca", "hyca", "spectrum", "dmd")
+
+
+@pytest.mark.parametrize("granularity", ["stack", "block", "module"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_plans_forecast_every_unit_kind_with_a_forecaster(family, granularity):
+    """A plan's extras["forecaster"] (dcache.schedules.forecasters) serves its FORECAST cells on every unit kind; the
+    forecaster rotates with the family so that each one meets every family kind without multiplying the cases."""
+    model, entry, reference = model_of(family), zoo.ZOO[family], reference_of(family)
+    adapter = dcache.adapter_for(model)
+    blocks = adapter.blocks(model)
+    if granularity == "module":
+        units = [f"b{i}.{m}" for i, (_li, b) in enumerate(blocks) for m in adapter.module_names(b)]
+        if not units:
+            pytest.skip(f"{family} declares no inner modules")
+    else:
+        units = ["stack"] if granularity == "stack" else [f"b{i}" for i in range(len(blocks))]
+    assert len(FORECAST_ROWS) == STEPS
+    forecast_row = "F" * len(units)
+    if granularity == "block":  # as in the reuse case above: every other block forecast, the rest computed
+        forecast_row = "".join("F" if i % 2 else "C" for i in range(len(units)))
+    rows = ["C" * len(units) if c == "C" else forecast_row for c in FORECAST_ROWS]
+    layout = [len(list(getattr_path(model, spec.path))) for spec in adapter.block_lists]
+    forecaster = FORECASTERS[FAMILIES.index(family) % len(FORECASTERS)]
+    plan = Plan(model_class=type(model).__name__, block_layout=layout, granularity=granularity, units=units,
+                num_steps=STEPS, actions={"call0": rows}, forecast_order=1, extras={"forecaster": {"name": forecaster}})
+    counts, remove_counters = count_block_computes(model)
+    try:
+        with dcache.apply(model, plan, num_steps=STEPS) as handle:
+            cached = run_steps(model, entry)
+            assert handle.plan().extras["forecaster"]["name"] == forecaster  # a replay forecasts the same way
+    finally:
+        remove_counters()
+    computed = FORECAST_ROWS.count("C")
+    if granularity == "stack":
+        assert set(counts.values()) == {computed}, counts
+    elif granularity == "block":
+        assert counts == {i: STEPS if i % 2 == 0 else computed for i in range(len(units))}
+    else:  # blocks run at module granularity; their attention / MLP modules are forecast
+        assert set(counts.values()) == {STEPS}
+    assert handle.stats().compute_ratio < 1.0
+    for s, (a, b) in enumerate(zip(cached, reference)):
+        assert torch.isfinite(a).all()
+        assert rel_error(a, b) < REL_ERROR_BOUND, f"step {s} ({forecaster}): relative error {rel_error(a, b):.3f}"

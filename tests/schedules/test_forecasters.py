@@ -242,3 +242,28 @@ def test_every_registered_forecaster_is_documented_with_its_paper_and_use():
         doc = inspect.getmodule(cls).__doc__
         assert "arxiv.org" in doc or "Schmid" in doc, name
         assert "When it helps" in doc and "Memory" in doc, name
+
+
+@pytest.mark.parametrize("method, overrides", [
+    ("taylorseer", {"granularity": "block", "interval": 3, "warmup_steps": 4, "forecaster": "dmd"}),
+    ("keyframe", {"scope": "call", "keyframes": KEYFRAMES, "forecaster": {"name": "spectrum", "degree": 1}}),
+])
+def test_an_exported_run_replays_its_forecasts_bit_exactly(method, overrides):
+    model = _quadratic_toy()
+    timesteps = [1.0 - 0.05 * s - 0.002 * s ** 3 for s in range(14)]  # a cubic: the forecasts are not exact
+    inputs = toy.toy_inputs(0, len(timesteps))
+
+    def generate():
+        with torch.no_grad():
+            return [model(**{**inputs, "timestep": torch.tensor([t])}) for t in timesteps]
+
+    with dcache.apply(model, method, num_steps=len(timesteps), **overrides) as handle:
+        first = generate()
+    plan = handle.plan()
+    assert plan.extras["forecaster"] == build_forecaster(overrides["forecaster"]).to_extras()
+    with dcache.apply(model, plan, num_steps=len(timesteps)):
+        replay = generate()
+    assert all(torch.equal(a, b) for a, b in zip(first, replay))
+    with dcache.apply(model, method, num_steps=len(timesteps), **{**overrides, "forecaster": "taylor"}):
+        taylor = generate()
+    assert not all(torch.equal(a, b) for a, b in zip(first, taylor))  # the forecaster really served the run
