@@ -2,8 +2,9 @@
 
     python benchmarks/assemble.py
 
-Reads benchmarks/results/{methods,search,frontier}.json, the `dcache eval` folder benchmarks/results/eval_tiny/ and the
-detail pages benchmarks/results/*.md, writes benchmarks/results/pareto_{methods,search}.png and BENCHMARKS.md.
+Reads benchmarks/results/{methods,search,frontier,forecasters}.json, the `dcache eval` folder
+benchmarks/results/eval_tiny/ and the detail pages benchmarks/results/*.md, writes
+benchmarks/results/pareto_{methods,search}.png and BENCHMARKS.md.
 Results whose recorded provenance is a checkout with uncommitted changes (a git commit ending in "+dirty") are
 refused: the page names the command that reproduces them from a committed tree instead of showing them.
 """
@@ -34,6 +35,7 @@ RERUN = {
     "guidance_transfer": "python benchmarks/guidance_transfer.py --out benchmarks/results/guidance_transfer",
     "eval": "bash benchmarks/eval_tiny.sh",
     "transfer": "python benchmarks/transfer.py --out benchmarks/results/transfer",
+    "forecasters": "python benchmarks/forecasters.py --seeds 1 --out benchmarks/results",
     "kernels": "OMP_NUM_THREADS=1 python benchmarks/kernels.py --out benchmarks/results/kernels_cpu.md",
     "kernels-gpu": "python benchmarks/kernels.py --device cuda --dtype bf16 --out benchmarks/results/kernels_cuda.md",
 }
@@ -349,6 +351,26 @@ def transfer_part() -> str:
     return "\n\n".join(parts)
 
 
+def forecasters_part() -> str:
+    """benchmarks/forecasters.py's table: each forecaster against Taylor orders 1-2 on the bundled models."""
+    path = RESULTS / "forecasters.json"
+    if not path.is_file():
+        return f"Not recorded yet: run `{RERUN['forecasters']}`, then `python benchmarks/assemble.py`."
+    result = json.loads(path.read_text())
+    check_provenance(result.get("git_commit"), path, RERUN["forecasters"])
+    table = (RESULTS / "forecasters.md").read_text().strip()
+    reading = RESULTS / "forecasters_reading.md"
+    return "\n\n".join(([reading.read_text().strip()] if reading.is_file() else []) + [
+        "What a FORECAST serves between keyframes: the engine's Taylor table (order 1, 2) or one of the forecasters "
+        "of `dcache.schedules.forecasters` (FoCa, HyCa, Spectrum, DMD; formulas and papers in "
+        "[docs/methods.md](docs/methods.md#forecasters)), each at its default settings, chosen on tiny-digits' tuning "
+        "batch (seed 0; `python benchmarks/forecasters.py --tune`, "
+        "[forecasters_tuning.json](benchmarks/results/forecasters_tuning.json)); tiny-motion and tiny-shapes were "
+        "not tuned on.", table,
+        f"Measured from commit {result.get('git_commit')}, held-out seeds {result['seeds']} x every class x "
+        f"{result['per_class']}, {result['machine']}, {result['seconds']} s. Rerun: `{RERUN['forecasters']}`."])
+
+
 def build() -> str:
     methods, search, frontier = _load("methods.json"), _load("search.json"), _load("frontier.json")
     missing = "Not recorded yet: run `{}`, then `python benchmarks/assemble.py`."
@@ -361,6 +383,7 @@ def build() -> str:
     parts.append("## Beyond 4x: the frontier below 0.25\n\n" + (frontier_part(frontier) if frontier else
                                                                  missing.format(RERUN["frontier"]))
                  + "\n\n" + cfg_difference_part() + "\n\n" + guidance_transfer_part())
+    parts.append("## Forecasters beyond Taylor\n\n" + forecasters_part())
     parts.append("## Tuned on one model, measured on another\n\n" + transfer_part())
     parts.append("## A `dcache eval` report\n\n" + _eval_part())
     parts.append("## Kernels\n\n" + kernels_part())

@@ -4,8 +4,10 @@
 
 Per method: its config's documentation (summary, paper, when to use it, example, knobs with defaults and ranges:
 dcache.method_docs.describe), its formulation (the docstring of its module in schedules/), and its measured rows on
-the bundled tiny model (benchmarks/results/methods.json: held-out PSNR, compute ratio, batch-1 speed-up). The page
-is generated so that it always says what the code does; tests/meta/test_method_docs.py checks it is up to date.
+the bundled tiny model (benchmarks/results/methods.json: held-out PSNR, compute ratio, batch-1 speed-up). Then the
+forecasters a forecasting method can use instead of Taylor (dcache.schedules.forecasters: each file's formulation,
+its settings, and its rows in benchmarks/results/forecasters.json). The page is generated so that it always says
+what the code does; tests/meta/test_method_docs.py checks it is up to date.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dcache.method_docs import describe, summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "methods.json"
+FORECASTER_RESULTS = ROOT / "benchmarks" / "results" / "forecasters.json"
 PAGE = ROOT / "docs" / "methods.md"
 
 
@@ -67,7 +70,37 @@ def page(methods_results: dict | None) -> str:
                     "|---|---|---|---|---|", *rows]
         else:
             out.append("not in the methods benchmark.")
-    return "\n".join(out) + "\n"
+    forecasts = json.loads(FORECASTER_RESULTS.read_text()) if FORECASTER_RESULTS.is_file() else None
+    return "\n".join(out + forecasters_section(forecasts)) + "\n"
+
+
+def forecasters_section(results: dict | None) -> list[str]:
+    """## Forecasters: per forecaster its formulation (the file's docstring), settings and measured rows."""
+    from dcache.schedules.forecasters import FORECASTERS
+
+    out = ["", "## Forecasters", "",
+           "What a FORECAST serves instead of the Taylor table: `forecaster=` on taylorseer and keyframe (a name, or "
+           "`{\"name\": ..., setting: value}`), or a plan's `extras[\"forecaster\"]`; every unit kind and the call "
+           "scope. Measured rows: [benchmarks/results/forecasters.json](../benchmarks/results/forecasters.json) "
+           "(keyframe in call scope, uniform keyframes, held-out PSNR vs uncached; `taylor-o1` / `taylor-o2` are the "
+           "Taylor table the forecasters replace).", "",
+           "```python", "dcache.apply(pipe, \"keyframe\", scope=\"call\", forecaster=\"foca\")",
+           "dcache.apply(pipe, \"taylorseer\", forecaster={\"name\": \"spectrum\", \"degree\": 2, \"ridge\": 0.0})",
+           "```"]
+    for name, cls in sorted(FORECASTERS.items()):
+        module = inspect.getmodule(cls)
+        out += ["", f"### {name}", "", "```text", inspect.cleandoc(module.__doc__ or ""), "```", "",
+                "| setting | default | range | meaning |", "|---|---|---|---|"]
+        out += [f"| {key} | {k.default!r} | {k.low:g} to {k.high:g} | {k.doc} |" for key, k in cls.knobs.items()]
+        rows = [r for r in (results or {}).get("rows", []) if r["forecaster"] in (name, "taylor-o2")]
+        if rows:
+            out += ["", f"| model | compute ratio | {name} PSNR (dB) | taylor-o2 PSNR (dB) |",
+                    "|---|---|---|---|"]
+            for model, ratio in sorted({(r["model"], r["target_ratio"]) for r in rows}, key=lambda m: (m[0], -m[1])):
+                cell = {r["forecaster"]: r for r in rows if (r["model"], r["target_ratio"]) == (model, ratio)}
+                out.append(f"| {model} | {cell[name]['compute_ratio']:.3f} | {cell[name]['psnr']:.2f} | "
+                           f"{cell['taylor-o2']['psnr']:.2f} |")
+    return out
 
 
 def main() -> None:
