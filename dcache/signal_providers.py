@@ -15,8 +15,9 @@ When the engine calls `provider.measure(view)` depends on the provider's `phase`
                  call's arguments (also available with scope="call");
   "stack_input"  at every call, when the block stack's input is known, before the decision: `view.hidden` is the
                  stack input [B, L, D] (blocks scope only);
-  "computed"     after every computed call: `view.hidden` / `view.output` are the stack's input and output; the
-                 value reaches the branch's *next* decision, like the built-in post signals (blocks scope only).
+  "computed"     after every computed call: `view.hidden` / `view.output` are the stack's input and output (in
+                 call scope the call's latent input x and output v); the value reaches the branch's *next* decision,
+                 like the built-in post signals.
 The view also carries the adapter, the model, the schedule (a provider reads its own method's knobs there), the step
 and a per-branch `memory` dict that lives as long as the branch's cache (the provider keeps its references there;
 their bytes count as the cache's "signals" memory). A provider returns a tensor on the model's device, shape [1]

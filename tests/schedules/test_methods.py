@@ -84,6 +84,9 @@ CASES = [
     # measured: 0.30 (6 keyframes of 20 steps: 0, 4, 8, 11, 15, 19), relL1 0.0004
     Case("keyframe", "keyframe", {}, 0.35, dict(keyframes=tuple(s / (STEPS - 1) for s in range(STEPS))),
          ("keyframes", (0.0, 1.5))),
+    # measured: 0.30 (6 of 20 steps per branch, placed by the measured forecast errors)
+    Case("adaptive_keyframe", "adaptive_keyframe", dict(compute_ratio=0.3), 0.35, dict(compute_ratio=1.0),
+         ("tolerance", -1.0)),
 ]
 IDS = [c.id for c in CASES]
 
@@ -271,6 +274,7 @@ ZOO_CASES = {  # method -> overrides for the zoo's 10-step runs
     "cg_taylor": dict(threshold=0.5, warmup_steps=3, max_forecast_steps=2),
     "seacache": dict(threshold=0.5),
     "keyframe": dict(keyframes=(0.0, 0.3, 0.6, 0.9)),
+    "adaptive_keyframe": dict(compute_ratio=0.5),
 }
 
 
@@ -570,7 +574,7 @@ def test_method_granularity_knobs():
 
 def test_every_builtin_method_is_in_the_matrix():
     mine = {"magcache", "fbcache", "teacache", "easycache", "taylorseer", "fora", "fixed_interval", "delta_dit",
-            "pab", "cg_taylor", "seacache", "keyframe"}
+            "pab", "cg_taylor", "seacache", "keyframe", "adaptive_keyframe"}
     assert mine <= set(dcache.methods())
     assert mine <= {c.method for c in CASES} and mine <= set(ZOO_CASES)
     for name, preset in dcache.presets().items():  # every preset builds a valid config
