@@ -34,7 +34,8 @@ and e_D the error of D^, the sample errors would have been
 difference pays only where the unconditional branch has fewer keyframes.) The squared norms of both cases are
 summed over the generation;
 the unconditional call is served through the difference only while its sum is the smaller one, else from its own
-cache, and the handle says once that it fell back. A pipeline without separate "cond" / "uncond" calls (batched
+cache, and the handle says once that it fell back. Without such a step (uncond keyframes that are not a subset
+of the cond ones) there is no evidence and the difference is not used either; that is said too. A pipeline without separate "cond" / "uncond" calls (batched
 CFG, or no guidance) gives the difference nothing to act on; that is said once too.
 """
 
@@ -76,6 +77,12 @@ class CfgDifference:
             return None
         self._new_generation()
         if self._checks == 0 or self._difference >= self._own:  # no evidence yet, or measured worse: own cache
+            steps = getattr(call.record, "num_steps", None) or 0
+            if not self._checks and steps and call.step >= steps // 2:
+                self._say("unchecked", "cfg_difference found no step after the first where both branches computed, "
+                          "so it could not check the difference against the branches' own caches and did not use "
+                          "it: give the 'uncond' branch keyframes that are a subset of the 'cond' ones (e.g. the cond "
+                          "keyframes minus one, as keyframe-5x does), or set cfg_difference=False.")
             if self._checks:
                 self._say("fallback", f"cfg_difference measured worse than the branches' own caches in this "
                           f"generation (squared sample error {self._difference:.3g} vs {self._own:.3g} over "

@@ -77,9 +77,11 @@ class KeyframeConfig(MethodConfig):
     not transfer as they are (BENCHMARKS.md, "Tuned on one model, measured on another"). keyframe-5x loses to
     uniform keyframes on tiny-shapes (SD3, 29.8 vs 30.8 dB) and tiny-motion (Wan, 20 steps, CFG 5: 23.4 vs 31.7 dB);
     keyframe-8x holds on tiny-shapes (25.9 vs 23.2 dB) but not on tiny-motion (16.9 vs 24.5 dB). On another model
-    start from the default, uniform keyframes, or search the keyframes on it. `cfg_difference=True` is no safe
-    default either: with keyframe-8x it cost 7.4 dB on tiny-digits at CFG 1.5, gained 7.7 dB on tiny-motion at CFG
-    5, and does nothing where the pipeline batches its CFG branches in one call.
+    start from the default, uniform keyframes, search the keyframes on it (`dcache search --method keyframe`), or
+    let `adaptive_keyframe` place them. `cfg_difference=True` checks itself: the difference is served only while it
+    measures better than the branches' own caches at the steps both computed (else, and where the pipeline batches
+    its CFG branches in one call, it says so and serves the own caches), so it needs uncond keyframes that are a
+    subset of the cond ones (keyframe-5x's are; keyframe-8x's are not).
 
     Example (the bundled tiny model, 28 steps, split CFG: 6 + 5 of 56 calls computed, ratio 0.196):
         >>> import dcache

@@ -155,3 +155,18 @@ def test_the_difference_on_a_pipeline_without_split_branches_says_it_does_nothin
             for i in range(N):  # batched CFG: one call, no cache_context names
                 model(hidden_states=x, encoder_hidden_states=cond, timestep=torch.tensor([1.0 - i / N]))
     assert "cfg_difference_no_branches" in handle.stats().health["notes"]
+
+
+def test_a_difference_that_cannot_be_checked_is_not_served_and_is_said():
+    # the uncond keyframes share no computed step with the cond ones after step 0: no evidence, own caches
+    model = CfgToy()
+    disjoint = dict(keyframes=fractions(COND_STEPS), uncond_keyframes=fractions((0, 3, 5)), order=1, scope="call",
+                    num_steps=N)
+    with dcache.apply(model, "keyframe", **disjoint):
+        separate = run(model)
+    with pytest.warns(DCacheHealthWarning, match="could not check"):
+        with dcache.apply(model, "keyframe", **disjoint, cfg_difference=True) as handle:
+            coupled = run(model)
+    assert "cfg_difference_unchecked" in handle.stats().health["notes"]
+    for (a, b), (c, d) in zip(separate, coupled):
+        assert torch.equal(a, c) and torch.equal(b, d)
