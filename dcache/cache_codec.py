@@ -341,6 +341,6 @@ class CodedHistory(UnitHistory):
 
     @property
     def nbytes(self) -> int:
-        kept = sum(t.numel() * t.element_size() for _, tensors in self.samples for t in tensors)
+        kept = self.samples_bound()
         return kept + sum(s.nbytes for s in self.tables or [])
 

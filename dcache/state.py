@@ -53,6 +53,11 @@ class UnitHistory:
         self.samples = [s for s in self.samples if s[0] < step][-(self.depth - 1):] if self.depth > 1 else []
         self.samples.append((step, [t.detach().clone() for t in tensors]))
 
+    def samples_bound(self) -> int:
+        """Bytes the kept values reach once `depth` steps computed: depth x one step's values (from the first computed
+        step on, so that a memory estimate after one call, dcache.estimate and dcache.budget, sees the peak)."""
+        return self.depth * sum(t.numel() * t.element_size() for t in self.samples[-1][1]) if self.samples else 0
+
     def update(self, tensors: list[torch.Tensor], step: int) -> None:
         self.keep_sample(tensors, step)
         if self.order == 0:
@@ -102,7 +107,7 @@ class UnitHistory:
 
     @property
     def nbytes(self) -> int:
-        kept = sum(t.numel() * t.element_size() for _, tensors in self.samples for t in tensors)
+        kept = self.samples_bound()
         return kept + sum(t.numel() * t.element_size() for t in self.tables or [])
 
 

@@ -267,3 +267,30 @@ def test_an_exported_run_replays_its_forecasts_bit_exactly(method, overrides):
     with dcache.apply(model, method, num_steps=len(timesteps), **{**overrides, "forecaster": "taylor"}):
         taylor = generate()
     assert not all(torch.equal(a, b) for a, b in zip(first, taylor))  # the forecaster really served the run
+
+
+def test_cache_memory_counts_the_forecaster_window_from_the_first_step():
+    # dcache.estimate and the memory budget read the bytes after one call: the window's peak must show there
+    hist = UnitHistory(1, depth=4)
+    x = torch.zeros(3, 5)
+    hist.update([x], 0)
+    one = x.numel() * x.element_size()
+    assert hist.nbytes == (2 + 4) * one  # the order-1 table (2 rows) + 4 kept values
+    for s in range(1, 6):
+        hist.update([x + s], s)
+    assert hist.nbytes == (2 + 4) * one and len(hist.samples) == 4
+
+
+def test_a_low_precision_cache_serves_the_forecaster_its_full_precision_window():
+    # cache_dtype stores the Taylor table in bfloat16 (dcache.cache_codec.CodedHistory); the forecaster's window
+    # stays in the compute dtype and reaches it through hist.plain()
+    from dcache.cache_codec import CacheCodec
+    from dcache.state import BranchState
+
+    hist = BranchState(codec=CacheCodec(torch.bfloat16), depth=3).history("stack", 1)
+    trend = _quadratic()
+    for s in (0, 3, 4):
+        hist.update([trend(float(s))], s)
+    f = build_forecaster({"name": "foca", "calibration": 1.0})
+    torch.testing.assert_close(f(hist.plain(), 7)[0], trend(7.0), rtol=1e-9, atol=1e-9)
+    assert (hist.forecast(7)[0].double() - trend(7.0)).abs().max() > 1e-3  # the bfloat16 table is not exact
