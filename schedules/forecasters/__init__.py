@@ -79,10 +79,8 @@ def _load(spec: dict, plan: Any) -> Forecaster:
 for _name in FORECASTERS:
     register_forecaster(_name, _load)
 
-__all__ = ["FORECASTERS", "KNOB_DOC", "TAYLOR", "build_forecaster", "config_forecaster", "forecaster_extras", "forecaster_knob",
-           "known",
-           "DMDForecaster", "FoCaForecaster",
-           "HyCaForecaster", "SpectrumForecaster"]
+__all__ = ["FORECASTERS", "KNOB_DOC", "TAYLOR", "build_forecaster", "config_forecaster", "forecaster_extras",
+           "forecaster_knob", "known", "DMDForecaster", "FoCaForecaster", "HyCaForecaster", "SpectrumForecaster"]
 
 
 def forecaster_knob() -> Any:
@@ -98,6 +96,12 @@ def forecaster_extras(forecaster: Forecaster | None) -> dict:
 
 
 def config_forecaster(config: Any, field: str = "forecaster") -> Forecaster | None:
-    """Validate and build a config's forecaster; errors read e.g. "KeyframeConfig.forecaster='spectrm' is not a
-    forecaster. Did you mean 'spectrum'? ..."."""
-    return build_forecaster(getattr(config, field), f"{type(config).__name__}.{field}")
+    """Validate and build a config's forecaster (call it from the config's check()). A bad value is the config's own
+    teaching error: "KeyframeConfig.forecaster='spectrm' is invalid: it must be a forecaster name or ...; forecaster=
+    'spectrm' is not a forecaster. Did you mean 'spectrum'? Known: ...". """
+    value = getattr(config, field)
+    try:
+        return build_forecaster(value, field)
+    except ValueError as exc:
+        raise config.invalid(field, value, f"a forecaster name or {{'name': ..., setting: value}} of "
+                                           f"dcache.schedules.forecasters; {exc}") from None

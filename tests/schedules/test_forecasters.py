@@ -208,12 +208,13 @@ def test_call_scope_serves_x_plus_the_forecast_of_the_computed_deltas(spec):
 
 
 def test_the_forecaster_knob_names_the_field_and_the_fix():
-    with pytest.raises(ValueError, match=r"KeyframeConfig\.forecaster='spectrm' is not a forecaster\. Did you mean "
-                                         r"'spectrum'"):
+    with pytest.raises(ValueError, match=r"KeyframeConfig\.forecaster='spectrm' is invalid: it must be a forecaster "
+                                         r"name .* is not a forecaster\. Did you mean 'spectrum'"):
         dcache.config_for("keyframe", forecaster="spectrm")
     with pytest.raises(ValueError, match=r"no setting\(s\) 'calib'\. Did you mean 'calibration'"):
         dcache.config_for("taylorseer", forecaster={"name": "foca", "calib": 0.5})
-    with pytest.raises(ValueError, match=r"TaylorSeerConfig\.forecaster\.window=1 must be in \[3, 16\]"):
+    with pytest.raises(ValueError, match=r"TaylorSeerConfig\.forecaster=.* is invalid: .*forecaster\.window=1 must be "
+                                         r"in \[3, 16\]"):
         dcache.config_for("taylorseer", forecaster={"name": "dmd", "window": 1})
     with pytest.raises(ValueError, match="'taylor' takes no settings"):
         dcache.config_for("keyframe", forecaster={"name": "taylor", "order": 2})
