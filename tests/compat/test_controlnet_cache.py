@@ -128,6 +128,20 @@ def test_a_first_order_forecast_of_the_samples_beats_reusing_them(flux):
     assert calls[0] == calls[1] < 12 and 0.0 < errors[1] < 0.7 * errors[0]
 
 
+def test_follow_a_schedule_with_a_forecaster(flux):
+    """A history forecaster (dcache.schedules.forecasters) reads only the transformer's own history, so "follow"
+    takes the schedule: the ControlNet's samples are forecast with the Taylor table of the schedule's order where the
+    transformer forecasts with FoCa (refused before: only a learned forecaster cannot follow)."""
+    spec, pipe, forwards = flux
+    reference = _run(spec, pipe, num_inference_steps=12)
+    with dcache.apply(pipe, "taylorseer", granularity="stack", interval=3, warmup_steps=3, order=1, forecaster="foca",
+                      controlnet="follow") as handle:
+        out, n = forwards.during(lambda: _run(spec, pipe, num_inference_steps=12))
+        cn = handle.stats(expert="controlnet")
+    assert n == cn.units_computed < 12 and cn.units_forecast > 0
+    assert 0.0 < _rel(out, reference) < 0.05
+
+
 def test_a_new_generation_never_reads_the_last_ones_samples(flux):
     spec, pipe, forwards = flux
     with dcache.apply(pipe, "fixed_interval", controlnet="follow"):
