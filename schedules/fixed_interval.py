@@ -2,7 +2,8 @@
 
 Step s computes iff s < W or (s - W + 1) % N == 0, or s is among the last `cutoff_steps` steps; other steps return
 h_in + R (R = the stack residual of the last computed step of the branch), or with forecast_order > 0 the Taylor
-forecast of R. The simplest step-skipping baseline that dynamic schedules must beat at equal compute.
+forecast of R (or the forecast of `forecaster`: dcache.schedules.forecasters). The simplest step-skipping
+baseline that dynamic schedules must beat at equal compute.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dcache import Action, CallContext, Granularity, MethodConfig, Schedule, knob, register_method
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
 
+from .forecasters import config_forecaster, forecaster_extras, forecaster_knob
 from .taylorseer import full_step
 
 
@@ -40,6 +42,10 @@ class FixedIntervalConfig(MethodConfig):
     forecast_order: int = knob(0, low=0, high=8, doc="0 = reuse the residual; > 0 = Taylor forecast of this order")
     probe_blocks: int = knob(0, low=0, high=1000, doc="front blocks always computed")
     tail_blocks: int = knob(0, low=0, high=1000, doc="back blocks always computed")
+    forecaster: str | dict = forecaster_knob()
+
+    def check(self) -> None:
+        config_forecaster(self)
 
     def build(self, model: nn.Module) -> Schedule:
         return FixedIntervalSchedule(self)
@@ -53,14 +59,22 @@ class FixedIntervalSchedule(Schedule):
         self.config = config
         self.forecast_order = config.forecast_order
         self.probe_blocks, self.tail_blocks = config.probe_blocks, config.tail_blocks
+        self.forecaster = config_forecaster(config)  # None: the Taylor table of `forecast_order`
         self.name = "fixed_interval"
+
+    def reset(self, generation: GenerationInfo) -> None:
+        if self.forecaster is not None:
+            self.forecaster.reset(generation)
 
     def decide(self, ctx: CallContext) -> Action:
         c = self.config
         n = ctx.num_steps
         if full_step(ctx.step, c.warmup_steps, c.interval) or (n is not None and ctx.step >= n - c.cutoff_steps):
             return Action.COMPUTE
-        return Action.FORECAST if c.forecast_order > 0 else Action.REUSE
+        return Action.FORECAST if c.forecast_order > 0 or self.forecaster is not None else Action.REUSE
+
+    def plan_extras(self) -> dict:
+        return forecaster_extras(self.forecaster)
 
     def config_dict(self) -> dict:
         return self.config.to_dict()

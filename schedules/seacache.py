@@ -32,6 +32,9 @@ On the bundled tiny model the SEA distance is largest in the first steps (0.95 a
 the gate spends its computes early, while this model's forecasts go wrong mostly at the end: the cap
 `max_consecutive` does most of the work there (max_consecutive=2 with a loose threshold is a fixed 1-compute /
 2-forecast cadence).
+
+`forecaster` replaces the extrapolation of `order` by another one of the same history ('foca', 'hyca', 'spectrum',
+'dmd': dcache.schedules.forecasters).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from torch import nn
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, ProviderView, Schedule, knob
 from dcache import SignalProvider, register_method, register_preset, register_signal
 from dcache.latents import call_latents
+
+from .forecasters import config_forecaster, forecaster_extras, forecaster_knob
 
 _EPS = 1e-16
 
@@ -143,7 +148,10 @@ class SeaCacheConfig(MethodConfig):
                                 "cache_end_steps, max_consecutive): a fixed cadence without the indicator's per-call "
                                 "cost (FFTs of the latents), e.g. 1 compute + 2 forecasts with max_consecutive=2")
 
+    forecaster: str | dict = forecaster_knob()
+
     def check(self) -> None:
+        config_forecaster(self)
         if not self.gate and self.max_consecutive == 0:
             raise self.invalid("max_consecutive", 0, ">= 1 when gate=False (without the gate the cap is the only "
                                                      "thing that computes again; 2 gives 1 compute + 2 forecasts)")
@@ -160,6 +168,7 @@ class SeaCacheSchedule(Schedule):
         self.config = config
         self.forecast_order = config.order
         self.spectral_power = config.power  # read by the SPECTRAL_REL_L1 provider's filter
+        self.forecaster = config_forecaster(config)  # None: the Taylor table of `order`
         self.name = "seacache"
         if not config.gate:
             self.signals = frozenset()  # the engine then measures nothing
@@ -167,6 +176,8 @@ class SeaCacheSchedule(Schedule):
 
     def reset(self, generation: GenerationInfo) -> None:
         self._state = {}
+        if self.forecaster is not None:
+            self.forecaster.reset(generation)
 
     def decide(self, ctx: CallContext) -> Action:
         c = self.config
@@ -179,9 +190,12 @@ class SeaCacheSchedule(Schedule):
         if not forced and acc[0] + d < c.threshold:
             acc[0] += d
             acc[1] += 1
-            return Action.FORECAST if c.order > 0 else Action.REUSE
+            return Action.FORECAST if c.order > 0 or self.forecaster is not None else Action.REUSE
         acc[0], acc[1] = 0.0, 0
         return Action.COMPUTE
+
+    def plan_extras(self) -> dict:
+        return forecaster_extras(self.forecaster)
 
     def config_dict(self) -> dict:
         return self.config.to_dict()

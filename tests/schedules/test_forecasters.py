@@ -171,7 +171,10 @@ KEYFRAMES = (0.0, 1 / 13, 2 / 13, 3 / 13, 7 / 13, 11 / 13)
     ("keyframe", {"scope": "blocks", "keyframes": KEYFRAMES, "order": 1}),
     ("taylorseer", {"granularity": "block", "interval": 3, "warmup_steps": 4, "order": 1}),
     ("taylorseer", {"granularity": "module", "interval": 3, "warmup_steps": 4, "order": 1}),
-], ids=["keyframe-call", "keyframe-stack", "taylorseer-block", "taylorseer-module"])
+    ("fixed_interval", {"scope": "call", "interval": 3, "warmup_steps": 4, "cutoff_steps": 0, "forecast_order": 1}),
+    ("seacache", {"scope": "call", "gate": False, "max_consecutive": 2, "retention_steps": 4, "order": 1}),
+], ids=["keyframe-call", "keyframe-stack", "taylorseer-block", "taylorseer-module", "fixed-interval-call",
+        "seacache-call"])
 def test_forecasting_schedules_serve_the_forecaster_exactly_on_every_unit_kind(spec, setting):
     method, overrides = setting
     model = _quadratic_toy()
