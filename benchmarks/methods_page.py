@@ -79,8 +79,9 @@ def forecasters_section(results: dict | None) -> list[str]:
     from dcache.schedules.forecasters import FORECASTERS
 
     out = ["", "## Forecasters", "",
-           "What a FORECAST serves instead of the Taylor table: `forecaster=` on taylorseer and keyframe (a name, or "
-           "`{\"name\": ..., setting: value}`), or a plan's `extras[\"forecaster\"]`; every unit kind and the call "
+           "What a FORECAST serves instead of the Taylor table: `forecaster=` on taylorseer, keyframe, fixed_interval "
+           "and seacache (a name, or `{\"name\": ..., setting: value}`), or a plan's `extras[\"forecaster\"]`; every "
+           "unit kind and the call "
            "scope. Measured rows: [benchmarks/results/forecasters.json](../benchmarks/results/forecasters.json) "
            "(keyframe in call scope, uniform keyframes, held-out PSNR vs uncached; `taylor-o1` / `taylor-o2` are the "
            "Taylor table the forecasters replace).", "",

@@ -7,7 +7,8 @@
     "spectrum"  spectrum.py   Chebyshev series fitted by ridge regression over the history      arXiv 2603.01623
     "dmd"       dmd.py        dynamic mode decomposition of the history (exponential modes)     Schmid 2010
 
-A schedule with a `forecaster` knob (taylorseer, keyframe) takes a name or a dict {"name": ..., setting: value}:
+A schedule with a `forecaster` knob (taylorseer, keyframe, fixed_interval, seacache) takes a name or a dict
+{"name": ..., setting: value}:
 
     dcache.apply(pipe, "keyframe", forecaster="spectrum")
     dcache.apply(pipe, "taylorseer", forecaster={"name": "foca", "calibration": 0.5})
