@@ -40,7 +40,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
           speed: str | float | None = None, quality: str | None = None, calibration_run: Any = None,
           experts: dict[str, Any] | None = None, controlnet: Any = None, max_cache_memory: str | int | None = None,
           cache_dtype: str | None = None, cache_scale: str | None = None, cache_device: str | None = None,
-          fit: str | None = None, **overrides: Any) -> Handle:
+          fit: str | None = None, decisions: str | None = None, **overrides: Any) -> Handle:
     """Hook a caching method into a diffusers pipeline (or a bare transformer) and return its Handle.
 
     method:    a method name ("magcache", "fbcache", ...), a preset name, a plan file path (*.json), a setup file
@@ -82,6 +82,13 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     fit:       "auto" with max_cache_memory: over budget at the first call, pick the most accurate cache storage that
                fits (offload to host memory, then bfloat16, then float8 per token, then per tensor) instead of
                refusing, and say which (a dcache.budget.CacheFitChoice warning; handle.fit_choice).
+    decisions: "sample" (default): every sample of a batched transformer call, and each CFG half of a batched-CFG
+               call, is decided, cached and served on its own, so a request's output does not depend on what it is
+               batched with, and transformer-only loops may batch requests at different steps (dcache.lanes,
+               docs/serving.md); handle.stats().per_sample has each sample's counts. "batch": one decision per
+               batched call (one batched run, faster; for samples known to move together). None: "sample", but
+               "batch" for a Schedule instance (one object, one state: tools that record or calibrate read it after
+               the run; with "sample" each sample decides with a copy of it).
     overrides: config fields, e.g. apply(pipe, "magcache", threshold=0.1).
     """
     arguments = dict(locals())  # as given: handle.setup() writes them back as a setup file
@@ -119,10 +126,13 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
         overrides = {}
         arguments.update(method=method, overrides={}, speed=None, quality=None)
     schedule, name, config = _resolve_schedule(method, overrides, transformer)
+    if decisions is None:
+        decisions = "batch" if isinstance(method, Schedule) else "sample"
     if scope is None:
         scope = schedule.plan.extras.get("scope", "blocks") if isinstance(schedule, PlanSchedule) else "blocks"
     engine = Engine(transformer, adapter_for(transformer), schedule, pipeline=pipeline,
                     num_steps=num_steps, count_flops=count_flops, memoize=memoize, scope=scope, cache_codec=codec,
+                    decisions=decisions,
                     health=_health_monitor(transformer, name, warn=not isinstance(method, Schedule)))
     if isinstance(schedule, PlanSchedule):
         _check_plan_fits(schedule.plan, engine)
@@ -140,13 +150,17 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                                  f"(or a method name, which builds one per expert).")
             sub_schedule, sub_name, sub_config = _resolve_schedule(picked[0], picked[1], module)
             sub = Engine(module, adapter_for(module), sub_schedule, pipeline=pipeline, num_steps=num_steps,
-                         count_flops=count_flops, memoize=memoize, scope=scope, leader=engine, cache_codec=codec)
+                         count_flops=count_flops, memoize=memoize, scope=scope, leader=engine, cache_codec=codec,
+                         decisions=decisions)
             if isinstance(sub_schedule, PlanSchedule):
                 _check_plan_fits(sub_schedule.plan, sub)
             module._dcache_engine = sub
             _APPLIED.add(sub)
             handle.experts[expert_name] = Handle(sub, sub_name, sub_config)
         handle.controlnets = attach_controlnets(pipeline, engine, controlnet_setting, _resolve_schedule, count_flops)
+        if handle.controlnets and engine.lanes is not None:
+            engine.lanes.batch_reason = ("a cached ControlNet runs on the whole batch and decides with the "
+                                         "transformer's step")
     except BaseException:
         handle.remove()  # nothing half-applied
         raise

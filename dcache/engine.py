@@ -34,6 +34,7 @@ from .executors import EXECUTORS, executor_kind
 from .flops import FlopBook
 from .forecast import history_depth
 from .generation import CallRecord, GenerationRecord, StepTracker
+from .lanes import Lanes, check_decisions
 from .hooks import (HOOK_NAME, TransformerHook, install_outer_hook, refuse_other_cache, remove_outer_hook,
                     timestep_slot, traced_twins, transformer_call)
 from .memo import install_memos
@@ -51,12 +52,13 @@ class Engine:
     def __init__(self, transformer: nn.Module, adapter: Adapter, schedule: Schedule, *,
                  pipeline: Any = None, num_steps: int | None = None,
                  count_flops: bool = True, memoize: bool = True, scope: str = "blocks", leader: "Engine | None" = None,
-                 cache_codec: Any = None, health: HealthMonitor | None = None):
+                 cache_codec: Any = None, health: HealthMonitor | None = None, decisions: str = "sample"):
         """leader: for the second expert of a two-transformer pipeline (Wan 2.2's transformer_2): the engine of the
         pipeline's first transformer, which hooks the scheduler and hands every generation and step on to this one
         (one scheduler, one wrapper; each expert keeps its own generation record, caches and schedule state).
         cache_codec: a dcache.cache_codec.CacheCodec storing cached unit tensors in a low dtype (None: as computed).
-        health: what each finished generation did, said once per kind (dcache.health; None: a silent monitor)."""
+        health: what each finished generation did, said once per kind (dcache.health; None: a silent monitor).
+        decisions: "sample" (each row of a batched call decides on its own, dcache.lanes) or "batch"."""
         self.transformer = transformer
         self.cache_codec = cache_codec
         self.leader = leader
@@ -102,6 +104,7 @@ class Engine:
         # the schedule decides from the step alone (no signal): a call is decided when it opens, so that compiled
         # blocks can take their traced path (docs/architecture.md, "torch.compile"); set per generation
         self.step_decided = False
+        self.lanes = Lanes(self) if check_decisions(decisions) == "sample" else None  # dcache.lanes
         self._install()
 
     # ------------------------------------------------------------------------------------------------ lifetime
@@ -122,6 +125,8 @@ class Engine:
         remove_outer_hook(self.transformer, self._installed_forward, recurse=True)
         self.executor.remove()
         self.scheduler_hook.unhook()
+        if self.lanes is not None:
+            self.lanes.finish_all()  # their records stay for handle.stats(); their caches are freed
         if self.leader is not None and self in self.leader.followers:
             self.leader.followers.remove(self)
         self.branches.clear()
@@ -154,6 +159,8 @@ class Engine:
 
     def finish_generation(self) -> None:
         """Flush pending post-call signals into the record (one sync) and free every cached tensor."""
+        if self.lanes is not None:
+            self.lanes.finish_all()  # per-sample lanes end with the pipeline's generation (dcache.lanes)
         rec = self.record
         if rec is None:
             return
@@ -171,7 +178,10 @@ class Engine:
         rec.finished = True
 
     def _cache_bytes(self) -> int:
-        return sum(b.nbytes for b in self.branches.values())
+        states = [self.branches]
+        if self.lanes is not None:
+            states += self.lanes.branch_states()  # per-sample lanes' caches (dcache.lanes)
+        return sum(b.nbytes for branches in states for b in branches.values())
 
     def _update_peak_bytes(self) -> None:
         """Peak cache size. Summing every cached tensor each call costs more than a skipped block on small models,
@@ -221,10 +231,7 @@ class Engine:
         elif foreign is not None and not self.tracker.starts_generation(timestep):
             guard.refuse_foreign(self.tracker.record, "a transformer call")
         self._call_inputs = (args, kwargs)
-        if self.pipeline is not None and self.leader is None and not self.tracker.in_generation():
-            self.scheduler_hook.follow_calling_pipeline()
-            self.scheduler_hook.follow_replaced_scheduler()  # `pipe.scheduler = ...` since the last generation
-        self.scheduler_hook.hook()
+        self.follow_pipeline()
         record, new = self.tracker.begin_call(timestep)
         if new or record is not self.record:
             if self.record is not record:
@@ -239,6 +246,14 @@ class Engine:
                               unit=self.executor.new_call())
         if self.meter.providers:
             self.meter.measure_providers(self.call, args, kwargs)
+
+    def follow_pipeline(self) -> None:
+        """Outside a generation, track the pipeline object calling the transformer and its scheduler (a pipeline
+        built from this one's components, `pipe.scheduler = ...` since the last generation)."""
+        if self.pipeline is not None and self.leader is None and not self.tracker.in_generation():
+            self.scheduler_hook.follow_calling_pipeline()
+            self.scheduler_hook.follow_replaced_scheduler()
+        self.scheduler_hook.hook()
 
     def end_call(self) -> None:
         """Close the call: its actions and signals go into the generation record; a computed call measures the post

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections import Counter
 from typing import Any, Callable
 
 from .engine import Engine
 from .memory import MemoryReport, combine_reports, engine_report
 from .plan import Plan
-from .stats import Stats, combine_stats, stats_from_record
+from .stats import Stats, combine_stats, stats_from_lanes, stats_from_record
 
 
 class Handle:
@@ -33,8 +34,23 @@ class Handle:
     def removed(self) -> bool:
         return self._removed
 
+    def _lane_records(self) -> list:
+        """(request id, record) per sample when the last generation was batched with per-sample decisions
+        (dcache.lanes), else []."""
+        eng = self._engine
+        if eng.lanes is None or (eng.record is not None and eng.record.calls):
+            return []
+        return eng.lanes.records()
+
     def _record(self):
-        rec = self._engine.record
+        lanes = self._lane_records()  # per-sample decisions: the plan is the first sample's
+        if len(lanes) > 1:
+            warnings.warn(f"the last generation decided each of its {len(lanes)} samples on its own "
+                          f"(decisions='sample'); this plan holds the first sample's decisions, which another "
+                          f"sample replayed with it does not reproduce. Record a plan from one sample run alone, or "
+                          f"apply with decisions='batch' for one set of decisions over the batch.", UserWarning,
+                          stacklevel=3)
+        rec = lanes[0][1] if lanes else self._engine.record
         if rec is None or not rec.calls:
             raise RuntimeError("no generation has run through this handle yet; call the pipeline first, then ask "
                                "for stats() or plan().")
@@ -64,11 +80,26 @@ class Handle:
     def _own_stats(self) -> Stats:
         eng = self._engine
         rec = eng.record if eng.record is not None and eng.record.calls else None
-        return stats_from_record(rec, method=self.method, granularity=eng.granularity.value,
-                                 generations=eng.generations, units_per_call=len(eng.units),
-                                 blocks_per_call=len(eng.blocks),
-                                 cache_bytes=max(eng.peak_cache_bytes, eng._cache_bytes()),
-                                 health=eng.health.last.to_dict())
+        common = dict(method=self.method, granularity=eng.granularity.value, units_per_call=len(eng.units),
+                      blocks_per_call=len(eng.blocks), cache_bytes=max(eng.peak_cache_bytes, eng._cache_bytes()),
+                      health=eng.health.last.to_dict())
+        lanes = self._lane_records()
+        if lanes:  # transformer-only lanes count their own generations (the engine's own count is the pipeline's)
+            generations = max(eng.generations, *(lane.generations for lane in eng.lanes.lanes.values()))
+            return stats_from_lanes(lanes, generations=generations, **common)
+        return stats_from_record(rec, generations=eng.generations, **common)
+
+    def requests(self, ids: Any) -> Any:
+        """`with handle.requests(["a", "b", "c"]):` the transformer calls inside are batches of these requests, one
+        id per row in row order (batched CFG: one per CFG half). With per-sample decisions each request keeps its
+        own cache and step, so a serving loop may admit and retire requests between calls (continuous batching);
+        a request whose id leaves the batch is finished and its cache freed. docs/serving.md."""
+        lanes = self._engine.lanes
+        if lanes is None:
+            raise ValueError("handle.requests() names the requests of a batch for per-sample decisions, but this "
+                             "handle was applied with decisions='batch'; apply with decisions='sample' (the "
+                             "default).")
+        return lanes.requests(ids)
 
     def memory(self, expert: str | None = None) -> MemoryReport:
         """Cache memory: peak and live bytes, and where they were (by unit kind and branch) in the last generation

@@ -84,9 +84,21 @@ class TransformerHook(ModelHook):
 
 @torch.compiler.disable(recursive=False)  # this frame stays eager; `hook.chain` below it is traced whole
 def transformer_call(hook: TransformerHook, *args, **kwargs):
-    """One transformer call: open it, let the call executor serve it (call scope), run the chain, close it."""
+    """One transformer call. With per-sample decisions (dcache.lanes) a batched call runs once per row, each row
+    with its own generation state; otherwise the whole batch is one call (`run_call`)."""
     engine = hook.engine
     compiling = get_eval_frame_callback() is not None
+    lanes = engine.lanes
+    rows = lanes.rows(args, kwargs, compiling) if lanes is not None and not lanes.swapped else 0
+    if rows:
+        return lanes.run(rows, functools.partial(run_call, hook, compiling), args, kwargs)
+    return run_call(hook, compiling, *args, **kwargs)
+
+
+@torch.compiler.disable(recursive=False)  # as transformer_call: eager itself, `hook.chain` below it traced
+def run_call(hook: TransformerHook, compiling: bool, *args, **kwargs):
+    """Open the call, let the call executor serve it (call scope), run the chain, close it."""
+    engine = hook.engine
     if compiling:
         begin, end, abort = engine.begin_call_traced, engine.end_call_traced, engine.abort_traced
     else:  # plain eager

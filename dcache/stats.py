@@ -33,6 +33,10 @@ class Stats:
     per_step: list[dict[str, str]] = field(default_factory=list)  # per step: {branch: action row}
     experts: dict[str, "Stats"] = field(default_factory=dict)  # several denoising transformers: each one's own
     health: dict[str, Any] = field(default_factory=dict)  # the last finished generation's dcache.health facts
+    # per-sample decisions of a batched generation (dcache.lanes): each sample's (each row's) own stats as a dict,
+    # with its request id under "sample". Above, `calls` then counts batched calls, the units and FLOPs are summed
+    # over the samples, and a per_step row has C where any sample computed the unit (what the batch computed)
+    per_sample: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)  # experts become nested dicts
@@ -78,6 +82,38 @@ def combine_stats(parts: dict[str, Stats]) -> Stats:
         compute_ratio=ratio, ideal_speedup=1.0 / ratio if ratio > 0 else float("inf"),
         cache_bytes=sum(p.cache_bytes for p in parts.values()), per_step=per_step, experts=dict(parts),
         health=dict(first.health))
+
+
+# what a sample's own stats hold (the rest, such as the method, cache bytes and health, is the handle's)
+_PER_SAMPLE = ("num_steps", "branches", "calls", "units_computed", "units_reused", "units_forecast",
+               "calls_fully_computed", "block_flops_total", "block_flops_computed", "compute_ratio", "ideal_speedup",
+               "per_step")
+
+
+def _own(stats: Stats) -> dict[str, Any]:
+    return {name: getattr(stats, name) for name in _PER_SAMPLE}
+
+
+def stats_from_lanes(lanes: list[tuple[Any, GenerationRecord]], **kwargs: Any) -> Stats:
+    """Stats of a batched generation with per-sample decisions: `lanes` is (request id, its record) per sample; the
+    totals are over every sample's calls, and `per_sample` holds each sample's own (kwargs: stats_from_record's)."""
+    first = lanes[0][1]
+    merged = GenerationRecord(num_steps=first.num_steps, timesteps=first.timesteps)
+    merged.calls = [c for _, rec in lanes for c in rec.calls]
+    stats = stats_from_record(merged, **kwargs)
+    stats.per_sample = [{"sample": sample, **_own(stats_from_record(rec, **kwargs))} for sample, rec in lanes]
+    stats.calls = max(s["calls"] for s in stats.per_sample)  # the batched calls (rows at other steps: the most)
+    stats.calls_fully_computed = max(s["calls_fully_computed"] for s in stats.per_sample)
+    compute = Action.COMPUTE.value
+    per_step: list[dict[str, str]] = []
+    for c in merged.calls:
+        while len(per_step) <= c.step:
+            per_step.append({})
+        row = per_step[c.step].get(c.branch)
+        per_step[c.step][c.branch] = c.actions if row is None else "".join(
+            compute if compute in (a, b) else a for a, b in zip(row, c.actions))
+    stats.per_step = per_step
+    return stats
 
 
 def stats_from_record(rec: GenerationRecord | None, *, method: str, granularity: str, generations: int,

@@ -60,7 +60,9 @@ def test_changing_settings_between_calls_never_leaks_state():
 def test_threshold_zero_is_bit_identical_under_every_setting():
     pipe = make_pipeline()
     bare = [call(pipe, s) for s in SETTINGS]
-    with dcache.apply(pipe, "fbcache", threshold=0.0):
+    # one decision per batched call: the batch runs whole, as uncached (per-sample decisions run each row of a
+    # signal-reading method at batch 1, equal up to the kernels' batch-size rounding: tests/core/test_per_sample.py)
+    with dcache.apply(pipe, "fbcache", threshold=0.0, decisions="batch"):
         for setting, want in zip(SETTINGS, bare):
             assert torch.equal(call(pipe, setting), want), setting
 

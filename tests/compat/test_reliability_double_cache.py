@@ -39,7 +39,7 @@ def test_diffusers_hooks_applied_directly_are_found_too():
 def test_diffusers_enable_cache_after_dcache_refuses_the_next_call():
     pipe = make_pipeline()
     reference = generate(pipe)
-    handle = dcache.apply(pipe, "fbcache", threshold=0.0)
+    handle = dcache.apply(pipe, "fbcache", threshold=0.0, decisions="batch")  # the batch runs whole, as uncached
     pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.5))
     with pytest.raises(RuntimeError, match="enabled after dcache.apply; the call is refused"):
         generate(pipe)
