@@ -27,6 +27,8 @@ EVAL_DIR = RESULTS / "eval_tiny"
 RERUN = {
     "methods": "python benchmarks/methods.py --out benchmarks/results",
     "overhead": "python benchmarks/overhead.py --out benchmarks/results --rounds 9",
+    "per_sample": "python benchmarks/per_sample.py --batches 1,4 --steps 8 --rounds 3 "
+                  "--out benchmarks/results/per_sample.md",
     "search": "python benchmarks/search.py --out benchmarks/out/search   # then copy search.{md,json} to "
               "benchmarks/results",
     "frontier": "python benchmarks/frontier.py --out benchmarks/results",
@@ -171,7 +173,20 @@ def batch1_part(methods: dict) -> str:
             f"{_link('overhead_notes.md')}).",
         "", f"Rerun: `{RERUN['overhead']}`; the table above comes with the methods sweep.",
     ]
+    per_sample = RESULTS / "per_sample.md"
+    if per_sample.is_file():  # what per-sample decisions cost (dcache.lanes, docs/serving.md)
+        lines += ["", "### Per-sample decisions", "", PER_SAMPLE_TEXT, "", per_sample.read_text().strip(), "",
+                  f"Rerun: `{RERUN['per_sample']}`."]
     return "\n".join(lines)
+
+
+PER_SAMPLE_TEXT = (
+    "With per-sample decisions (the default) a batched call of a method that reads a signal runs each row as its "
+    "own call (docs/serving.md). The cost per batched call is the time with decisions='sample' minus the time with "
+    "decisions='batch' at a setting where both compute everything; the gather / scatter of the rows alone (argument "
+    "split and output concatenation, no model) is the last column. At batch 1 nothing is split. At batch 4 the rows "
+    "lose batching: on this CPU a row costs about as much as a batch-1 call, so the call costs about 4 of them; "
+    "methods that decide from the step alone, and decisions='batch', keep one batched call.")
 
 
 def search_part(search: dict) -> str:
