@@ -20,7 +20,6 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
 SCRATCH = Path(__file__).resolve().parent / "out"
 

@@ -35,8 +35,9 @@ difference pays only where the unconditional branch has fewer keyframes.) The sq
 summed over the generation;
 the unconditional call is served through the difference only while its sum is the smaller one, else from its own
 cache, and the handle says once that it fell back. Without such a step (uncond keyframes that are not a subset
-of the cond ones) there is no evidence and the difference is not used either; that is said too. A pipeline without separate "cond" / "uncond" calls (batched
-CFG, or no guidance) gives the difference nothing to act on; that is said once too.
+of the cond ones) there is no evidence and the difference is not used either; that is said too. A pipeline
+without separate "cond" / "uncond" calls (batched CFG, or no guidance) gives the difference nothing to act on;
+that is said once too.
 """
 
 from __future__ import annotations

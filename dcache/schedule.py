@@ -56,8 +56,8 @@ class Schedule:
                       the transformer passes one list's output straight to the next (Flux: double -> single blocks),
                       so one residual per stream is cached and applied instead of one per list. Exact for REUSE
                       and Taylor FORECAST (linear in the residuals); a learned forecaster is trained per list, so
-                      by default a schedule with one (not `any_history`) keeps the lists apart (and so must the recordings that train
-                      it).
+                      by default a schedule with one (not `any_history`) keeps the lists apart (and so must the
+                      recordings that train it).
       cfg_difference: call scope, split CFG: serve the "uncond" branch's reused / forecast calls as the "cond"
                       branch's Delta of the step minus a forecast of the CFG difference (dcache.cfg_difference).
       acts_on_steps:  True if `after_step` may change the scheduler's update (dcache.step_actions); the engine

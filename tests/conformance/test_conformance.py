@@ -187,7 +187,8 @@ def test_plans_forecast_every_unit_kind_with_a_forecaster(family, granularity):
     layout = [len(list(getattr_path(model, spec.path))) for spec in adapter.block_lists]
     forecaster = FORECASTERS[FAMILIES.index(family) % len(FORECASTERS)]
     plan = Plan(model_class=type(model).__name__, block_layout=layout, granularity=granularity, units=units,
-                num_steps=STEPS, actions={"call0": rows}, forecast_order=1, extras={"forecaster": {"name": forecaster}})
+                num_steps=STEPS, actions={"call0": rows}, forecast_order=1,
+                extras={"forecaster": {"name": forecaster}})
     counts, remove_counters = count_block_computes(model)
     try:
         with dcache.apply(model, plan, num_steps=STEPS) as handle:

@@ -4,8 +4,9 @@
     calib = Calibration(pipe, generate=lambda: pipe(...).images, quality_fn=psnr)
 
 Methods: ECAD (NSGA-II over module genomes, checkpoint/resume), LeMiCa (lexicographic-minimax path on the step DAG),
-CacheQuant-style DP over step groups, keyframe placement (coordinate ascent, resumable), and learned routers (L2C, HarmoniCa). This subpackage is imported explicitly
-(`dcache.schedules` auto-imports its top-level method files only); it never imports dcache.pipelines or dcache.eval.
+CacheQuant-style DP over step groups, keyframe placement (coordinate ascent, resumable), and learned routers (L2C,
+HarmoniCa). This subpackage is imported explicitly (`dcache.schedules` auto-imports its top-level method files only);
+it never imports dcache.pipelines or dcache.eval.
 """
 
 from .core import Calibration, FrontPoint, Measured, Template, convert_rows, make_template, measure, run_plan
