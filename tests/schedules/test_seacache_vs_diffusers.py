@@ -57,7 +57,9 @@ def test_same_decisions_and_images_as_diffusers_seacache(pipe, threshold, max_co
     finally:
         pipe.transformer.disable_cache()
         handle.remove()
-    with dcache.apply(pipe, "seacache", threshold=threshold, max_consecutive=max_consecutive) as cached:
+    # diffusers decides once per batch (on the batch's signal): compare with dcache's batch decisions
+    with dcache.apply(pipe, "seacache", threshold=threshold, max_consecutive=max_consecutive,
+                      decisions="batch") as cached:
         ours = generate(pipe)
         stats = cached.stats()
     assert stats.calls_fully_computed == len(computes) < 2 * STEPS  # 2 calls per step (cond, uncond)
