@@ -154,7 +154,7 @@ def estimate(model: nn.Module, method: Any = "magcache", inputs: dict | None = N
     pipe = _StandInPipeline(meta)
     cache_codec(cache_dtype, cache_scale, cache_device)  # the field errors apply would give
     # meta tensors cannot be copied to the host: count the bytes on the meta device, report them where they will live
-    handle = apply(pipe, method, scope=scope, cache_dtype=cache_dtype, cache_scale=cache_scale,
+    handle = apply(pipe, method, decisions="batch", scope=scope, cache_dtype=cache_dtype, cache_scale=cache_scale,
                    count_flops=not memory_only, **overrides)
     engine = handle.engine
     if engine.adapter.latents is not None:  # latent layouts read grid sizes off position ids: give them the real ones

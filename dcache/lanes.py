@@ -199,8 +199,15 @@ class Lanes:
         """The engine's generation ends (the pipeline's last step, a new generation, remove): every lane's too."""
         if self.swapped:
             return
+        engine, total, before = self.engine, {}, self.engine.memory_at_end
         for lane in self.lanes.values():
+            engine.memory_at_end = {}
             self._finish(lane)
+            for branch, kinds in engine.memory_at_end.items():  # handle.memory(): the lanes' bytes add up
+                into = total.setdefault(branch, {})
+                for kind, size in kinds.items():
+                    into[kind] = into.get(kind, 0) + size
+        engine.memory_at_end = total or before  # lanes already finished keep the sum taken then
 
 
     # ------------------------------------------------------------------------------------------------ reading

@@ -202,3 +202,15 @@ def test_all_compute_with_per_sample_decisions_matches_uncached(pipe):
             cached = _images(pipe, LABELS, noise)
     assert handle.stats().compute_ratio == 1.0 and len(handle.stats().per_sample) == 2
     assert (cached - reference).abs().max() < 1e-5
+
+
+def test_memory_report_sums_the_samples(pipe):
+    """Each sample caches its own rows: handle.memory() adds the lanes up to the batch's bytes, branch by branch."""
+    noise, reports = _noise(pipe, 2), {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DCacheHealthWarning)
+        for mode in ("sample", "batch"):
+            with dcache.apply(pipe, "teacache", decisions=mode) as handle:
+                pipe(labels=LABELS, num_inference_steps=4, latents=noise, output_type="pt")
+                reports[mode] = handle.memory().by_branch
+    assert reports["sample"] == reports["batch"] and reports["batch"], reports
