@@ -15,7 +15,8 @@ file. Every field is optional except `method`:
       "storage": {"cache_dtype": "bfloat16", "cache_scale": null, "cache_device": null,
                   "max_cache_memory": "8GiB", "fit": "auto"},
       "experts": {"transformer_2": {"warmup_steps": 2}},   # per expert: knobs, a method name, or null (uncached)
-      "controlnet": "follow"                     # or a method name, or {"method": "fixed_interval", "interval": 3}
+      "controlnet": "follow",                    # or a method name, or {"method": "fixed_interval", "interval": 3}
+      "decisions": "sample"                      # or "batch": one decision per batched call (docs/serving.md)
     }
 
 Arguments given to `dcache.apply` beside the file override its fields (per request: `dcache.apply(pipe,
@@ -58,6 +59,7 @@ class Setup:
     storage: dict[str, Any] = field(default_factory=dict)
     experts: dict[str, Any] | None = None
     controlnet: Any = None
+    decisions: str | None = None  # "sample" | "batch" | None (apply's default)
 
     # ------------------------------------------------------------------------------------------ reading
     @classmethod
@@ -129,6 +131,9 @@ class Setup:
                 if value is not None and not isinstance(value, (str, dict)):
                     raise fail(f"experts.{name}", f"is {type(value).__name__}",
                                "give the expert's knobs as an object, a method name, or null (uncached)")
+        if self.decisions not in (None, "sample", "batch"):
+            raise fail("decisions", f"is {self.decisions!r:.40}", 'use "sample" (each sample decided on its own), '
+                       '"batch" (one decision per batched call) or null')
         if self.controlnet is not None and not isinstance(self.controlnet, (str, dict)):
             raise fail("controlnet", f"is {type(self.controlnet).__name__}",
                        'give "follow", a method name, or {"method": "fixed_interval", "interval": 3}')
@@ -187,7 +192,7 @@ class Setup:
     def apply_arguments(self) -> dict[str, Any]:
         """The keyword arguments of dcache.apply this setup stands for (method included)."""
         return {"method": self.method, "scope": self.scope, "num_steps": self.num_steps, "memoize": self.memoize,
-                "experts": self.experts, "controlnet": self.controlnet,
+                "experts": self.experts, "controlnet": self.controlnet, "decisions": self.decisions,
                 **{k: v for k, v in self.storage.items() if v is not None}, **self.knobs}
 
 
@@ -242,7 +247,7 @@ def _format_of(path: Path) -> Any:
         if path.stat().st_size > MAX_SETUP_BYTES:
             return None
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # nested too deeply: the plan reader names the file and the fix
         return None
     return data.get("format") if isinstance(data, dict) else None
 
@@ -278,7 +283,7 @@ def setup_of(arguments: dict[str, Any]) -> Setup:
     storage = {k: arguments[k] for k in STORAGE_FIELDS if arguments[k] is not None}
     return Setup(method=method, knobs=_plain(knobs), scope=arguments["scope"], num_steps=arguments["num_steps"],
                  memoize=arguments["memoize"], storage=storage, experts=arguments["experts"],
-                 controlnet=arguments["controlnet"])
+                 controlnet=arguments["controlnet"], decisions=arguments.get("decisions"))
 
 
 def _plain(value: Any) -> Any:

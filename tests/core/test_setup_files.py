@@ -120,6 +120,7 @@ BAD = {
                    "4GiB"),
     "fit alone": (setup_dict(method="magcache", storage={"fit": "auto"}), "storage.fit", "max_cache_memory"),
     "bad expert": (setup_dict(method="magcache", experts={"transformer_2": 3}), "experts.transformer_2", "null"),
+    "bad decisions": (setup_dict(method="magcache", decisions="each"), "decisions", '"batch"'),
     "missing plan": (setup_dict(method="nowhere/plan.json"), "method", "does not exist"),
 }
 
@@ -134,6 +135,14 @@ def test_bad_fields_name_the_file_the_field_and_the_fix(pipe, tmp_path, case):
     assert str(path) in message and fix in message, message
     assert f"field {field!r}" in message, message
     assert getattr(pipe.transformer, "_dcache_engine", None) is None  # nothing hooked
+
+
+def test_decisions_travel_in_the_setup_and_beside_it(pipe, tmp_path):
+    path = write(tmp_path, setup_dict(method="fixed_interval", decisions="batch"))
+    _, handle = run(pipe, path)
+    assert handle.setup().decisions == "batch" and handle.setup().knobs == {}
+    _, handle = run(pipe, path, decisions="sample")
+    assert handle.setup().decisions == "sample" and handle.setup().knobs == {}
 
 
 def test_a_json_file_of_another_kind_names_the_setup_format_too(pipe, tmp_path):
