@@ -10,7 +10,7 @@ another"). This schedule places its computed steps while it runs, the way an ODE
     (measured after the call, delivered with the branch's next decision: no extra host sync);
   * the forecast error grows with the gap h like h^q (q = p + 1 for a Taylor series of order p in theory; q is
     fitted on the (gap, error) pairs this generation measured, see `growth`), so the next gap is
-        tolerance mode:     h' = h * safety * (tolerance / e)^(1 / q)
+        tolerance mode:     h' = h * min(2, safety * (tolerance / e)^(1 / q))
         compute_ratio mode: h' = base * min(1, (e_ref / e)^(1 / q)),   base = steps left / computes left,
                             e_ref = geometric mean of the errors measured in this generation
                             (a gap shortened where the error is high widens the gaps after it),
@@ -18,7 +18,9 @@ another"). This schedule places its computed steps while it runs, the way an ODE
 
 With `compute_ratio` (default 0.25) the budget is a hard cap: round(compute_ratio * N) computed calls per branch
 (warm-up included); the errors only move them to where the forecast struggles. With `tolerance` the count follows
-the model and the prompt. The decision reads only the step and past measurements, so it works in block and call
+the model and the prompt. With split CFG the first branch of the generation places the computed steps and the
+others compute at the same steps, so the branches' forecast errors stay correlated and cancel in the guided
+velocity (a batched-CFG call decided per sample runs each half on its own: use decisions="batch" there). The decision reads only the step and past measurements, so it works in block and call
 scope with every forecaster (`forecaster=`); like any schedule that reads a signal, a ControlNet cannot follow it
 (give the ControlNet its own schedule).
 
@@ -117,7 +119,7 @@ class AdaptiveKeyframeConfig(MethodConfig):
 
 def growth(gaps: list[float], errors: list[float], order: int) -> float:
     """The exponent q of e ~ h^q, fitted by least squares on log e against log h over this generation's computed
-    steps, clamped to [0.25, order + 1]; 1 until two different gaps were measured. In theory q = order + 1 (the
+    steps, clamped to [0.5, order + 1]; 1 until two different gaps were measured. In theory q = order + 1 (the
     Taylor remainder), but the errors measured on real models grow far slower (on the bundled digit model relL1 0.03
     over one step and 0.08 over five: q ~ 0.6), and the theoretical exponent would barely move the gaps."""
     if len(set(gaps)) < 2:
@@ -125,7 +127,10 @@ def growth(gaps: list[float], errors: list[float], order: int) -> float:
     xs, ys = [math.log(h) for h in gaps], [math.log(e) for e in errors]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return min(max(slope, 0.25), order + 1.0)
+    return min(max(slope, 0.5), order + 1.0)
+
+
+MAX_GROWTH = 2.0  # tolerance mode: the next gap is at most this times the last one
 
 
 @dataclass
@@ -152,6 +157,8 @@ class AdaptiveKeyframeSchedule(Schedule):
         self.name = "adaptive_keyframe"
         self._branches: dict[str, _Branch] = {}
         self._num_steps = 0
+        self._leader: str | None = None
+        self._taken: dict[int, Action] = {}
 
     def reset(self, generation: GenerationInfo) -> None:
         if generation.num_steps is None:
@@ -162,6 +169,8 @@ class AdaptiveKeyframeSchedule(Schedule):
             self.forecaster.reset(generation)
         self._num_steps = generation.num_steps
         self._branches = {}
+        self._leader: str | None = None  # the generation's first branch: the others follow its placement
+        self._taken: dict[int, Action] = {}  # step -> the leader's action
 
     def budget(self) -> int | None:
         """Computed calls per branch in ratio mode (at least the warm-up), None in tolerance mode."""
@@ -171,6 +180,18 @@ class AdaptiveKeyframeSchedule(Schedule):
         return max(min(c.warmup_steps, self._num_steps), round(c.compute_ratio * self._num_steps))
 
     def decide(self, ctx: CallContext) -> Action:
+        if self._leader is None:
+            self._leader = ctx.branch
+        if ctx.branch != self._leader and ctx.step in self._taken:
+            # split CFG: the other branches compute where the first one did, so that the branches' forecast errors
+            # stay correlated and cancel in v_u + g (v_c - v_u) (placed apart, they reach the sample amplified)
+            return self._taken[ctx.step]
+        action = self._decide_own(ctx)
+        if ctx.branch == self._leader:
+            self._taken[ctx.step] = action
+        return action
+
+    def _decide_own(self, ctx: CallContext) -> Action:
         state = self._branches.setdefault(ctx.branch, _Branch())
         error = ctx.signals.get(KEYFRAME_ERROR)
         if state.waiting:  # the error of the last computed step arrives with this call (None: too little history)
@@ -207,7 +228,9 @@ class AdaptiveKeyframeSchedule(Schedule):
         state.gaps.append(state.gap)
         exponent = 1.0 / growth(state.gaps, state.errors, c.order)
         if c.tolerance is not None:
-            gap = state.gap * c.safety * (c.tolerance / error) ** exponent
+            # at most twice the last gap per computed step, as ODE step-size controllers limit growth: an error
+            # measured over a short gap says little about one four times longer
+            gap = state.gap * min(MAX_GROWTH, c.safety * (c.tolerance / error) ** exponent)
         else:
             if self.budget() - state.computed <= 0:
                 return

@@ -98,10 +98,21 @@ def test_a_tolerance_spends_computes_where_the_trajectory_bends():
     assert len(computed_steps(straight)) < len(steps)  # a line needs fewer computes at the same tolerance
 
 
+def test_a_tolerance_grows_the_gap_at_most_twofold_per_computed_step():
+    model = CurveToy(lambda t: t)  # a line: every measured error ~0, so only the growth limit holds the gaps
+    with dcache.apply(model, "adaptive_keyframe", compute_ratio=None, tolerance=0.1, order=1, scope="call",
+                      num_steps=N) as handle:
+        run(model)
+    steps = computed_steps(handle)
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    assert all(later <= 2 * earlier for earlier, later in zip(gaps, gaps[1:])), gaps
+    assert max(gaps) > 4  # and they do grow where the forecast is exact
+
+
 def test_the_error_growth_exponent_is_fitted_and_clamped():
     assert growth([2.0, 2.0], [0.1, 0.2], order=2) == 1.0  # one gap length: no evidence
     assert growth([1.0, 2.0, 4.0], [0.01, 0.04, 0.16], order=2) == pytest.approx(2.0)
-    assert growth([1.0, 2.0], [0.1, 0.1], order=2) == 0.25
+    assert growth([1.0, 2.0], [0.1, 0.1], order=2) == 0.5
     assert growth([1.0, 2.0], [0.01, 1.0], order=1) == 2.0
 
 
