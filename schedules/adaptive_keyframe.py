@@ -20,9 +20,10 @@ With `compute_ratio` (default 0.25) the budget is a hard cap: round(compute_rati
 (warm-up included); the errors only move them to where the forecast struggles. With `tolerance` the count follows
 the model and the prompt. With split CFG the first branch of the generation places the computed steps and the
 others compute at the same steps, so the branches' forecast errors stay correlated and cancel in the guided
-velocity (a batched-CFG call decided per sample runs each half on its own: use decisions="batch" there). The decision reads only the step and past measurements, so it works in block and call
-scope with every forecaster (`forecaster=`); like any schedule that reads a signal, a ControlNet cannot follow it
-(give the ControlNet its own schedule).
+velocity (a batched-CFG call decided per sample runs each half on its own: use decisions="batch" there). The
+decision reads only the step and past measurements, so it works in block and call scope with every forecaster
+(`forecaster=`); like any schedule that reads a signal, a ControlNet cannot follow it (give the ControlNet its own
+schedule).
 
 Memory: the cache's (order + 1) tensors per branch, plus the same again for the error measurement's own forecast
 history (latent-sized in call scope, the stack residual's size in block scope; counted as signal memory).
