@@ -183,7 +183,8 @@ def batch1_part(methods: dict) -> str:
 
 
 PER_SAMPLE_TEXT = (
-    "With per-sample decisions (the default) a batched call of a method that reads a signal runs each row as its "
+    "With per-sample decisions (decisions='sample'; the default is 'batch') a batched call of a method that reads "
+    "a signal runs each row as its "
     "own call (docs/serving.md). The cost per batched call is the time with decisions='sample' minus the time with "
     "decisions='batch' at a setting where both compute everything; the gather / scatter of the rows alone (argument "
     "split and output concatenation, no model) is the last column. At batch 1 nothing is split. At batch 4 the rows "

@@ -85,8 +85,13 @@ def forecasters_section(results: dict | None) -> list[str]:
            "scope. Measured rows: [benchmarks/results/forecasters.json](../benchmarks/results/forecasters.json) "
            "(keyframe in call scope, uniform keyframes, held-out PSNR vs uncached; `taylor-o1` / `taylor-o2` are the "
            "Taylor table the forecasters replace).", "",
-           "```python", "dcache.apply(pipe, \"keyframe\", scope=\"call\", forecaster=\"foca\")",
-           "dcache.apply(pipe, \"taylorseer\", forecaster={\"name\": \"spectrum\", \"degree\": 2, \"ridge\": 0.0})",
+           "```python", "import dcache", "from dcache.pipelines.bundled import load_tiny_pipeline", "",
+           "pipe = load_tiny_pipeline()",
+           "with dcache.apply(pipe, \"keyframe\", scope=\"call\", forecaster=\"foca\"):",
+           "    pipe(\"3\", num_inference_steps=8)",
+           "with dcache.apply(pipe, \"taylorseer\", "
+           "forecaster={\"name\": \"spectrum\", \"degree\": 2, \"ridge\": 0.0}):",
+           "    pipe(\"3\", num_inference_steps=8)",
            "```"]
     for name, cls in sorted(FORECASTERS.items()):
         module = inspect.getmodule(cls)

@@ -1,4 +1,4 @@
-"""Per-sample decisions (`decisions="sample"`, the default): a sample's output never depends on its batch.
+"""Per-sample decisions (`decisions="sample"`; the default is "batch"): a sample's output never depends on its batch.
 
 A batched transformer call of B rows (the latent input `hidden_states` is [B, ...]; with batched CFG the rows are
 [uncond_0..uncond_{n-1}, cond_0..cond_{n-1}], so each CFG half of a sample is a row of its own) is split into
@@ -50,10 +50,10 @@ class BatchDecisionsWarning(UserWarning):
 
 def check_decisions(decisions: Any) -> str:
     if decisions not in DECISIONS:
-        raise ValueError(f"decisions={decisions!r} is not one of {DECISIONS}: 'sample' (default) decides every sample "
+        raise ValueError(f"decisions={decisions!r} is not one of {DECISIONS}: 'sample' decides every sample "
                          f"of a batch (and each CFG half) on its own, so a request's image does not depend on its "
-                         f"batch; 'batch' takes one decision per batched call (faster when all samples are known to "
-                         f"move together).")
+                         f"batch; 'batch' (default) takes one decision per batched call (faster, and "
+                         f"all-compute stays bit-identical to the uncached batch).")
     return decisions
 
 

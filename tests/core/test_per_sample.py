@@ -40,7 +40,7 @@ def _batch_and_alone(pipe, method, labels, apply_kwargs=(), **call_kwargs):
     noise = _noise(pipe, len(labels))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DCacheHealthWarning)  # a setting that reuses nothing is fine here
-        with dcache.apply(pipe, method, **dict(apply_kwargs)) as handle:
+        with dcache.apply(pipe, method, **{"decisions": "sample", **dict(apply_kwargs)}) as handle:
             lanes = handle.engine.lanes
             dynamic = lanes is not None and lanes._reads_signals()
             batch = _images(pipe, labels, noise, **call_kwargs)
@@ -105,7 +105,7 @@ def test_unsplittable_call_falls_back_with_one_warning(pipe):
     noise = _noise(pipe, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DCacheHealthWarning)
-        with dcache.apply(pipe, "teacache") as handle:
+        with dcache.apply(pipe, "teacache", decisions="sample") as handle:
             handle.engine.lanes.batch_reason = "a reason given by a test"
             with pytest.warns(BatchDecisionsWarning, match="a reason given by a test") as caught:
                 _images(pipe, LABELS, noise)
@@ -121,7 +121,7 @@ def test_bad_decisions_value_names_the_field(pipe):
 
 def test_requests_must_match_the_rows(pipe):
     noise = _noise(pipe, 2)
-    with dcache.apply(pipe, "teacache") as handle:
+    with dcache.apply(pipe, "teacache", decisions="sample") as handle:
         with pytest.raises(ValueError, match=r"named 3 requests.*2 rows"):
             with handle.requests(["a", "b", "c"]):
                 pipe(labels=LABELS, num_inference_steps=2, latents=noise, guidance_scale=1.0)
@@ -180,11 +180,11 @@ def test_continuous_batching_each_request_gets_its_own_image(pipe, method):
     plain = _serving_loop(pipe, None, arrivals, labels, noise)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore", DCacheHealthWarning)
-        with dcache.apply(pipe.transformer, method, num_steps=STEPS) as handle:
+        with dcache.apply(pipe.transformer, method, num_steps=STEPS, decisions="sample") as handle:
             together = _serving_loop(pipe, handle, arrivals, labels, noise)
         alone = {}
         for r in arrivals:
-            with dcache.apply(pipe.transformer, method, num_steps=STEPS) as handle:
+            with dcache.apply(pipe.transformer, method, num_steps=STEPS, decisions="sample") as handle:
                 alone.update(_serving_loop(pipe, None, {r: 0}, labels, noise))  # the engine's own path
     for r in arrivals:
         assert torch.equal(together[r], alone[r]), (r, (together[r] - alone[r]).abs().max().item())
@@ -198,7 +198,7 @@ def test_all_compute_with_per_sample_decisions_matches_uncached(pipe):
     reference = _images(pipe, LABELS, noise)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DCacheHealthWarning)
-        with dcache.apply(pipe, "fbcache", threshold=0.0) as handle:
+        with dcache.apply(pipe, "fbcache", threshold=0.0, decisions="sample") as handle:
             cached = _images(pipe, LABELS, noise)
     assert handle.stats().compute_ratio == 1.0 and len(handle.stats().per_sample) == 2
     assert (cached - reference).abs().max() < 1e-5

@@ -50,6 +50,8 @@ SKIPPED = {
                      "runs the same calls on a tiny two-expert WanPipeline",
     "controlnet": "needs a ControlNet pipeline; tests/compat/test_controlnet_cache.py runs the same calls (Python, "
                   "`dcache generate --controlnet`, an eval method spec) on tiny Flux / Qwen-Image ControlNets",
+    "queue": "a serving loop over the reader's own transformer, noise and text (docs/serving.md); "
+             "tests/core/test_per_sample.py runs the same loop on the bundled model",
     "dcache estimate --model org/repo": "downloads a config from the hub; tests/memory/test_estimate_cli.py runs "
                                         "the shipped and folder forms",
     "dcache estimate --model path/to/pipeline": "names the reader's own folder; tests/memory/test_estimate_cli.py "

@@ -99,6 +99,7 @@ ALL_COMPUTE = {
     "delta_dit": {"interval": 1}, "flowcache": {"threshold": 0.0},
     "pab": {"spatial_range": 1, "temporal_range": 1, "cross_range": 1, "mlp_range": 1},
     "keyframe": {"keyframes": tuple(i / (STEPS - 1) for i in range(STEPS))},  # every step a keyframe
+    "adaptive_keyframe": {"compute_ratio": 1.0},  # a budget of every step
 }
 
 
