@@ -243,11 +243,9 @@ def setup_file(method: Any) -> Setup | None:
 
 def _format_of(path: Path) -> Any:
     """The "format" of a small JSON file, or None (missing, unreadable or not an object: the plan reader says why)."""
-    try:
-        if path.stat().st_size > MAX_SETUP_BYTES:
-            return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # nested too deeply: the plan reader names the file and the fix
+    try:  # read_json's size cap, decoding and nesting checks; its error is the plan reader's to give
+        data = read_json(path, MAX_SETUP_BYTES, "setup file", "", SetupError)
+    except SetupError:
         return None
     return data.get("format") if isinstance(data, dict) else None
 
