@@ -240,6 +240,24 @@ def test_the_package_ships_its_type_marker_and_requires_no_extra():
         assert module not in required, f"{module} is required; it belongs in an extra (dcache/extras.py)"
 
 
+def test_every_source_package_is_in_the_wheel():
+    """A folder with an __init__.py that pyproject.toml does not list is left out of the wheel: an editable install
+    (the suite's) still imports it, a plain `pip install` then fails with ImportError at `import dcache.schedules`."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folder_of = {package: Path(folder) for package, folder in setuptools["package-dir"].items()}
+    found = set()
+    for package, folder in folder_of.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder).parts
+            if "assets" not in relative:
+                found.add(".".join((package, *relative)))
+    # a sub-folder with its own package-dir entry is that entry's package, named the same either way
+    missing = sorted(found - set(setuptools["packages"]))
+    assert not missing, f"pyproject.toml [tool.setuptools] packages lacks {missing}: add them, or the wheel omits them"
+
+
 @pytest.mark.slow  # a fresh interpreter importing the method packages: ~50 s on a busy 2-core CPU
 def test_methods_load_even_when_stale_metadata_comes_first_on_sys_path(tmp_path):
     # A `dcache.egg-info` from an older build left in a checkout's root is the first dcache metadata Python finds
