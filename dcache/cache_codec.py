@@ -19,6 +19,9 @@ A tensor no wider than the cache dtype (e.g. a bf16 model with cache_dtype="floa
 kept as it is: a cache dtype never widens nor reinterprets. Taylor math stays fp32: at a computed step the table is
 decoded to fp32, updated (dcache.kernels.taylor_update) and encoded again; at a forecast step it is decoded and
 evaluated. That is the torch reference path on every backend (no fused Triton kernel reads the scaled formats).
+A tensor kept as it is (an offload alone, or a cache dtype no narrower than the model's) is updated and forecast in
+its own dtype instead, exactly as the plain history does: the same kernels see the same tables, so the outputs are
+the plain cache's bit for bit on every backend (fp32 tables there rounded differently on CUDA's Triton kernels).
 
 Offloaded caches: `dcache.apply(pipe, method, cache_device="cpu")` (alone or with a cache_dtype) keeps the stored
 tensors in host memory. Encoding copies a tensor out of the compute device into a fresh host tensor (pinned when it
@@ -97,7 +100,7 @@ class CacheCodec:
         dtype: the compute dtype `x` stands for (a Taylor table is encoded from its fp32 working copy)."""
         x = x.detach()
         dtype = dtype or x.dtype
-        if self.dtype is None or not dtype.is_floating_point or dtype.itemsize <= self.dtype.itemsize:
+        if self.keeps(dtype):
             return self._place(Stored(x.to(dtype), None, dtype))  # never widened nor reinterpreted
         guard = self.dtype is torch.float16  # scaled only beyond the range (see the table above)
         if self.scale is None and not guard:
@@ -112,6 +115,12 @@ class CacheCodec:
         else:
             scale = torch.where(amax > 0, amax / _FP8_MAX, torch.ones_like(amax))
         return self._place(Stored((x.float() / scale).to(self.dtype), scale, dtype))
+
+    def keeps(self, dtype: torch.dtype) -> bool:
+        """True when a tensor computed in `dtype` is stored as it is (no cache dtype, or one no narrower): its
+        history then does its Taylor math in `dtype`, on the same kernels as the plain history, so an offloaded cache
+        gives the on-device cache's outputs bit for bit on every backend."""
+        return self.dtype is None or not dtype.is_floating_point or dtype.itemsize <= self.dtype.itemsize
 
     def _place(self, stored: Stored) -> Stored:
         """Move an encoded tensor to the cache device: a fresh host copy (pinned for a CUDA source, so the copy back
@@ -288,15 +297,16 @@ class CodedHistory(UnitHistory):
             self.last_step = step
             return
         shapes = [(self.order + 1, *x.shape) for x in tensors]
+        math = [x.dtype if codec.keeps(x.dtype) else torch.float32 for x in tensors]  # the plain history's dtype
         if self.tables is None or [tuple(s.shape) for s in self.tables] != shapes:
-            work = [x.new_zeros(shape, dtype=torch.float32) for x, shape in zip(tensors, shapes)]
+            work = [x.new_zeros(shape, dtype=dtype) for x, shape, dtype in zip(tensors, shapes, math)]
             self.filled = 0
             self.last_step = None
         else:
-            work = [codec.decode(s, torch.float32) for s in self._on_device()]
+            work = [codec.decode(s, dtype) for s, dtype in zip(self._on_device(), math)]
         dist = float(step - self.last_step) if self.last_step is not None else 1.0
         filled = self.filled
-        for table, x in zip(work, tensors):  # fp32 tables: Taylor math as in full precision
+        for table, x in zip(work, tensors):  # narrowed caches: fp32 tables, Taylor math as in full precision
             filled = ops_for(table).taylor_update(table, x.detach(), max(dist, 1.0), self.filled)
         self.filled = filled
         self.tables = [codec.encode(t, lead=1, dtype=x.dtype) for t, x in zip(work, tensors)]
@@ -313,7 +323,7 @@ class CodedHistory(UnitHistory):
         ahead = float(step - (self.last_step or 0))
         out = []
         for s in self._on_device():
-            table = self.codec.decode(s, torch.float32)
+            table = self.codec.decode(s, s.dtype if self.codec.keeps(s.dtype) else torch.float32)
             out.append(ops_for(table).taylor_forecast(table, ahead, self.filled).to(s.dtype))
         return out
 

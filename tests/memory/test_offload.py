@@ -79,3 +79,47 @@ def test_the_estimate_reports_an_offloaded_cache_in_host_memory(flux):
 def test_a_bad_cache_device_names_the_field_and_the_values(value):
     with pytest.raises(ValueError, match=r"cache_device=.*allowed values: 'cpu'"):
         cache_codec(cache_device=value)
+
+
+@pytest.mark.parametrize("storage", [{"cache_device": "cpu"}, {"cache_dtype": "bfloat16"},
+                                     {"cache_dtype": "bfloat16", "cache_device": "cpu"}])
+@pytest.mark.parametrize("kind", ["stack", "block"])
+def test_a_kept_dtype_runs_the_plain_historys_taylor_math(flux, kind, storage, monkeypatch):
+    """A bf16 model whose cache keeps bf16 (offloaded, or cache_dtype='bfloat16'): the Taylor kernels see the tables
+    in the dtype the plain on-device history gives them, so the outputs match on every backend. (With fp32 copies of
+    the tables, the result equalled the plain cache's on the torch backend but not on CUDA's Triton kernels.)"""
+    import dcache.cache_codec
+    import dcache.state
+    from dcache.cache_ops import ops_for
+
+    seen: list[tuple[str, torch.dtype]] = []
+
+    class Recording:
+        def __init__(self, ops):
+            self.ops = ops
+
+        def __getattr__(self, name):
+            op = getattr(self.ops, name)
+            if not name.startswith("taylor_"):
+                return op
+
+            def recorded(table, *args, **kwargs):
+                seen.append((name, table.dtype))
+                return op(table, *args, **kwargs)
+            return recorded
+
+    for module in (dcache.state, dcache.cache_codec):
+        monkeypatch.setattr(module, "ops_for", lambda t: Recording(ops_for(t)))
+    model, inputs = flux
+    bf16 = (model.to(torch.bfloat16), [{k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point()
+                                        else v for k, v in kw.items()} for kw in inputs])
+    try:
+        method, config, scope = UNITS[kind]
+        ref, ref_actions, *_ = _run(bf16, method, config(1), scope)
+        plain, seen[:] = list(seen), []
+        out, actions, *_ = _run(bf16, method, config(1), scope, **storage)
+    finally:
+        model.to(torch.float32)
+    assert plain and {d for _, d in plain} == {torch.bfloat16}
+    assert seen == plain  # the same ops, in the same order, on tables of the same dtype
+    assert actions == ref_actions and torch.equal(out, ref)
