@@ -23,7 +23,13 @@ decisions arbitrary, so the methods here are the cadence-decided ones at compute
 FLOPs, memory traffic and overheads are those of a trained model.
 
 Each part writes benchmarks/results/gpu/<part>-<model>.json (--out to change) with the device name, torch /
-diffusers / triton versions and the exact command.
+diffusers / triton versions and the exact command; the speed part rewrites it after every method ("complete": false
+until the last), so a run stopped at a time limit keeps the rows it finished.
+
+On a machine with a CUDA torch but no dcache environment, install the wheel (`pip wheel --no-deps -w whl .` here,
+`pip install --target SITE whl/*.whl` there) and run with `PYTHONPATH=SITE python -P ...`: -P keeps the checkout's
+source folders off sys.path, where they would shadow the installed package's layout (benchmarks/gpu_all.sh runs
+every check that way).
 """
 
 from __future__ import annotations
@@ -258,6 +264,7 @@ def part_speed(ctx: dict) -> dict:
                      "runs": times})
         print(f"  {label:26s} ratio {stats.compute_ratio:.3f}  {base:.3f}s -> {fast:.3f}s  "
               f"{measured:.2f}x of ideal {stats.ideal_speedup:.2f}x", flush=True)
+        ctx["save"]({"rows": rows, "complete": False})  # a run stopped at its time limit keeps its finished rows
     return {"rows": rows}
 
 
@@ -390,7 +397,20 @@ def environment(device: torch.device) -> dict:
             "dcache": dcache.__version__}
 
 
-def run_part(part: str, args: argparse.Namespace, device: torch.device) -> dict:
+def save(path: Path, data) -> None:
+    """Write one JSON atomically (a reader never sees half a file)."""
+    from dcache.io import atomic_write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+
+
+def output_path(args: argparse.Namespace) -> Path | None:
+    """--out, else benchmarks/results/gpu/<part>-<model>.json; a dry run writes only where --out says."""
+    return Path(args.out) if args.out else None if args.dry_run else RESULTS / f"{args.part}-{args.model}.json"
+
+
+def run_part(part: str, args: argparse.Namespace, device: torch.device, out: Path | None = None) -> dict:
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     config, setting = model_spec(args.model, args.dry_run)
     steps = args.steps or setting.steps
@@ -407,7 +427,9 @@ def run_part(part: str, args: argparse.Namespace, device: torch.device) -> dict:
         inputs, branches = ctx["inputs"], ctx["branches"] = real_inputs(config, setting, device, dtype)
         ctx["run"] = lambda: generate(transformer, inputs, branches, steps)
         result["parameters"] = sum(p.numel() for p in transformer.parameters())
+    ctx["save"] = lambda partial: save(out, {**result, **partial}) if out is not None else None
     result.update(PART_FUNCTIONS[part](ctx))
+    result["complete"] = True
     return result
 
 
@@ -421,13 +443,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   "check of the code path, or run this on a GPU machine.", file=sys.stderr)
             raise SystemExit(2)
     parts = PARTS if args.part == "all" else (args.part,)
-    results = [run_part(part, args, device) for part in parts]
-    out = Path(args.out) if args.out else None if args.dry_run else RESULTS / f"{args.part}-{args.model}.json"
+    out = output_path(args)
+    results = [run_part(part, args, device, out if len(parts) == 1 else None) for part in parts]
     if out is not None:
-        from dcache.io import atomic_write_text
-
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out, json.dumps(results if len(results) > 1 else results[0], indent=1) + "\n")
+        save(out, results if len(results) > 1 else results[0])
         print(f"wrote {out}", flush=True)
     return results
 

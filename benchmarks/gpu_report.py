@@ -33,7 +33,8 @@ def _header(r: dict) -> str:
 
 
 def speed_table(r: dict) -> str:
-    lines = [_header(r), "", "| method | scope | compute ratio | ideal | uncached s | cached s | measured | "
+    stopped = " (the run stopped at its time limit: the methods it finished)" if r.get("complete") is False else ""
+    lines = [_header(r) + stopped, "", "| method | scope | compute ratio | ideal | uncached s | cached s | measured | "
              "measured / ideal |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for row in r["rows"]:
         lines.append(f"| {row['method']} | {row['scope']} | {row['compute_ratio']:.3f} | {row['ideal_speedup']:.2f}x "

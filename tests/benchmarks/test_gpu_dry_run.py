@@ -60,6 +60,30 @@ def test_the_speed_part_runs_for_the_video_and_mmdit_families(gpu_bench, tmp_pat
     assert all(0 < row["compute_ratio"] < 1 for row in result["rows"])
 
 
+def test_the_speed_part_keeps_its_finished_rows_when_stopped(gpu_bench, tmp_path, monkeypatch):
+    """A run stopped at a time limit (here: the third method raises) leaves a JSON with the rows it finished,
+    marked incomplete; a finished run marks itself complete."""
+    out = tmp_path / "speed.json"
+    applied = gpu_bench.Applied.__enter__
+    calls = []
+
+    def stop_at_the_third_method(self):
+        calls.append(self.args[1])
+        if len(calls) > 4:  # a warm-up and a timed run per method: two enters each
+            raise KeyboardInterrupt("time limit")
+        return applied(self)
+
+    monkeypatch.setattr(gpu_bench.Applied, "__enter__", stop_at_the_third_method)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_bench.main(["--dry-run", "--model", "flux.1-dev", "--part", "speed", "--out", str(out)])
+    partial = json.loads(out.read_text())
+    assert partial["complete"] is False and [r["method"] for r in partial["rows"]] == [m[0] for m in
+                                                                                      gpu_bench.METHODS[:2]]
+    monkeypatch.setattr(gpu_bench.Applied, "__enter__", applied)
+    gpu_bench.main(["--dry-run", "--model", "flux.1-dev", "--part", "speed", "--out", str(out)])
+    assert json.loads(out.read_text())["complete"] is True
+
+
 def test_without_a_gpu_a_real_size_run_is_refused(gpu_bench):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the real-size run would start")

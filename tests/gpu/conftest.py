@@ -2,6 +2,9 @@
 
     pytest tests/gpu tests/kernels        # tests/kernels runs its Triton cases natively on CUDA when there is one
 
+(or `PYTHONPATH=SITE python -P -m pytest tests/gpu` with dcache's wheel installed into SITE, as benchmarks/gpu_all.sh
+does on a machine without the dev environment: -P keeps the checkout's source folders from shadowing the install).
+
 They check what only a GPU can: bf16 outputs on CUDA, inductor-compiled blocks under dcache, and the CUDA-stream
 prefetch of an offloaded cache.
 """

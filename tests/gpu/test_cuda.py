@@ -30,13 +30,37 @@ class AllCompute(Schedule):
         return Action.COMPUTE  # one action: every unit computes
 
 
+def to_device(value, dtype):
+    """value on DEVICE, floating tensors in `dtype`, through lists, tuples and dicts (Z-Image takes lists of
+    tensors, Kandinsky 5 and Bria-FIBO nested ones)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(DEVICE, dtype if value.is_floating_point() else value.dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_device(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: to_device(v, dtype) for k, v in value.items()}
+    return value
+
+
+def bf16_model(entry):
+    """The family's model on DEVICE in bfloat16, its `_keep_in_fp32_modules` kept in float32 as
+    `from_pretrained(torch_dtype=torch.bfloat16)` keeps them (Kandinsky 5's embeddings and modulations)."""
+    model = entry.make_model().to(DEVICE, torch.bfloat16)
+    keep = getattr(model, "_keep_in_fp32_modules", None) or []
+    for name, module in model.named_modules():
+        if any(part in keep for part in name.split(".")):
+            module.to(torch.float32)
+    return model
+
+
 def run_steps(model, entry, dtype=torch.bfloat16):
     outs = []
     with torch.no_grad():
         for step in range(STEPS):
-            kwargs = {k: v.to(DEVICE, dtype if v.is_floating_point() else v.dtype) if isinstance(v, torch.Tensor)
-                      else v for k, v in entry.make_inputs(step).items()}
+            kwargs = {k: to_device(v, dtype) for k, v in entry.make_inputs(step).items()}
             out = model(**kwargs, return_dict=False)[0]
+            if isinstance(out, (list, tuple)):  # Z-Image: one tensor per sample
+                out = torch.cat([o.flatten() for o in out])
             outs.append(out.clone())
     return outs
 
@@ -44,7 +68,7 @@ def run_steps(model, entry, dtype=torch.bfloat16):
 @pytest.mark.parametrize("family", sorted(zoo.ZOO))
 def test_all_compute_is_bit_identical_in_bf16_on_cuda(family):
     entry = zoo.ZOO[family]
-    model = entry.make_model().to(DEVICE, torch.bfloat16)
+    model = bf16_model(entry)
     reference = run_steps(model, entry)
     with dcache.apply(model, AllCompute(), num_steps=STEPS):
         cached = run_steps(model, entry)
