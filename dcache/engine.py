@@ -137,11 +137,15 @@ class Engine:
         """A new pipeline generation (the scheduler wrapper calls this under `guard.lock`); an open generation of
         another thread is taken over (its thread's next call is refused: dcache.concurrency)."""
         self.scheduler_name = type(scheduler).__name__
+        ts = getattr(scheduler, "timesteps", None)
+        self.open_generation(tuple(float(t) for t in ts.tolist()) if isinstance(ts, torch.Tensor) else None)
+
+    def open_generation(self, timesteps: tuple[float, ...] | None, num_steps: int | None = None) -> None:
+        """A new generation whose steps are signalled (a scheduler's set_timesteps, or a custom loop:
+        dcache.custom_loop), under `guard.lock`; an open generation of another thread is taken over."""
         self.guard.take_over(self.tracker.record)
         self.finish_generation()
-        ts = getattr(scheduler, "timesteps", None)
-        timesteps = tuple(float(t) for t in ts.tolist()) if isinstance(ts, torch.Tensor) else None
-        self.tracker.on_set_timesteps(timesteps)
+        self.tracker.on_set_timesteps(timesteps, num_steps)
         self._start_generation(self.tracker.record)
 
     def _start_generation(self, record: GenerationRecord) -> None:

@@ -113,10 +113,11 @@ class StepTracker:
         self._context.name = name
 
     # -- pipeline (scheduler) events --------------------------------------------------------------------------
-    def on_set_timesteps(self, timesteps: tuple[float, ...] | None) -> None:
+    def on_set_timesteps(self, timesteps: tuple[float, ...] | None, num_steps: int | None = None) -> None:
+        """A generation whose steps are signalled; num_steps: a custom loop's own count (dcache.custom_loop)."""
         self.scheduler_driven = True
-        self.record = GenerationRecord(num_steps=len(timesteps) if timesteps else self.fixed_num_steps,
-                                       timesteps=timesteps)
+        count = num_steps if num_steps is not None else len(timesteps) if timesteps else self.fixed_num_steps
+        self.record = GenerationRecord(num_steps=count, timesteps=timesteps)
         self.records_started += 1
 
     def on_scheduler_step(self) -> bool:

@@ -97,9 +97,20 @@ class Handle:
         lanes = self._engine.lanes
         if lanes is None:
             raise ValueError("handle.requests() names the requests of a batch for per-sample decisions, but this "
-                             "handle was applied with decisions='batch'; apply with decisions='sample' (the "
-                             "default).")
+                             "handle was applied with decisions='batch' (the default); apply with "
+                             "decisions='sample'.")
         return lanes.requests(ids)
+
+    def loop(self, num_steps: int, timesteps: Any = None):
+        """`with handle.loop(num_steps=N) as loop:` one generation of a denoising loop that is not a diffusers
+        pipeline, with explicit signals: `loop.step(i)` before step i's transformer calls, `with loop.branch(name):`
+        around each call of a split-CFG step. timesteps (optional, one per step) reach the schedule as a pipeline's
+        would. dcache.custom_loop, docs/serving.md."""
+        from .custom_loop import DenoisingLoop
+
+        if self._removed:
+            raise RuntimeError("handle.loop() on a removed handle: dcache.apply the transformer again first.")
+        return DenoisingLoop((self._engine, *self._engine.followers), num_steps, timesteps)
 
     def memory(self, expert: str | None = None) -> MemoryReport:
         """Cache memory: peak and live bytes, and where they were (by unit kind and branch) in the last generation
