@@ -7,6 +7,7 @@
     python benchmarks/gpu.py --part kernels                         # cache-path kernels, Triton vs torch, GB/s
     python benchmarks/gpu.py --part compile --model flux.1-dev      # regional torch.compile with dcache
     python benchmarks/gpu.py --part offload --model flux.1-dev      # cache_device="cpu": overlap and exactness
+    python benchmarks/gpu.py --part cudagraphs --model flux.1-dev   # whole-model compile, fullgraph, CUDA graphs
     python benchmarks/gpu.py --dry-run                              # every part on tiny configs, on the CPU
     python benchmarks/assemble.py                                   # the JSONs -> a BENCHMARKS.md section
 
@@ -42,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-PARTS = ("speed", "memory", "kernels", "compile", "offload")
+PARTS = ("speed", "memory", "kernels", "compile", "offload", "cudagraphs")
 MODELS = ("flux.1-dev", "wan2.1-t2v-1.3b", "qwen-image")
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu"
 
@@ -363,8 +364,64 @@ def part_offload(ctx: dict) -> dict:
     return {"rows": rows}
 
 
+def part_cudagraphs(ctx: dict) -> dict:
+    """The whole transformer compiled with fullgraph=True under a step-decided schedule in block scope (the decisions
+    trace: no graph break), mode="reduce-overhead" on CUDA (CUDA graphs; the eager backend with --dry-run): speed-up
+    on top of the same compile, graphs, recompiles after the warm-up, and agreement with eager dcache.
+
+    Timed in two blocks (compiled uncached, then compiled with one dcache handle kept for every run) rather than in
+    alternation: a fresh handle installs new hook objects, which dynamo's guards see as a new function (a recompile
+    per apply), so one handle serves the warm-up and the timed generations, as it would in a server."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    transformer, device, run, runs = ctx["transformer"], ctx["device"], ctx["run"], ctx["runs"]
+    cuda = device.type == "cuda" and not ctx["dry_run"]
+    backend, mode = ("inductor", "reduce-overhead") if cuda else ("eager", None)
+    label, method, settings, scope = METHODS[1]
+    with Applied(transformer, method, ctx["steps"], scope, **settings):
+        reference = run().float()
+    torch._dynamo.reset()
+    counters.clear()
+    transformer.compile(backend=backend, mode=mode, fullgraph=True)  # a graph break raises: none is allowed
+
+    def timed(count: int) -> list[float]:
+        seconds = []
+        for _ in range(count):
+            with Clock(device) as clock:
+                run()
+            seconds.append(clock.seconds)
+        return seconds
+
+    timed(1)  # warm-up: compiles the uncached graph
+    uncached = timed(runs)
+    handle = dcache.apply(transformer, method, num_steps=ctx["steps"], scope=scope, **settings)
+    try:
+        timed(1)  # warm-up: compiles one graph per distinct action row
+        warm_graphs = int(counters["stats"]["unique_graphs"])
+        cached = timed(runs)
+        output = run().float()
+        ratio = handle.stats().compute_ratio
+    finally:
+        handle.remove()
+    scale = float(reference.abs().max())
+    out = {"backend": backend, "mode": mode, "method": label, "scope": scope, "compute_ratio": ratio,
+           "compiled_uncached_s": statistics.median(uncached), "compiled_cached_s": statistics.median(cached),
+           "runs": {"uncached": uncached, "cached": cached}, "unique_graphs": warm_graphs,
+           "graphs_after_warmup": int(counters["stats"]["unique_graphs"]) - warm_graphs,
+           "graph_breaks": int(sum(counters["graph_break"].values())),
+           "max_abs_diff_vs_eager_dcache": float((output - reference).abs().max()), "output_scale": scale}
+    out["speedup_on_top_of_compile"] = out["compiled_uncached_s"] / out["compiled_cached_s"]
+    print(f"  {backend}/{mode}: compiled {out['compiled_uncached_s']:.3f}s, compiled + {label} "
+          f"{out['compiled_cached_s']:.3f}s ({out['speedup_on_top_of_compile']:.2f}x on top of compile); "
+          f"{warm_graphs} graphs (+{out['graphs_after_warmup']} after the warm-up), {out['graph_breaks']} graph "
+          f"breaks; max |out - eager dcache| {out['max_abs_diff_vs_eager_dcache']:.3g} of {scale:.3g}", flush=True)
+    torch._dynamo.reset()
+    return out
+
+
 PART_FUNCTIONS = {"speed": part_speed, "memory": part_memory, "kernels": part_kernels, "compile": part_compile,
-                  "offload": part_offload}
+                  "offload": part_offload, "cudagraphs": part_cudagraphs}
 
 
 # ------------------------------------------------------------------------------------------------ helpers

@@ -61,6 +61,16 @@ def compile_table(r: dict) -> str:
                       f"| {r['unique_graphs']} | {r['graph_breaks']} | {r['recompiles']} |"])
 
 
+def cudagraphs_table(r: dict) -> str:
+    head = ("| backend / mode | compiled s | compiled + dcache s | on top of compile | graphs (after warm-up) | graph "
+            "breaks | max abs diff vs eager dcache |")
+    row = (f"| {r['backend']} / {r['mode']} | {r['compiled_uncached_s']:.2f} | {r['compiled_cached_s']:.2f} "
+           f"| {r['speedup_on_top_of_compile']:.2f}x ({r['method']}, ratio {r['compute_ratio']:.3f}) "
+           f"| {r['unique_graphs']} (+{r['graphs_after_warmup']}) | {r['graph_breaks']} "
+           f"| {r['max_abs_diff_vs_eager_dcache']:.3g} (of {r['output_scale']:.3g}) |")
+    return "\n".join([_header(r), "", head, "|---|---:|---:|---:|---:|---:|---:|", row])
+
+
 def offload_table(r: dict) -> str:
     lines = [_header(r), "", "| method | on device s | offloaded s | slowdown | bit-identical | cache MiB |",
              "|---|---:|---:|---:|---|---:|"]
@@ -74,8 +84,8 @@ def kernels_table(r: dict) -> str:
     return f"On {r['device']}, `{r['command']}`:\n\n" + "\n".join(r["table"])
 
 
-TABLES = {"speed": speed_table, "memory": memory_table, "compile": compile_table, "offload": offload_table,
-          "kernels": kernels_table}
+TABLES = {"speed": speed_table, "memory": memory_table, "compile": compile_table, "cudagraphs": cudagraphs_table,
+          "offload": offload_table, "kernels": kernels_table}
 
 
 def gpu_part(folder: Path) -> str:

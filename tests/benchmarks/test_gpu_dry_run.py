@@ -49,6 +49,9 @@ def test_every_part_runs_on_tiny_configs_and_writes_its_json(gpu_bench, tmp_path
     compiled = parts["compile"]
     assert compiled["compute_ratio"] < 1 and compiled["unique_graphs"] >= 1
     assert all(row["bit_identical"] for row in parts["offload"]["rows"])
+    whole = parts["cudagraphs"]  # fullgraph=True traced the hooked model; one handle, no recompile after warm-up
+    assert whole["graph_breaks"] == 0 and whole["graphs_after_warmup"] == 0 and whole["compute_ratio"] < 1
+    assert whole["max_abs_diff_vs_eager_dcache"] == 0.0  # the eager backend: bit-identical to eager dcache
 
 
 @pytest.mark.parametrize("model", ["wan2.1-t2v-1.3b", "qwen-image"])
