@@ -3,11 +3,13 @@
     python benchmarks/forecasters.py --out benchmarks/results          # 3 models, 2 held-out seeds (~8 min, 2 cores)
     python benchmarks/forecasters.py --models digits --seeds 1          # one model, one seed
     python benchmarks/forecasters.py --tune --out benchmarks/results   # the sweep the defaults were chosen by
+    python benchmarks/forecasters.py --tune --only l2p --out benchmarks/results   # L2P's part of that sweep
 
 Schedule: keyframe in call scope (the whole transformer call forecast between keyframes: dcache's setting for ratios
 <= 0.25), uniform keyframes f_i = i / k (i = 0..k-1, k = round(ratio * steps)), the same for both CFG branches, at
 each model's default steps and guidance. Contenders: the engine's Taylor table of order 1 and 2, and each forecaster
-of dcache.schedules.forecasters at its default settings (order 2 serves while its window fills). The defaults were
+of dcache.schedules.forecasters at its default settings (order 2 serves while its window fills); L2P's table is
+fitted per model and ratio (`fit_l2p`) on that model's tuning seeds 0 and 1, with the same keyframes. The defaults were
 chosen by `--tune`: each forecaster's settings swept on tiny-digits only, on its tuning batch (seed 0, never a
 reported seed), best mean PSNR over the two ratios; tiny-motion and tiny-shapes were not tuned on.
 Held-out generations: seeds 1000.. (`--seeds`), each a batch of every class x `--per-class`; PSNR per sample
@@ -32,7 +34,9 @@ MODELS = {  # name: (loader, what it stands for)
     "shapes": ("load_shapes_pipeline", "SD3, batched CFG 4, 28 steps"),
 }
 RATIOS = (0.25, 0.14)
-FORECASTERS = ("taylor-o1", "taylor-o2", "foca", "hyca", "spectrum", "dmd")
+FORECASTERS = ("taylor-o1", "taylor-o2", "foca", "hyca", "spectrum", "dmd", "l2p")
+L2P_DEFAULT = {"window": 2, "ridge": 1.0}  # chosen by --tune on tiny-digits (forecasters_tuning_l2p.json)
+L2P_SEEDS = {"tune": (1, 2), "report": (0, 1)}  # its calibration runs: never a seed the row is measured on
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", type=int, default=2, help="held-out seeds (1000, 1001, ...)")
     ap.add_argument("--per-class", type=int, default=1, help="samples of each class per seed")
     ap.add_argument("--tune", action="store_true", help="sweep each forecaster's settings on tiny-digits, seed 0")
+    ap.add_argument("--only", default=None, help="with --tune: comma-separated forecaster names to sweep (e.g. l2p)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out",
                     help="folder for forecasters.json / forecasters.md")
@@ -65,9 +70,17 @@ def keyframes(ratio: float, steps: int) -> tuple[float, ...]:
     return tuple(i / k for i in range(k))
 
 
-def setting(name: str | dict) -> dict:
+def setting(name: str | dict, pipe=None, labels=None, keyframes_=None, seeds=()) -> dict:
+    """apply() settings of a contender; L2P is fitted first on `seeds` (generations of `pipe` with the keyframes)."""
     if isinstance(name, str) and name.startswith("taylor-o"):
         return {"order": int(name[-1])}
+    if name == "l2p" or (isinstance(name, dict) and name.get("name") == "l2p"):
+        from dcache.schedules.tuning.l2p_fit import fit_l2p
+
+        knobs = {**L2P_DEFAULT, **({k: v for k, v in name.items() if k != "name"} if isinstance(name, dict) else {})}
+        runs = [lambda seed=seed: generate(pipe, labels, seed) for seed in seeds]
+        return {"order": 2, "forecaster": fit_l2p(pipe, runs, "keyframe", keyframes=keyframes_, order=2,
+                                                  progress=False, **knobs)}
     return {"order": 2, "forecaster": name}
 
 
@@ -75,21 +88,26 @@ SWEEP = [{"name": "foca", "calibration": g} for g in (0.25, 0.5, 0.75, 1.0)] + [
     {"name": "spectrum", "degree": d, "ridge": r, "window": w}
     for d, r, w in ((1, 0.01, 4), (1, 0.01, 6), (2, 0.01, 6), (2, 0.1, 6), (2, 1.0, 6), (2, 0.01, 4), (3, 1.0, 6))] + [
     {"name": "hyca", "max_order": m, "backtests": b} for m, b in ((1, 1), (1, 2), (2, 1), (2, 2), (2, 3))] + [
-    {"name": "dmd", "window": w, "rank": r} for w, r in ((3, 0), (4, 0), (5, 0), (5, 2), (6, 3))]
+    {"name": "dmd", "window": w, "rank": r} for w, r in ((3, 0), (4, 0), (5, 0), (5, 2), (6, 3))] + [
+    {"name": "l2p", "window": w, "ridge": r} for w in (2, 3, 4) for r in (0.0, 0.01, 0.1, 1.0, 10.0)]
 
 
-def tune(per_class: int) -> list[dict]:
-    """Every SWEEP setting on tiny-digits' tuning batch (seed 0) at both ratios."""
+def tune(per_class: int, only: set[str] | None = None) -> list[dict]:
+    """Every SWEEP setting (of the `only` forecasters) on tiny-digits' tuning batch (seed 0) at both ratios; L2P
+    fitted on tuning seeds 1 and 2."""
     pipe = bundled.load_tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
     labels = eval_labels(pipe.num_classes, per_class)
     reference = generate(pipe, labels, 0)
     rows = []
     for spec in SWEEP:
+        if only is not None and spec["name"] not in only:
+            continue
         row = {"forecaster": spec}
         for ratio in RATIOS:
-            with dcache.apply(pipe, "keyframe", scope="call", keyframes=keyframes(ratio, pipe.default_steps),
-                              **setting(spec)):
+            frames = keyframes(ratio, pipe.default_steps)
+            with dcache.apply(pipe, "keyframe", scope="call", keyframes=frames,
+                              **setting(spec, pipe, labels, frames, L2P_SEEDS["tune"])):
                 row[str(ratio)] = statistics.mean(psnr_per_image(generate(pipe, labels, 0), reference).tolist())
         row["mean"] = statistics.mean(row[str(r)] for r in RATIOS)
         rows.append(row)
@@ -113,8 +131,9 @@ def run_model(name: str, seeds: list[int], per_class: int) -> list[dict]:
     for ratio in RATIOS:
         for contender in FORECASTERS:
             start = time.perf_counter()
-            with dcache.apply(pipe, "keyframe", scope="call", keyframes=keyframes(ratio, steps),
-                              **setting(contender)) as handle:
+            frames = keyframes(ratio, steps)
+            with dcache.apply(pipe, "keyframe", scope="call", keyframes=frames,
+                              **setting(contender, pipe, labels, frames, L2P_SEEDS["report"])) as handle:
                 psnrs = []
                 for seed in seeds:
                     psnrs += psnr_per_image(generate(pipe, labels, seed), reference[seed]).tolist()
@@ -153,11 +172,13 @@ def main(argv: list[str] | None = None) -> dict:
     command = "python benchmarks/forecasters.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     commit = _git_commit(Path(__file__).resolve().parents[1])
     if args.tune:
-        rows = tune(args.per_class)
+        only = None if args.only is None else {n.strip() for n in args.only.split(",") if n.strip()}
+        rows = tune(args.per_class, only)
         data = {"command": command.strip(), "git_commit": commit, "model": "digits", "seed": 0,
                 "ratios": list(RATIOS), "rows": rows, "seconds": round(time.perf_counter() - start)}
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "forecasters_tuning.json").write_text(json.dumps(data, indent=1) + "\n")
+        suffix = "" if only is None else "_" + "_".join(sorted(only))
+        (args.out / f"forecasters_tuning{suffix}.json").write_text(json.dumps(data, indent=1) + "\n")
         return data
     rows = [row for model in models for row in run_model(model, seeds, args.per_class)]
     data = {"command": command.strip(), "git_commit": commit, "seeds": seeds, "per_class": args.per_class,

@@ -74,6 +74,11 @@ def page(methods_results: dict | None) -> str:
     return "\n".join(out + forecasters_section(forecasts)) + "\n"
 
 
+def _range(knob) -> str:
+    """A setting's allowed range ("-" for one without bounds, e.g. L2P's table)."""
+    return "-" if knob.low is None and knob.high is None else f"{knob.low:g} to {knob.high:g}"
+
+
 def forecasters_section(results: dict | None) -> list[str]:
     """## Forecasters: per forecaster its formulation (the file's docstring), settings and measured rows."""
     from dcache.schedules.forecasters import FORECASTERS
@@ -97,9 +102,9 @@ def forecasters_section(results: dict | None) -> list[str]:
         module = inspect.getmodule(cls)
         out += ["", f"### {name}", "", "```text", inspect.cleandoc(module.__doc__ or ""), "```", "",
                 "| setting | default | range | meaning |", "|---|---|---|---|"]
-        out += [f"| {key} | {k.default!r} | {k.low:g} to {k.high:g} | {k.doc} |" for key, k in cls.knobs.items()]
+        out += [f"| {key} | {k.default!r} | {_range(k)} | {k.doc} |" for key, k in cls.knobs.items()]
         rows = [r for r in (results or {}).get("rows", []) if r["forecaster"] in (name, "taylor-o2")]
-        if rows:
+        if any(r["forecaster"] == name for r in rows):  # a forecaster newer than the results has no rows yet
             out += ["", f"| model | compute ratio | {name} PSNR (dB) | taylor-o2 PSNR (dB) |",
                     "|---|---|---|---|"]
             for model, ratio in sorted({(r["model"], r["target_ratio"]) for r in rows}, key=lambda m: (m[0], -m[1])):

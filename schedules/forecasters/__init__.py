@@ -6,6 +6,8 @@
     "hyca"      hyca.py       per-element choice of reuse / line / quadratic by backtest        arXiv 2510.04188
     "spectrum"  spectrum.py   Chebyshev series fitted by ridge regression over the history      arXiv 2603.01623
     "dmd"       dmd.py        dynamic mode decomposition of the history (exponential modes)     Schmid 2010
+    "l2p"       l2p.py        per-step weights over the history, least squares on calibration   arXiv 2604.26365
+                              runs (fit: dcache.schedules.tuning.l2p_fit.fit_l2p)
 
 A schedule with a `forecaster` knob (taylorseer, keyframe, fixed_interval, seacache) takes a name or a dict
 {"name": ..., setting: value}:
@@ -28,14 +30,15 @@ from .base import HistoryForecaster
 from .dmd import DMDForecaster
 from .foca import FoCaForecaster
 from .hyca import HyCaForecaster
+from .l2p import L2PForecaster
 from .spectrum import SpectrumForecaster
 
 TAYLOR = "taylor"  # the engine's own Taylor table: no forecaster object
 FORECASTERS: dict[str, type[HistoryForecaster]] = {
-    cls.name: cls for cls in (FoCaForecaster, HyCaForecaster, SpectrumForecaster, DMDForecaster)}
+    cls.name: cls for cls in (FoCaForecaster, HyCaForecaster, SpectrumForecaster, DMDForecaster, L2PForecaster)}
 
-KNOB_DOC = ("what a FORECAST serves: 'taylor' (the Taylor table of `order`), or 'foca', 'hyca', 'spectrum', 'dmd' "
-            "(dcache.schedules.forecasters), as a name or {'name': ..., setting: value}")
+KNOB_DOC = ("what a FORECAST serves: 'taylor' (the Taylor table of `order`), or 'foca', 'hyca', 'spectrum', 'dmd', "
+            "'l2p' (dcache.schedules.forecasters), as a name or {'name': ..., setting: value}")
 
 
 def build_forecaster(spec: Any, field: str = "forecaster") -> Forecaster | None:
@@ -81,7 +84,8 @@ for _name in FORECASTERS:
     register_forecaster(_name, _load)
 
 __all__ = ["FORECASTERS", "KNOB_DOC", "TAYLOR", "build_forecaster", "config_forecaster", "forecaster_extras",
-           "forecaster_knob", "known", "DMDForecaster", "FoCaForecaster", "HyCaForecaster", "SpectrumForecaster"]
+           "forecaster_knob", "known", "DMDForecaster", "FoCaForecaster", "HyCaForecaster", "L2PForecaster",
+           "SpectrumForecaster"]
 
 
 def forecaster_knob() -> Any:

@@ -1,8 +1,9 @@
 """Forecasters beyond Taylor (dcache.schedules.forecasters) against closed forms.
 
 References: analytic histories where a forecaster is exact (a quadratic at uneven steps for FoCa, Spectrum and HyCa;
-linear dynamics for DMD), the uncached toy transformer (tests/toy_models.py) whose every residual and call Delta is
-b * t(s) with t quadratic in the step, and each forecaster applied by hand to the uncached Deltas."""
+linear dynamics for DMD; a history proportional to one tensor for L2P), the uncached toy transformer
+(tests/toy_models.py) whose every residual and call Delta is b * t(s) with t quadratic in the step, and each
+forecaster applied by hand to the uncached Deltas."""
 
 from __future__ import annotations
 
@@ -298,3 +299,80 @@ def test_a_low_precision_cache_serves_the_forecaster_its_full_precision_window()
     f = build_forecaster({"name": "foca", "calibration": 1.0})
     torch.testing.assert_close(f(hist.plain(), 7)[0], trend(7.0), rtol=1e-9, atol=1e-9)
     assert (hist.forecast(7)[0].double() - trend(7.0)).abs().max() > 1e-3  # the bfloat16 table is not exact
+
+
+# ------------------------------------------------------------------------------------------------ L2P
+def test_l2p_fitted_on_a_run_is_exact_where_no_polynomial_in_the_step_is():
+    """Every call Delta of the toy is t(s) V (one tensor V): with t a falling cubic of the step no polynomial
+    extrapolation in s is exact, but Delta(t) = (t(s_t) / t(s_k)) Delta(s_k) is linear in the history with scalar
+    weights, which the least-squares fit finds from one recorded run."""
+    from dcache.schedules.tuning.l2p_fit import fit_l2p
+
+    model = _quadratic_toy()
+    n, keyframes = 12, (0.0, 1 / 11, 3 / 11, 5 / 11, 8 / 11)
+    u = [s / n for s in range(n)]
+    timesteps = [1.0 - 0.5 * a + 0.3 * a * a - 0.2 * a ** 3 for a in u]
+    reference = _generate(model, timesteps)
+    spec = fit_l2p(model, [lambda: _generate(model, timesteps)], "keyframe", keyframes=keyframes, window=3,
+                   ridge=0.0, num_steps=n, progress=False)
+    assert spec["fitted_steps"] == n and len(spec["weights"]) == n - 5  # one entry per forecast step
+    cached = _generate(model, timesteps, "keyframe", scope="call", keyframes=keyframes, order=2, forecaster=spec)
+    for out, ref in zip(cached, reference):  # exact up to the toy's float32 arithmetic
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    taylor = _generate(model, timesteps, "keyframe", scope="call", keyframes=keyframes, order=2)
+    assert max(float((t - r).abs().max()) for t, r in zip(taylor, reference)) > 1e-3
+
+
+def test_l2p_fit_never_fits_the_calibration_data_worse_than_taylor():
+    """J(w) = sum |sum_k w_k D(s_k) - D(t)|^2 over the recorded runs: the ridge solution towards the Taylor weights p
+    has J(w*) + lam |w* - p|^2 <= J(p), so J(w*) <= J(p) for every lambda; lambda -> inf gives p back."""
+    from dcache.schedules.tuning.l2p_fit import _taylor_weights, solve_l2p
+
+    generator = torch.Generator().manual_seed(0)
+    basis = torch.randn(4, 50, dtype=torch.float64, generator=generator)
+    steps, t = [0, 3, 6], 8
+    gram, cross = torch.zeros(3, 3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+    for _ in range(3):  # three runs of a trajectory that no fixed weights reproduce exactly
+        coefficients = torch.randn(10, 4, dtype=torch.float64, generator=generator)
+        values = {s: coefficients[s] @ basis for s in (*steps, t)}
+        history = torch.stack([values[s] for s in steps])
+        gram += history @ history.T
+        cross += history @ values[t]
+    stats = {"pairs": {"8|0,3,6": (t, steps)}, "sums": {"8|0,3,6": (gram, cross)}, "num_steps": 10, "window": 3,
+             "order": 2}
+    prior = torch.tensor(_taylor_weights(steps, t, 2), dtype=torch.float64)
+
+    def loss(w):  # J(w) up to the constant sum |D(t)|^2
+        return float(w @ gram @ w - 2 * w @ cross)
+
+    for ridge in (0.0, 0.01, 1.0):
+        w = torch.tensor(solve_l2p(stats, ridge)["weights"]["8|0,3,6"], dtype=torch.float64)
+        assert loss(w) <= loss(prior) + 1e-9
+    far = torch.tensor(solve_l2p(stats, 1e9)["weights"]["8|0,3,6"], dtype=torch.float64)
+    torch.testing.assert_close(far, prior, rtol=1e-6, atol=1e-6)
+
+
+def test_l2p_serves_taylor_where_its_table_has_no_entry():
+    from dcache.schedules.forecasters.l2p import L2PForecaster
+
+    class History:  # what the engine hands a forecaster: the last computed values and its own Taylor table
+        samples = [(0, [torch.ones(3)]), (2, [2 * torch.ones(3)])]
+
+        def forecast(self, step):
+            return [torch.full((3,), -1.0)]
+
+    f = L2PForecaster(weights={"4|0,2": [0.5, 1.5]}, window=2, fitted_steps=10)
+    f.num_steps = 10
+    torch.testing.assert_close(f(History(), 4)[0], torch.full((3,), 3.5))  # 0.5 * 1 + 1.5 * 2
+    assert f(History(), 5)[0].tolist() == [-1.0] * 3  # no entry for step 5: Taylor
+    f.num_steps = 20  # another step count than the table's: Taylor everywhere
+    assert f(History(), 4)[0].tolist() == [-1.0] * 3
+    assert (f.served, f.fallbacks) == (1, 2)
+
+
+@pytest.mark.parametrize("weights", [{"4|0,2": [1.0]}, {"4|2,0": [1.0, 1.0]}, {"2|0,2": [1.0, 1.0]},
+                                     {"4|0,2": [1.0, float("nan")]}, {"4|0,x": [1.0, 1.0]}, {"4": [1.0]},
+                                     {"4|0,2": [True, 1.0]}, {"9|0,1,2,3": [1.0] * 4}])
+def test_a_bad_l2p_table_names_the_entry_and_the_fix(weights):
+    with pytest.raises(ValueError, match=r"forecaster\.weights\[.*is not an entry of an L2P table.*refit"):
+        build_forecaster({"name": "l2p", "window": 3, "weights": weights})

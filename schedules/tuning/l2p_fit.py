@@ -1,0 +1,152 @@
+"""Fit the L2P forecaster's table (dcache.schedules.forecasters.l2p) on calibration runs of a pipeline.
+
+    from dcache.schedules.tuning.l2p_fit import fit_l2p
+    runs = [lambda seed=seed: pipe(labels=[0, 1, 2], generator=torch.Generator().manual_seed(seed)) for seed in (0, 1)]
+    spec = fit_l2p(pipe, runs, "keyframe", keyframes=(0, 0.25, 0.5, 0.75), window=3)
+    dcache.apply(pipe, "keyframe", scope="call", keyframes=(0, 0.25, 0.5, 0.75), forecaster=spec)
+
+1. The cadence: one generation (the first run) with the method in call scope gives, per branch, which steps compute
+   and which forecast; a forecast at step t reads the last `window` computed steps s before it.
+2. The trajectories: every run once uncached, through dcache with a schedule that computes every call and records
+   the call's Delta = v - x (exactly what call scope caches) at every step of every branch (at least float32,
+   on the CPU).
+3. For each (t, s) of the cadence, G and g summed over runs and branches in float64 and the ridge solution towards
+   the Taylor weights of `order` (the formula in l2p.py).
+
+The runs should be the user's own kind of prompts and settings (steps, guidance), and never the inputs a quality
+figure is then reported on. Cost: one generation with the method, one uncached generation per run, and the
+trajectories of one run in host memory at a time (steps x branches x the latent's size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+import dcache
+from dcache import Action, Schedule
+from dcache.signal_providers import ProviderView, SignalProvider, register_signal
+from dcache.schedules.forecasters.l2p import table_key
+from dcache.schedules.forecasters.polynomial import lagrange_weights
+
+
+def _record_delta(view: ProviderView) -> None:
+    """After a computed call: the call's Delta = v - x, kept in its branch's list (the recorder holds the lists)."""
+    deltas = view.memory.get("deltas")
+    if deltas is None:
+        deltas = view.memory["deltas"] = []
+        view.schedule.trajectories.append(deltas)
+    delta = (view.output - view.hidden).detach()
+    deltas.append((view.step, delta.to(torch.promote_types(delta.dtype, torch.float32)).cpu()))
+    return None
+
+
+TRAJECTORY = register_signal(SignalProvider(
+    "l2p_trajectory", _record_delta, phase="computed",
+    doc="records the call's Delta = v - x after every computed call (fit_l2p's calibration runs; no value)"))
+
+
+class _RecordEveryCall(Schedule):
+    """Computes every call and keeps each branch's Delta trajectory (one list per branch, in first-call order)."""
+
+    name = "l2p-recorder"
+    granularity = "stack"
+    signals = frozenset({TRAJECTORY})
+
+    def __init__(self):
+        self.trajectories: list[list[tuple[int, torch.Tensor]]] = []
+
+    def decide(self, ctx):
+        return Action.COMPUTE
+
+
+def fit_l2p(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyframe", *, window: int = 3,
+            order: int = 2, ridge: float = 0.1, progress: bool = True, **knobs: Any) -> dict:
+    """The `forecaster=` spec {"name": "l2p", "window", "fitted_steps", "weights"} of `method` (with `knobs`, in call
+    scope) fitted on `runs` (callables that each run one generation of `target`, a pipeline or transformer).
+
+    window: computed values a forecast combines; order: the Taylor order the ridge pulls towards (and the fallback's
+    order: pass the same `order` to the method); ridge: lambda in units of the mean squared norm of a history value
+    (0: plain least squares)."""
+    return solve_l2p(l2p_statistics(target, runs, method, window=window, order=order, progress=progress, **knobs),
+                     ridge)
+
+
+def l2p_statistics(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyframe", *, window: int = 3,
+                   order: int = 2, progress: bool = True, **knobs: Any) -> dict:
+    """Steps 1-2 of the fit: {"pairs": {key: (t, s)}, "sums": {key: (G, g)}, "num_steps", "window", "order"}, from
+    which `solve_l2p` gives the table for any ridge (a sweep over lambda runs the pipeline once)."""
+    if not runs:
+        raise ValueError("fit_l2p needs at least one calibration run (a callable that runs one generation).")
+    if window < 1 or order < 0:
+        raise ValueError(f"fit_l2p: window={window} (>= 1), order={order} (>= 0).")
+    pairs, num_steps = _cadence(target, runs[0], method, window, order, knobs)
+    sums = {key: (torch.zeros(len(s), len(s), dtype=torch.float64), torch.zeros(len(s), dtype=torch.float64))
+            for key, (_, s) in pairs.items()}
+    for index, run in enumerate(runs):
+        recorder = _RecordEveryCall()
+        with dcache.apply(target, recorder, scope="call"):
+            run()
+        for trajectory in recorder.trajectories:
+            values = dict(trajectory)
+            for key, (t, steps) in pairs.items():
+                if t not in values or any(s not in values for s in steps):
+                    continue
+                history = torch.stack([values[s].flatten().double() for s in steps])  # [K, n]
+                gram, cross = sums[key]
+                gram += history @ history.T
+                cross += history @ values[t].flatten().double()
+        if progress:
+            print(f"fit_l2p: calibration run {index + 1}/{len(runs)}", flush=True)
+    return {"pairs": pairs, "sums": sums, "num_steps": num_steps, "window": window, "order": order}
+
+
+def solve_l2p(statistics: dict, ridge: float = 0.1) -> dict:
+    """Step 3: the ridge solution for every (t, s) the runs recorded -> the forecaster spec."""
+    if ridge < 0:
+        raise ValueError(f"fit_l2p: ridge={ridge} must be >= 0 (0: plain least squares).")
+    weights = {}
+    for key, (t, steps) in statistics["pairs"].items():
+        gram, cross = statistics["sums"][key]
+        if not torch.any(gram):
+            continue  # no run recorded these steps
+        prior = torch.tensor(_taylor_weights(steps, t, statistics["order"]), dtype=torch.float64)
+        scale = ridge * float(torch.trace(gram)) / len(steps)
+        solution = torch.linalg.lstsq(gram + scale * torch.eye(len(steps), dtype=torch.float64),
+                                      (cross + scale * prior).unsqueeze(1)).solution.squeeze(1)
+        weights[key] = [float(w) for w in solution]
+    return {"name": "l2p", "window": statistics["window"], "fitted_steps": statistics["num_steps"],
+            "weights": weights}
+
+
+def _taylor_weights(steps: list[int], t: int, order: int) -> list[float]:
+    """The Taylor forecast of `order` through the last order + 1 values as weights over all of `steps` (Lagrange
+    extrapolation; zero on the older ones)."""
+    used = steps[-(order + 1):]
+    return [0.0] * (len(steps) - len(used)) + lagrange_weights([float(s) for s in used], float(t))
+
+
+def _cadence(target: Any, run: Callable[[], Any], method: str, window: int, order: int,
+             knobs: dict) -> tuple[dict[str, tuple[int, list[int]]], int]:
+    """{key: (t, s_1..s_K)} of every forecast the method serves in one generation (call scope), and its step count."""
+    with dcache.apply(target, method, scope="call", order=order, **knobs) as handle:
+        run()
+        record = handle.engine.record
+    if record is None or not record.calls or not record.num_steps:
+        raise ValueError(f"fit_l2p: the run produced no generation with a known step count through {method!r}; pass "
+                         f"runs that call the pipeline (or, for a bare transformer, apply with num_steps).")
+    pairs: dict[str, tuple[int, list[int]]] = {}
+    computed: dict[str, list[int]] = {}
+    for call in record.calls:
+        action = call.actions[0]
+        if action == "C":
+            computed.setdefault(call.branch, []).append(call.step)
+        elif action == "F" and computed.get(call.branch):
+            steps = computed[call.branch][-window:]
+            pairs[table_key(call.step, steps)] = (call.step, steps)
+    if not pairs:
+        raise ValueError(f"fit_l2p: {method!r} with {knobs} forecast no call in call scope; L2P serves FORECAST "
+                         f"actions (e.g. keyframe, or fixed_interval / taylorseer with order >= 1).")
+    return pairs, int(record.num_steps)
