@@ -2,7 +2,7 @@
 
     from dcache.schedules.tuning.l2p_fit import fit_l2p
     runs = [lambda seed=seed: pipe(labels=[0, 1, 2], generator=torch.Generator().manual_seed(seed)) for seed in (0, 1)]
-    spec = fit_l2p(pipe, runs, "keyframe", keyframes=(0, 0.25, 0.5, 0.75), window=3)
+    spec = fit_l2p(pipe, runs, "keyframe", keyframes=(0, 0.25, 0.5, 0.75))
     dcache.apply(pipe, "keyframe", scope="call", keyframes=(0, 0.25, 0.5, 0.75), forecaster=spec)
 
 1. The cadence: one generation (the first run) with the method in call scope gives, per branch, which steps compute
@@ -62,14 +62,16 @@ class _RecordEveryCall(Schedule):
         return Action.COMPUTE
 
 
-def fit_l2p(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyframe", *, window: int = 3,
-            order: int = 2, ridge: float = 0.1, progress: bool = True, **knobs: Any) -> dict:
+def fit_l2p(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyframe", *, window: int = 2,
+            order: int = 2, ridge: float = 10.0, progress: bool = True, **knobs: Any) -> dict:
     """The `forecaster=` spec {"name": "l2p", "window", "fitted_steps", "weights"} of `method` (with `knobs`, in call
     scope) fitted on `runs` (callables that each run one generation of `target`, a pipeline or transformer).
 
     window: computed values a forecast combines; order: the Taylor order the ridge pulls towards (and the fallback's
     order: pass the same `order` to the method); ridge: lambda in units of the mean squared norm of a history value
-    (0: plain least squares)."""
+    (0: plain least squares). The defaults are the best of a sweep on the bundled digits model's tuning batch
+    (window 2-4, ridge 0-10: benchmarks/results/forecasters_tuning_l2p.json), where every setting stayed below
+    Taylor order 2 and a stronger pull towards it did best: evidence about that model only."""
     return solve_l2p(l2p_statistics(target, runs, method, window=window, order=order, progress=progress, **knobs),
                      ridge)
 
