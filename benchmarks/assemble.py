@@ -410,11 +410,14 @@ def forecasters_part() -> str:
     reading = RESULTS / "forecasters_reading.md"
     return "\n\n".join(([reading.read_text().strip()] if reading.is_file() else []) + [
         "What a FORECAST serves between keyframes: the engine's Taylor table (order 1, 2) or one of the forecasters "
-        "of `dcache.schedules.forecasters` (FoCa, HyCa, Spectrum, DMD; formulas and papers in "
+        "of `dcache.schedules.forecasters` (FoCa, HyCa, Spectrum, DMD, L2P; formulas and papers in "
         "[docs/methods.md](docs/methods.md#forecasters)), each at its default settings, chosen on tiny-digits' tuning "
         "batch (seed 0; `python benchmarks/forecasters.py --tune`, "
-        "[forecasters_tuning.json](benchmarks/results/forecasters_tuning.json)); tiny-motion and tiny-shapes were "
-        "not tuned on.", table,
+        "[forecasters_tuning.json](benchmarks/results/forecasters_tuning.json), L2P's "
+        "[forecasters_tuning_l2p.json](benchmarks/results/forecasters_tuning_l2p.json)); tiny-motion and tiny-shapes "
+        "were not tuned on. L2P's table is fitted per model and ratio on that model's tuning seeds 0 and 1 "
+        "(calibration runs, as a user fits it on their own prompts); the rows are measured on held-out seeds.",
+        table,
         f"Measured from commit {result.get('git_commit')}, held-out seeds {result['seeds']} x every class x "
         f"{result['per_class']}, {result['machine']}, {result['seconds']} s. Rerun: `{RERUN['forecasters']}`."])
 
