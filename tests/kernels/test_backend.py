@@ -84,7 +84,9 @@ def run_without_triton(code: str) -> subprocess.CompletedProcess:
     """Run python code in a fresh process where `import triton` fails (as if it were not installed)."""
     prelude = "import sys; sys.modules['triton'] = None\n"
     env = {**os.environ, "TRITON_INTERPRET": "1"}  # so that a forced Triton reaches the import
-    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, env=env, timeout=300)
+    safe = ["-P"] if getattr(sys.flags, "safe_path", False) else []  # as this process: the checkout stays off sys.path
+    return subprocess.run([sys.executable, *safe, "-c", prelude + code], capture_output=True, text=True, env=env,
+                          timeout=300)
 
 
 def test_import_and_torch_path_work_without_triton():

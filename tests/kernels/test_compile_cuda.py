@@ -88,8 +88,9 @@ print(json.dumps(results))
 def compiled():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    proc = subprocess.run([sys.executable, "-c", COMPILE_ALL, json.dumps(CASES)], capture_output=True, text=True,
-                          env=env, timeout=600)
+    safe = ["-P"] if getattr(sys.flags, "safe_path", False) else []  # as this process: the checkout stays off sys.path
+    proc = subprocess.run([sys.executable, *safe, "-c", COMPILE_ALL, json.dumps(CASES)], capture_output=True,
+                          text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
