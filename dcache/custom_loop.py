@@ -47,12 +47,11 @@ class DenoisingLoop:
         if self.timesteps is not None and len(self.timesteps) != num_steps:
             raise ValueError(f"handle.loop(num_steps={num_steps}, timesteps=...) got {len(self.timesteps)} "
                              f"timesteps; pass one per step, or leave timesteps out.")
-        self.record = None  # the generation record this loop opened
-        self._entered = False
+        self.record = None  # the generation record this loop opened (None until the block is entered)
 
     # -- the generation ------------------------------------------------------------------------------------------
     def __enter__(self) -> "DenoisingLoop":
-        if self._entered:
+        if self.record is not None:
             raise RuntimeError("a DenoisingLoop runs one generation; call handle.loop() again for the next one.")
         lead = self.engines[0]
         for engine in self.engines:
@@ -65,7 +64,6 @@ class DenoisingLoop:
                                  "sample (decisions='sample'), where each request keeps its own step: use "
                                  "`with handle.requests(ids):` around each call instead (docs/serving.md), or apply "
                                  "with decisions='batch'.")
-        self._entered = True
         with lead.guard.lock:
             for engine in self.engines:
                 engine.open_generation(self.timesteps, self.num_steps)
@@ -122,7 +120,7 @@ class DenoisingLoop:
                 tracker.context_name = name_before
 
     def _open(self):
-        if not self._entered or self.record is None:
+        if self.record is None:
             raise RuntimeError("use the loop as a context manager: `with handle.loop(num_steps=N) as loop:`, then "
                                "loop.step(i) / loop.branch(name) inside the block.")
         if self.record.finished or self.engines[0].tracker.record is not self.record:
