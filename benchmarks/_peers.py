@@ -5,23 +5,27 @@ Every peer is a `Contender`: a library, a method, the knob the sweep moves (`Sea
 an `enable(pipe, setting) -> Applied` that puts the cache on `pipe.transformer` and returns how to take it off.
 dcache's own methods are built the same way in methods.py, so the sweep code never branches on the library.
 
-How each peer is fitted to the bundled tiny model (FluxTransformer2DModel, split CFG under `cache_context`):
+How each peer is fitted to the bundled models (`_models.py`; described here for tiny-digits, a
+FluxTransformer2DModel with split CFG under `cache_context`; tiny-motion's Wan transformer works the same way, and
+tiny-shapes' SD3 transformer is not a diffusers `CacheMixin`, so diffusers' caches cannot be put on it):
   * FirstBlockCache, MagCache, TaylorSeer, SeaCache keep their state per diffusers `cache_context`, so they run
     on the split-CFG pipeline as is ("cond" / "uncond" never share a cache).
   * MagCache needs `mag_ratios` for anything but FLUX.1-dev: they come from diffusers' own calibration mode
     (`MagCacheConfig(calibrate=True)`, one uncached run, the printed list is parsed). diffusers takes one curve
     for both branches; we pass the first one it prints (the cond branch), as a user copying it would.
-  * SeaCache has no built-in adapter for Flux: `raw_vision_callback` unpacks the 2x2-packed tokens [B, 64, 4] to
-    per-sample latents [C=1, T=1, 16, 16] for its spectral indicator.
+  * SeaCache has no built-in adapter for these pipelines: `raw_vision_callback` gives its spectral indicator
+    per-sample latents [C, T, H, W] (Flux: the 2x2-packed tokens [B, 64, 4] unpacked to [1, 1, 16, 16]; Wan: the
+    latents [B, C, F, H, W] as they are).
   * PyramidAttentionBroadcast and FasterCache keep their state per attention module / per model, not per
     `cache_context`: with split CFG the uncond call would reuse the cond call's attention. They run on the same
     pipeline in batched CFG (`cfg_mode="batched"`, one call on [uncond; cond], mathematically the same sampler),
     and their quality is measured against the uncached batched run. FasterCache's CFG cache assumes image latents
     (B, C, H, W); a Flux transformer returns packed tokens [2B, 64, 4], so its low/high-frequency split runs over
     (tokens, channels): it runs, but that part of the method has nothing to work with on any Flux model.
-  * cache-dit: `enable_cache(BlockAdapter(...))` with cache-dit's own FLUX adapter (one list of 2 + 6 blocks with
-    dummy single blocks and its FluxPatchFunctor); our pipeline class is not in its registry, so the adapter is
-    built explicitly. Split CFG: `enable_separate_cfg=True`, cond call first (`cfg_compute_first=False`).
+  * cache-dit: `enable_cache(BlockAdapter(...))` with cache-dit's own adapter for the family ("Flux": one list of
+    2 + 6 blocks with dummy single blocks and its FluxPatchFunctor; "Wan"; "StableDiffusion3"); our pipeline
+    classes are not in its registry, so the adapter is built explicitly. Split CFG: `enable_separate_cfg=True`,
+    cond call first (`cfg_compute_first=False`); batched CFG (tiny-shapes): `enable_separate_cfg=False`.
 
 Compute ratio of a peer: `BlockMeter` registers forward pre/post hooks on every block BEFORE a cache is put on
 (diffusers' hooks replace `forward`, cache-dit calls the blocks itself; module hooks on `__call__` fire either
@@ -34,16 +38,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-
-IMAGE_SIZE = 16  # the bundled model's pixels per side
-PATCH = 2  # Flux packs 2x2 pixels into one token
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -193,18 +193,6 @@ def timestep_callback(pipe) -> Callable[[], float]:
     return current
 
 
-def raw_vision_from_tokens(module, args, kwargs) -> list[torch.Tensor] | None:
-    """SeaCache indicator input: packed tokens [B, 64, 4] -> per-sample latents [C=1, T=1, 16, 16]."""
-    hidden = kwargs.get("hidden_states", args[0] if args else None)
-    if not isinstance(hidden, torch.Tensor) or hidden.ndim != 3:
-        return None
-    b, n, d = hidden.shape
-    side = int(math.isqrt(n))
-    c = d // (PATCH * PATCH)
-    x = hidden.view(b, side, side, c, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5).reshape(b, c, side * PATCH, side * PATCH)
-    return [sample.unsqueeze(1) for sample in x]  # each [C, T=1, H, W]
-
-
 def enable_diffusers_cache(pipe, config) -> Applied:
     transformer = pipe.transformer
     transformer.enable_cache(config)
@@ -244,8 +232,11 @@ def calibrate_diffusers_magcache(pipe, run: Callable[[], Any],
 # diffusers contenders
 # ------------------------------------------------------------------------------------------------------------------
 
-def diffusers_contenders(num_steps: int, calibration_run: Callable[[Any], Any]) -> list[Contender]:
-    """calibration_run(pipe) runs the tuning generation uncached (used by MagCache's calibration mode)."""
+def diffusers_contenders(num_steps: int, calibration_run: Callable[[Any], Any], raw_vision: Callable | None,
+                         tensor_format: str = "BCHW") -> list[Contender]:
+    """calibration_run(pipe) runs the tuning generation uncached (used by MagCache's calibration mode);
+    raw_vision: SeaCache's indicator input for this transformer (`_models.BundledModel.raw_vision`);
+    tensor_format: FasterCache's latent layout ("BCFHW" for video)."""
     import diffusers
     from diffusers import (FasterCacheConfig, FirstBlockCacheConfig, MagCacheConfig, PyramidAttentionBroadcastConfig,
                            TaylorSeerCacheConfig)
@@ -286,7 +277,7 @@ def diffusers_contenders(num_steps: int, calibration_run: Callable[[Any], Any]) 
             unconditional_batch_skip_range=s["uncond_range"],
             unconditional_batch_timestep_skip_range=(-1, 641),
             current_timestep_callback=timestep_callback(pipe),
-            tensor_format="BCHW",
+            tensor_format=tensor_format,
             # pooled_projections is batched [uncond; cond] too; without it the cond-only call mismatches shapes
             _unconditional_conditional_input_kwargs_identifiers=[
                 "hidden_states", "encoder_hidden_states", "timestep", "pooled_projections"])
@@ -321,13 +312,13 @@ def diffusers_contenders(num_steps: int, calibration_run: Callable[[Any], Any]) 
             config = SeaCacheConfig(threshold=s["threshold"], residual_order=s.get("order", 1),
                                     retention_steps=s.get("retention", 1), cache_end_steps=1,
                                     max_consecutive_cached=s["max_consecutive"], power_exp=s.get("power", 3.0),
-                                    raw_vision_callback=raw_vision_from_tokens)
+                                    raw_vision_callback=raw_vision)
             return enable_diffusers_cache(pipe, config)
 
         contenders.append(Contender(
             "diffusers", "SeaCache", Search("threshold", "log", 0.01, 4.0), sea,
             families=[{"max_consecutive": 2}, {"max_consecutive": 5}],
-            note="raw_vision_callback unpacks the Flux tokens to [C=1,T=1,16,16]"))
+            note="raw_vision_callback gives the indicator per-sample latents [C, T, H, W]"))
     return contenders
 
 
@@ -345,28 +336,31 @@ def cache_dit_unavailable() -> str | None:
     return None
 
 
-def cache_dit_adapter(pipe):
-    """cache-dit's own FLUX adapter (registered under "Flux") applied to our pipeline object."""
+def cache_dit_adapter(pipe, name: str = "Flux"):
+    """cache-dit's own adapter for the transformer family `name` (a key of its BlockAdapterRegister: "Flux", "Wan",
+    "StableDiffusion3") applied to our pipeline object: our pipeline classes are not in its registry."""
     from cache_dit import BlockAdapterRegister
 
-    factory = BlockAdapterRegister._adapters.get("Flux")
+    factory = BlockAdapterRegister._adapters.get(name)
     if factory is None:
-        raise RuntimeError("cache-dit has no 'Flux' block adapter registered")
+        raise RuntimeError(f"cache-dit has no {name!r} block adapter registered")
     return factory(pipe)
 
 
-def enable_cache_dit(pipe, setting: dict, num_steps: int) -> Applied:
+def enable_cache_dit(pipe, setting: dict, num_steps: int, adapter_name: str = "Flux",
+                     separate_cfg: bool = True) -> Applied:
+    """separate_cfg: the pipeline runs CFG as two calls per step (cond first); False for batched CFG."""
     import cache_dit
     from cache_dit import DBCacheConfig, TaylorSeerCalibratorConfig
 
     config = DBCacheConfig(Fn_compute_blocks=setting["F"], Bn_compute_blocks=setting["B"],
                            residual_diff_threshold=setting["threshold"], max_warmup_steps=setting["W"],
-                           max_continuous_cached_steps=setting.get("MC", -1), enable_separate_cfg=True,
+                           max_continuous_cached_steps=setting.get("MC", -1), enable_separate_cfg=separate_cfg,
                            cfg_compute_first=False, num_inference_steps=num_steps)
     calibrator = None
     if setting.get("taylorseer"):
         calibrator = TaylorSeerCalibratorConfig(taylorseer_order=setting["taylorseer"])
-    adapter = cache_dit_adapter(pipe)
+    adapter = cache_dit_adapter(pipe, adapter_name)
     cache_dit.enable_cache(adapter, cache_config=config, calibrator_config=calibrator)
 
     def remove():
@@ -375,15 +369,15 @@ def enable_cache_dit(pipe, setting: dict, num_steps: int) -> Applied:
     return Applied(remove=remove, info=lambda: {"cache_dit": cache_dit.__version__})
 
 
-def cache_dit_contenders(num_steps: int) -> list[Contender]:
+def cache_dit_contenders(num_steps: int, adapter_name: str = "Flux", separate_cfg: bool = True) -> list[Contender]:
     base = {"F": 1, "B": 0, "W": 4}
     return [
         Contender("cache-dit", "DBCache", Search("threshold", "log", 0.01, 2.0),
-                  lambda p, s: enable_cache_dit(p, s, num_steps),
+                  lambda p, s: enable_cache_dit(p, s, num_steps, adapter_name, separate_cfg),
                   families=[dict(base), {**base, "W": 2, "MC": -1}],
-                  note="F1B0, warm-up W4 (W2 family for the lowest bands); cache-dit's FLUX adapter"),
+                  note=f"F1B0, warm-up W4 (W2 family for the lowest bands); cache-dit's {adapter_name} adapter"),
         Contender("cache-dit", "DBCache+TaylorSeer", Search("threshold", "log", 0.01, 2.0),
-                  lambda p, s: enable_cache_dit(p, s, num_steps),
+                  lambda p, s: enable_cache_dit(p, s, num_steps, adapter_name, separate_cfg),
                   families=[{**base, "taylorseer": 1}, {**base, "W": 2, "taylorseer": 1}],
                   note="F1B0W4 + TaylorSeerCalibratorConfig(order 1)"),
     ]

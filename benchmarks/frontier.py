@@ -161,7 +161,7 @@ class GuidedBench(methods.Bench):
     def run(self, pipe, labels: list[int], seed: int, mode: str) -> torch.Tensor:
         out = pipe(labels=labels, num_inference_steps=self.steps, generator=torch.Generator().manual_seed(seed),
                    guidance_scale=self.guidance, cfg_mode=mode, output_type="pt")
-        return out.images.detach().float()
+        return self.model.samples(out)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_di
         out.insert(1, keyframe_contender(diff_plans, "call", "keyframe call cfg-diff",
                                          note="uneven CFG budgets with the uncond branch served through the CFG "
                                               "difference (cfg_difference=True; keyframes: CFG_DIFFERENCE)"))
-    for c in peers.diffusers_contenders(scenario.steps, calibration_run):
+    for c in peers.diffusers_contenders(scenario.steps, calibration_run, methods.models.MODELS["digits"].raw_vision):
         if c.cfg_mode != "split" or c.method not in ("FirstBlockCache", "MagCache", "TaylorSeer-lite", "SeaCache"):
             continue  # PAB / FasterCache need batched CFG and do not reach these ratios (methods.md)
         if c.method == "SeaCache":

@@ -1,15 +1,21 @@
-"""Every dcache method against diffusers' built-in caches and cache-dit, on the bundled tiny model, in one process.
+"""Every dcache method against diffusers' built-in caches and cache-dit, on a bundled model, in one process.
 
     python benchmarks/methods.py                      # full sweep (~45 min on 2 shared CPU cores) into benchmarks/out/
     python benchmarks/methods.py --out benchmarks/results   # the same, refreshing the tracked tables
+    python benchmarks/methods.py --model motion --out benchmarks/results   # on tiny-motion: methods_motion.md
     python benchmarks/methods.py --quick              # a tiny subset in < 1 min (the smoke test runs this)
     python benchmarks/methods.py --only 'magcache|MagCache' --heldout-seeds 5 --out /tmp/m
     python benchmarks/methods.py --rerun 'dcache:(fora|pab)$'  # re-measure these; keep every other row of methods.json
 
+Models (`--model`, `_models.py`): digits (tiny-digits, Flux, the default), motion (tiny-motion, Wan video, UniPC,
+split CFG 5), shapes (tiny-shapes, SD3, batched CFG 4); each runs at its pipeline's default steps, guidance and CFG
+mode, every contender in that mode unless it needs batched CFG. diffusers' caches need a `CacheMixin` transformer:
+on tiny-shapes they are listed as not applicable.
+
 Protocol (same for every library; one pipeline object, one transformer, caches put on and taken off in turn):
-  * Tuning run: labels 0..9 in one batch, seed 0, 28 steps, split CFG (batched CFG for the peers that need it, see
-    _peers.py). Calibrations (dcache MagCache ratios / TeaCache coefficients / ERTACache, BAC, InvarDiff and
-    ProfilingDiT plans, diffusers MagCache's calibrate mode) use this run only.
+  * Tuning run: every class in one batch, seed 0, the model's steps and CFG mode (batched CFG for the peers that
+    need it, see _peers.py). Calibrations (dcache MagCache ratios / TeaCache coefficients / ERTACache, BAC,
+    InvarDiff and ProfilingDiT plans, diffusers MagCache's calibrate mode) use this run only.
   * Sweep: each method's main knob is searched (a log grid, then bisection) for the compute-ratio bands ~0.75, 0.5,
     0.33, 0.25 on the tuning run; every evaluated setting is a point (compute ratio, PSNR/SSIM of the tuning batch).
     Knob families (e.g. MagCache K=3 -> K=8) are only searched for the bands the previous family cannot reach.
@@ -53,15 +59,17 @@ SCRATCH = Path(__file__).resolve().parent / "out"  # git-ignored default for --o
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="digits", choices=("digits", "motion", "shapes"),
+                    help="the bundled model to run on (default digits; others write methods_<model>.*)")
     ap.add_argument("--quick", action="store_true",
                     help="tiny subset: one setting of a few methods, 10 steps (< 1 min)")
     ap.add_argument("--out", type=Path, default=SCRATCH,
                     help="folder for methods.md / .json / _pareto.png (default benchmarks/out/, git-ignored; --out "
                          "benchmarks/results refreshes the tables BENCHMARKS.md is assembled from, and --resume / "
                          "--rerun / --report-only read <out>/methods.json)")
-    ap.add_argument("--steps", type=int, default=None, help="denoising steps (default 28; --quick 6)")
-    ap.add_argument("--heldout-seeds", type=int, default=None, help="held-out seeds x 10 labels (default 10; --quick: "
-                                                                    "1 seed x 4 labels)")
+    ap.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's; --quick 6)")
+    ap.add_argument("--heldout-seeds", type=int, default=None, help="held-out seeds x every class (default 10; "
+                                                                    "--quick: 1 seed x 4 labels)")
     ap.add_argument("--repeats", type=int, default=None, help="timed batch-1 runs per row (default 7; quick 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (fixed for the whole run)")
     ap.add_argument("--only", default=None, help="regex on 'library:method' of the contenders to run")
@@ -87,19 +95,20 @@ from dcache.quality import frechet_distance as frechet  # noqa: E402
 from dcache.quality import median, psnr, ssim_per_image  # noqa: E402
 
 
-def _load_peers():
-    """benchmarks/_peers.py by path: benchmarks/ is not a package and must not become an importable name."""
-    name = "dcache_benchmark_peers"
+def _load_sibling(stem: str):
+    """benchmarks/<stem>.py by path: benchmarks/ is not a package and must not become an importable name."""
+    name = f"dcache_benchmark{stem}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "_peers.py")
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{stem}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-peers = _load_peers()
+peers = _load_sibling("_peers")
+models = _load_sibling("_models")
 Applied, Contender, Search, setting_text = peers.Applied, peers.Contender, peers.Search, peers.setting_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +131,7 @@ LIBRARIES = ("dcache", "diffusers", "cache-dit")
 
 def ssim(a: torch.Tensor, b: torch.Tensor) -> float:
     """The mean over the batch of dcache.quality.ssim_per_image, on the images as float32."""
-    return float(ssim_per_image(a.float(), b.float()).mean())
+    return float(ssim_per_image(models.as_images(a.float()), models.as_images(b.float())).mean())
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -132,11 +141,13 @@ def ssim(a: torch.Tensor, b: torch.Tensor) -> float:
 @dataclass
 class Bench:
     steps: int
-    tune_labels: list[int]
+    tune_labels: list[int] | None  # None: every class of the model
     heldout_seeds: list[int]
     repeats: int
-    seed_labels: list[int] = field(default_factory=lambda: list(range(10)))  # labels of each held-out seed
+    seed_labels: list[int] | None = None  # labels of each held-out seed (None: every class)
     warm_twin: bool = True
+    model: Any = None  # a _models.BundledModel (None: tiny-digits)
+    mode: str = "split"  # the model's CFG mode: the references' and every split-CFG contender's
     pipe: Any = None
     twin: Any = None  # an identical uncached pipeline: the interleaved baseline of the timing runs
     meter: Any = None
@@ -144,24 +155,26 @@ class Bench:
     refs: dict = field(default_factory=dict)
 
     def load(self) -> None:
-        from dcache.pipelines.bundled import load_digit_classifier, load_tiny_pipeline
-
-        self.pipe = load_tiny_pipeline()
-        self.twin = load_tiny_pipeline()
+        if self.model is None:
+            self.model = models.MODELS["digits"]
+        self.pipe = self.model.load()
+        self.twin = self.model.load()
         self.meter = peers.BlockMeter(self.pipe.transformer)  # before any cache, see _peers.BlockMeter
-        self.classifier = load_digit_classifier()
+        self.classifier = self.model.load_judge()
+        self.mode = self.pipe.default_cfg_mode
+        every_class = list(range(self.pipe.num_classes))
+        self.tune_labels = every_class if self.tune_labels is None else self.tune_labels
+        self.seed_labels = every_class if self.seed_labels is None else self.seed_labels
 
     def reload(self) -> None:
-        from dcache.pipelines.bundled import load_tiny_pipeline
-
         self.meter.remove()
-        self.pipe = load_tiny_pipeline()
+        self.pipe = self.model.load()
         self.meter = peers.BlockMeter(self.pipe.transformer)
 
     def run(self, pipe, labels: list[int], seed: int, mode: str) -> torch.Tensor:
         out = pipe(labels=labels, num_inference_steps=self.steps, generator=torch.Generator().manual_seed(seed),
                    cfg_mode=mode, output_type="pt")
-        return out.images.detach().float()
+        return self.model.samples(out)
 
     def tune(self, pipe, mode: str) -> torch.Tensor:
         return self.run(pipe, self.tune_labels, TUNE_SEED, mode)
@@ -189,27 +202,27 @@ class Bench:
     def references(self, modes: set[str], fd_floor: bool) -> None:
         """Uncached outputs (per CFG mode in use), block FLOPs, held-out images/features/timings, FD floor."""
         r = self.refs
-        for mode in ("split", *sorted(modes - {"split"})):
+        for mode in (self.mode, *sorted(modes - {self.mode})):
             with self.meter.count():
                 r[("tune", mode)] = self.tune(self.pipe, mode)
             r[("tune_flops", mode)] = self.meter.flops
             with self.meter.count():
                 r[("b1", mode)] = self.b1(self.pipe, mode)
             r[("b1_flops", mode)] = self.meter.flops
-        r["modes_identical"] = all(torch.equal(r[(job, "split")], r[(job, mode)]) for job in ("tune", "b1")
+        r["modes_identical"] = all(torch.equal(r[(job, self.mode)], r[(job, mode)]) for job in ("tune", "b1")
                                    for mode in modes)
         images, cpu, wall = [], [], []
         for seed in self.heldout_seeds:
-            out, w, c = self.timed(lambda: self.run(self.pipe, self.seed_labels, seed, "split"))
+            out, w, c = self.timed(lambda: self.run(self.pipe, self.seed_labels, seed, self.mode))
             images.append(out)
             wall.append(w)
             cpu.append(c)
-        r[("heldout", "split")] = torch.cat(images)
-        r[("heldout_cpu", "split")], r[("heldout_wall", "split")] = cpu, wall
-        r["heldout_features"] = self.features(r[("heldout", "split")])
-        r["heldout_acc"] = self.accuracy(r[("heldout", "split")])
+        r[("heldout", self.mode)] = torch.cat(images)
+        r[("heldout_cpu", self.mode)], r[("heldout_wall", self.mode)] = cpu, wall
+        r["heldout_features"] = self.features(r[("heldout", self.mode)])
+        r["heldout_acc"] = self.accuracy(r[("heldout", self.mode)])
         if fd_floor:  # the same number of uncached samples from other seeds: how far apart two sample sets are
-            other = torch.cat([self.run(self.pipe, self.seed_labels, FLOOR_SEED0 + i, "split")
+            other = torch.cat([self.run(self.pipe, self.seed_labels, FLOOR_SEED0 + i, self.mode)
                                for i in range(len(self.heldout_seeds))])
             r["fd_floor"] = frechet(self.features(other), r["heldout_features"])
         else:
@@ -224,8 +237,8 @@ class Bench:
                 out, _, c = self.timed(lambda: self.run(self.twin, self.seed_labels, seed, mode))
                 images.append(out)
                 cpu.append(c)
-            if self.refs["modes_identical"] and torch.equal(torch.cat(images), self.refs[("heldout", "split")]):
-                self.refs[key] = self.refs[("heldout", "split")]
+            if self.refs["modes_identical"] and torch.equal(torch.cat(images), self.refs[("heldout", self.mode)]):
+                self.refs[key] = self.refs[("heldout", self.mode)]
             else:
                 self.refs[key] = torch.cat(images)
             self.refs[("heldout_cpu", mode)] = cpu
@@ -248,7 +261,7 @@ def dcache_contenders(bench: Bench) -> list[Contender]:
     from dcache.schedules.tuning import calibrate as cal
 
     state: dict[str, Any] = {}
-    tune_run = lambda pipe: (lambda: bench.tune(pipe, "split"))  # noqa: E731
+    tune_run = lambda pipe: (lambda: bench.tune(pipe, bench.mode))  # noqa: E731
 
     def applied_from(handle) -> Applied:
         def remove():
@@ -620,9 +633,9 @@ class Sweeper:
         """The pipeline gives bit-identical uncached output after the contender's caches were taken off."""
         b = self.bench
         with b.meter.count():
-            out = b.b1(b.pipe, "split")
-        flops_ok = abs(b.meter.flops - b.refs[("b1_flops", "split")]) < 1e-6 * b.refs[("b1_flops", "split")]
-        return bool(torch.equal(out, b.refs[("b1", "split")]) and flops_ok)
+            out = b.b1(b.pipe, b.mode)
+        flops_ok = abs(b.meter.flops - b.refs[("b1_flops", b.mode)]) < 1e-6 * b.refs[("b1_flops", b.mode)]
+        return bool(torch.equal(out, b.refs[("b1", b.mode)]) and flops_ok)
 
     def contender(self, c: Contender, quick: bool) -> dict:
         started = time.time()
@@ -769,7 +782,8 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
             dating.append(f"rows matching `{e['pattern']}` (and no later pattern) by `{e['command']}` on {e['date']}")
         dating.append(f"every other row is from the first command's run of {rerun['kept_from']['date']} (same "
                       f"steps, seeds, repeats, threads and model weights: checked).")
-    lines = ["# dcache methods vs diffusers caches vs cache-dit (tiny model)", "",
+    title = meta.get("model_title", "tiny-digits (Flux, split CFG 1.5, Euler, 28 steps)")
+    lines = [f"# dcache methods vs diffusers caches vs cache-dit: {title}", "",
              "```", *commands, "```", "",
              f"{meta['date']} · {meta['runtime_s'] / 60:.1f} min · torch {meta['torch']} · "
              f"diffusers {meta['diffusers']}"
@@ -777,8 +791,9 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
              f"{meta['threads']} torch thread(s) · {meta['cpu']} · load average at "
              f"start {meta['load_start']}, end {meta.get('load_end', '?')}", "",
              *(["; ".join(dating), ""] if rerun else []),
-             f"Bundled tiny model (FluxTransformer2DModel, 2 double + 6 single blocks), {meta['steps']} steps, CFG "
-             f"{meta['guidance']}. Tuning run: labels {meta['tune_labels']} seed {TUNE_SEED} (every calibration and "
+             f"Bundled model {title}: {meta['steps']} steps, CFG {meta['guidance']} "
+             f"({meta.get('cfg_mode', 'split')} unless a row says otherwise). Tuning run: labels "
+             f"{meta['tune_labels']} seed {TUNE_SEED} (every calibration and "
              f"the knob search use it). Held-out: seeds {meta['heldout_seeds'][0]}..{meta['heldout_seeds'][-1]} x "
              f"labels {meta['seed_labels'][0]}..{meta['seed_labels'][-1]} = {meta['heldout_samples']} samples. "
              f"Batch 1: label {B1_LABEL}, seed {TUNE_SEED}.", "",
@@ -788,8 +803,8 @@ def write_report(results: list[dict], meta: dict, out: Path, stem: str) -> tuple
              f"clock / process CPU time), medians of {meta['repeats']} runs after a warm-up, interleaved with an "
              "uncached twin pipeline; **meas/ideal** = b1 × wall · b1 ratio; **b10 × CPU** = held-out batch-10 "
              "speed-up from process CPU time; **PSNR tune / b1 / "
-             "held-out**, **SSIM**, **acc** (digit classifier on the held-out samples), **FD** = Fréchet distance of "
-             "classifier features, cached vs uncached held-out samples.", ""]
+             "held-out**, **SSIM**, **acc** (the model's judge, a classifier, on the held-out samples), **FD** = "
+             "Fréchet distance of classifier features, cached vs uncached held-out samples.", ""]
     lines += [f"Uncached held-out accuracy {meta['uncached_acc']:.3f}; FD between the uncached held-out samples and "
               f"as many uncached samples of other seeds (the seed-to-seed scale of FD): {fmt(meta['fd_floor'], 3)}. "
               f"Split and batched CFG give bit-identical uncached outputs: {meta['modes_identical']}.", ""]
@@ -967,11 +982,11 @@ def main(argv: list[str] | None = None) -> Path:
         reason = peers.cache_dit_unavailable()
         if reason is not None:
             raise SystemExit(f"error: {reason}")
-    steps = args.steps or (6 if quick else 28)
+    spec = models.MODELS[args.model]
     heldout = args.heldout_seeds or (1 if quick else 10)
     repeats = args.repeats or (3 if quick else 7)
     out = args.out
-    stem = "methods_quick" if quick else "methods"
+    stem = ("methods" if args.model == "digits" else f"methods_{args.model}") + ("_quick" if quick else "")
     if args.report_only:
         data = json.loads((out / f"{stem}.json").read_text())
         md, _, _ = write_report(data["results"], data["meta"], out, stem)
@@ -986,22 +1001,32 @@ def main(argv: list[str] | None = None) -> Path:
         print(f"[{time.time() - started:7.1f}s] {msg}", flush=True)
 
     import diffusers
-    from dcache.pipelines.tiny_pipeline import DEFAULT_GUIDANCE
 
-    bench = Bench(steps=steps, tune_labels=[0, 1] if quick else list(range(10)),
+    bench = Bench(steps=0, tune_labels=[0, 1] if quick else None,
                   heldout_seeds=[HELDOUT_SEED0 + i for i in range(heldout)], repeats=repeats,
-                  seed_labels=[0, 1, 2, 3] if quick else list(range(10)), warm_twin=not quick)
+                  seed_labels=[0, 1, 2, 3] if quick else None, warm_twin=not quick, model=spec)
     bench.load()
+    steps = bench.steps = args.steps or (6 if quick else bench.pipe.default_steps)
 
     unavailable: dict[str, str] = {}
     contenders = dcache_contenders(bench)
-    contenders += peers.diffusers_contenders(steps, lambda pipe: bench.tune(pipe, "split"))
+    if hasattr(bench.pipe.transformer, "enable_cache"):
+        contenders += peers.diffusers_contenders(steps, lambda pipe: bench.tune(pipe, bench.mode), spec.raw_vision,
+                                                 "BCFHW" if spec.name == "motion" else "BCHW")
+    else:
+        unavailable["diffusers (every cache)"] = (
+            f"{type(bench.pipe.transformer).__name__} is not a diffusers CacheMixin in diffusers "
+            f"{diffusers.__version__}: `transformer.enable_cache` does not exist, so none of diffusers' caches can be "
+            f"applied to it")
     cache_dit_version = "not installed"
     if not args.no_cache_dit and not quick:
         import cache_dit  # importable: checked at the start of main
 
         cache_dit_version = cache_dit.__version__
-        contenders += peers.cache_dit_contenders(steps)
+        contenders += peers.cache_dit_contenders(steps, spec.cache_dit_adapter, separate_cfg=bench.mode == "split")
+    for c in contenders:  # every split-CFG contender runs in the model's own CFG mode
+        if c.cfg_mode == "split":
+            c.cfg_mode = bench.mode
     if quick:
         contenders = [c for c in contenders if c.quick is not None]
     all_contenders = list(contenders)
@@ -1012,15 +1037,16 @@ def main(argv: list[str] | None = None) -> Path:
     log(f"references (uncached); {len(contenders)} contenders")
     bench.references({c.cfg_mode for c in contenders}, fd_floor=not (quick or args.no_fd_floor))
 
-    meta = dict(command=command, date=time.strftime("%Y-%m-%d %H:%M"), steps=steps, guidance=DEFAULT_GUIDANCE,
+    meta = dict(command=command, date=time.strftime("%Y-%m-%d %H:%M"), model=spec.name, model_title=spec.title,
+                cfg_mode=bench.mode, steps=steps, guidance=bench.pipe.default_guidance,
                 tune_labels=bench.tune_labels, heldout_seeds=bench.heldout_seeds, seed_labels=bench.seed_labels,
                 heldout_samples=len(bench.heldout_labels()), repeats=repeats, threads=args.threads,
                 torch=torch.__version__, diffusers=diffusers.__version__, cache_dit=cache_dit_version,
                 cpu=f"{platform.machine()} x{os.cpu_count()}", load_start=_load(), quick=quick,
                 uncached_acc=bench.refs["heldout_acc"], fd_floor=bench.refs["fd_floor"],
-                modes_identical=bench.refs["modes_identical"], unavailable=unavailable, weights=_weights_id(),
-                uncached_b10_cpu=median(bench.refs[("heldout_cpu", "split")]),
-                uncached_b10_wall=median(bench.refs[("heldout_wall", "split")]))
+                modes_identical=bench.refs["modes_identical"], unavailable=unavailable, weights=spec.weights_id(),
+                uncached_b10_cpu=median(bench.refs[("heldout_cpu", bench.mode)]),
+                uncached_b10_wall=median(bench.refs[("heldout_wall", bench.mode)]))
 
     previous: dict[str, dict] = {}
     if (args.resume or args.rerun) and (out / f"{stem}.json").is_file():
@@ -1067,13 +1093,8 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 def _weights_id() -> str:
-    """sha256 prefix of the bundled transformer weights (the assets may be retrained between runs)."""
-    import hashlib
-
-    from dcache.pipelines.bundled import TINY_MODEL_DIR
-
-    path = TINY_MODEL_DIR / "transformer" / "diffusion_pytorch_model.safetensors"
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else "?"
+    """sha256 prefix of tiny-digits' transformer weights (the assets may be retrained between runs)."""
+    return models.MODELS["digits"].weights_id()
 
 
 def _load() -> str:

@@ -39,11 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 SCRATCH = Path(__file__).resolve().parent / "out"
-MODELS = {  # name: (loader, judge loader, the family it stands for)
-    "digits": ("load_tiny_pipeline", "load_digit_classifier", "Flux, split CFG 1.5, Euler, 28 steps"),
-    "motion": ("load_motion_pipeline", "load_motion_classifier", "Wan video, split CFG 5, UniPC, 20 steps"),
-    "shapes": ("load_shapes_pipeline", "load_shapes_classifier", "SD3, batched CFG 4, Euler, 28 steps"),
-}
+MODELS = ("digits", "motion", "shapes")  # benchmarks/_models.py describes each
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,9 +62,9 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _peers  # noqa: E402  (benchmarks/_peers.py: the block meter)
+from _models import MODELS as BUNDLED  # noqa: E402  (benchmarks/_models.py: loaders, judges, families)
 
 import dcache  # noqa: E402
-from dcache.pipelines import bundled  # noqa: E402
 from dcache.eval.runner import _git_commit  # noqa: E402  (the script's own checkout: it may run an installed dcache)
 from dcache.pipelines.flow_training import eval_labels, samples  # noqa: E402
 from dcache.quality import psnr_per_image  # noqa: E402
@@ -155,11 +151,9 @@ def as_images(x: torch.Tensor) -> torch.Tensor:
 
 
 def load_model(name: str, seeds: int, per_class: int) -> Model:
-    loader, judge, _ = MODELS[name]
-    pipe = getattr(bundled, loader)()
-    pipe.set_progress_bar_config(disable=True)
-    classes = pipe.num_classes
-    return Model(name, pipe, getattr(bundled, judge)(), eval_labels(classes, per_class),
+    spec = BUNDLED[name]
+    pipe = spec.load()
+    return Model(name, pipe, spec.load_judge(), eval_labels(pipe.num_classes, per_class),
                  [1000 + s for s in range(seeds)])
 
 
@@ -210,7 +204,7 @@ def measure(model: Model, contender: Contender, meter: _peers.BlockMeter, steps:
 def table(rows: list[dict], models: list[str], uncached_accuracy: dict[str, float]) -> str:
     lines = []
     for name in models:
-        _, _, family = MODELS[name]
+        family = BUNDLED[name].family
         lines += [f"### tiny-{name} ({family}); uncached judge accuracy {uncached_accuracy[name]:.0%}", "",
                   "| contender | tuned on | measured on | compute ratio | PSNR dB (mean) | PSNR min "
                   "| judge accuracy |",

@@ -59,3 +59,35 @@ def test_quick_benchmark_table_has_dcache_and_diffusers_rows(tmp_path, monkeypat
             if row["b1_lib_ratio"] is not None:
                 assert row["b1_lib_ratio"] == pytest.approx(row["b1_ratio"], abs=1e-3)
     assert (tmp_path / "methods_quick_pareto.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow  # ~25 s each on a 2-core CPU
+@pytest.mark.parametrize("model, cfg_mode, diffusers_applies",
+                         [("motion", "split", True), ("shapes", "batched", False)])
+def test_quick_benchmark_runs_on_the_other_bundled_models(tmp_path, monkeypatch, model, cfg_mode, diffusers_applies):
+    """--model runs the sweep on tiny-motion (Wan, split CFG) and tiny-shapes (SD3, batched CFG) in the model's own
+    CFG mode; where diffusers' caches cannot be put on the transformer the report says so instead of dropping them."""
+    spec = importlib.util.spec_from_file_location("dcache_methods_benchmark", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)
+    spec.loader.exec_module(bench)
+    threads = torch.get_num_threads()
+    try:
+        md = bench.main(["--model", model, "--quick", "--no-cache-dit", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+
+    assert md.name == f"methods_{model}_quick.md"
+    data = json.loads((tmp_path / f"methods_{model}_quick.json").read_text())
+    meta, results = data["meta"], data["results"]
+    assert meta["model"] == model and meta["cfg_mode"] == cfg_mode
+    assert all(r["error"] is None and r["restored"] for r in results), [(r["method"], r["error"]) for r in results]
+    assert {r["library"] for r in results} == ({"dcache", "diffusers"} if diffusers_applies else {"dcache"})
+    assert all(r["cfg_mode"] == cfg_mode for r in results if r["library"] == "dcache")
+    assert bool(meta["unavailable"]) != diffusers_applies  # shapes: diffusers' caches named as not applicable
+    for r in results:
+        for row in r["rows"]:
+            assert 0 < row["ratio"] <= 1 + 1e-9 and (math.isinf(row["psnr_heldout"]) or row["psnr_heldout"] > 10)
+            if row["b1_lib_ratio"] is not None:  # dcache's count agrees with the meter on every family
+                assert row["b1_lib_ratio"] == pytest.approx(row["b1_ratio"], abs=1e-3)
+    assert f"tiny-{model}" in md.read_text().splitlines()[0]
