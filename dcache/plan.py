@@ -26,6 +26,7 @@ from typing import Any
 from .actions import ACTION_CHARS, Action, Granularity
 from .io import atomic_write_text, read_json  # atomic_write_text re-exported: older code imports it from here
 from .state import MAX_FORECAST_ORDER
+from .plan_extensions import PlanError  # defined below this module: the extension loaders raise it too
 from .schedule import CallContext, GenerationInfo, Schedule
 
 PLAN_FORMAT = "dcache.plan"
@@ -39,10 +40,6 @@ MAKE_A_PLAN = ("make a plan for this model: `dcache generate --model <model> --c
                "plan.json (in Python: handle.plan().save('plan.json') after a cached generation), `dcache calibrate "
                "--model <model> --method bac` a profiled one, `dcache search --model <model> --method lemica` "
                "searched ones.")
-
-
-class PlanError(ValueError):
-    """A plan file that cannot be used as asked; the message says why and what to do."""
 
 
 REEXPORT = "re-export the plan (handle.plan().save(path) after a generation, or dcache calibrate / dcache search)"

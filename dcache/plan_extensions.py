@@ -20,6 +20,11 @@ if TYPE_CHECKING:  # pragma: no cover
 T = TypeVar("T")
 
 
+class PlanError(ValueError):
+    """A plan file that cannot be used as asked; the message says why and what to do. (Defined here, below
+    dcache.plan, which re-exports it, because the extension loaders raise it too.)"""
+
+
 class PlanExtension(Generic[T]):
     def __init__(self, key: str, what: str, register_with: str, without: str):
         """key: the extras key ({"name": ..., ...}); what: the object's kind, for messages; register_with: the
@@ -33,7 +38,6 @@ class PlanExtension(Generic[T]):
 
     def from_plan(self, plan: "Plan") -> T | None:
         """The object the plan carries in extras[key], or None."""
-        from .plan import PlanError
         from .plugins import load_method_packages
 
         spec: Any = plan.extras.get(self.key) if isinstance(plan.extras, dict) else None
@@ -57,4 +61,4 @@ class PlanExtension(Generic[T]):
         return loader(spec, plan)
 
 
-__all__ = ["PlanExtension"]
+__all__ = ["PlanExtension", "PlanError"]
