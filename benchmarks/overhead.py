@@ -73,7 +73,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(BENCH))
 
 import dcache  # noqa: E402
-from dcache.adapters import adapter_for  # noqa: E402
+from dcache.families import adapter_for  # noqa: E402
 from dcache.memo import install_memos  # noqa: E402
 from dcache.pipelines.bundled import load_tiny_pipeline  # noqa: E402
 from dcache.streams import StreamSlots  # noqa: E402

@@ -17,7 +17,8 @@ from .schedule import CallContext, GenerationInfo, Schedule
 # The other public names -> the module that defines them, imported on first use (PEP 562): `import dcache` stays
 # light, so the `dcache` command starts without torch / diffusers where it needs neither (`dcache --help`).
 _LAZY = {
-    "adapters": ("Adapter", "BlockList", "UnsupportedModelError", "adapter_for", "register_adapter"),
+    "adapters": ("Adapter", "BlockList", "UnsupportedModelError", "register_adapter"),
+    "families": ("adapter_for",),
     "api": ("apply",),
     "concurrency": ("ConcurrentGenerationError",),
     "handle": ("Handle",),
@@ -28,7 +29,8 @@ _LAZY = {
 _HOME = {name: module for module, names in _LAZY.items() for name in names}
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from .adapters import Adapter, BlockList, UnsupportedModelError, adapter_for, register_adapter
+    from .adapters import Adapter, BlockList, UnsupportedModelError, register_adapter
+    from .families import adapter_for
     from .api import apply
     from .concurrency import ConcurrentGenerationError
     from .handle import Handle

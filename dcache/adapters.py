@@ -3,13 +3,13 @@
 An adapter is data, not code: per transformer class, the ordered block lists (`ModuleList` attribute paths), the
 argument names that carry the hidden / encoder streams into a block, the order of the block's returned tensors,
 the inner modules that module-level caching may address, and (optionally) how to read the timestep-modulated input
-of the first block (TeaCache's signal). A registry keyed by class name holds the known families; `adapter_for`
-falls back to generic discovery for unknown DiTs and raises an error that shows how to register one.
+of the first block (TeaCache's signal). A registry keyed by class name holds the known families (and the users'
+own adapters); `dcache.families.adapter_for` looks a transformer up there, falls back to generic discovery for
+unknown DiTs and raises `UnsupportedModelError`, which shows how to register one.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -104,7 +104,7 @@ class Adapter:
         """All blocks in execution order as (list index, block)."""
         found = []
         for list_index, spec in enumerate(self.block_lists):
-            for block in _resolve_path(transformer, spec.path):
+            for block in block_list(transformer, spec.path):
                 found.append((list_index, block))
         return found
 
@@ -153,6 +153,12 @@ def reuse_composed_inputs(row: str, composed: Sequence[tuple[int, tuple[int, ...
 _REGISTRY: dict[str, Adapter] = {}
 
 
+def adapter_registry() -> dict[str, Adapter]:
+    """The adapters registered so far, by class name (`dcache.families.registered_adapters` loads the built-in
+    families first)."""
+    return dict(_REGISTRY)
+
+
 def register_adapter(adapter: Adapter, *, overwrite: bool = False) -> Adapter:
     """Register the adapter for `adapter.model_class`. Users call this for their own DiTs."""
     if adapter.model_class in _REGISTRY and not overwrite:
@@ -160,62 +166,6 @@ def register_adapter(adapter: Adapter, *, overwrite: bool = False) -> Adapter:
                          f"replace it.")
     _REGISTRY[adapter.model_class] = adapter
     return adapter
-
-
-def registered_adapters() -> dict[str, Adapter]:
-    _load_builtin_families()
-    return dict(_REGISTRY)
-
-
-def adapter_for(transformer: nn.Module) -> Adapter:
-    """The registered adapter of this transformer's class (walking its MRO), else generic discovery."""
-    _load_builtin_families()
-    for cls in type(transformer).__mro__:
-        if cls.__name__ in _REGISTRY:
-            adapter = _REGISTRY[cls.__name__]
-            _check_paths(transformer, adapter)
-            return adapter
-    return discover_adapter(transformer)
-
-
-def discover_adapter(transformer: nn.Module) -> Adapter:
-    """Generic discovery: top-level `ModuleList`s whose children take `hidden_states` and return it first or alone.
-
-    Works for DiTs whose blocks take `hidden_states` (and optionally `encoder_hidden_states`) and return either one
-    tensor or a tuple whose order follows the argument order. Anything else needs an explicit adapter.
-    """
-    from .support_matrix import discovery_refusal  # the static analysis behind SUPPORT.md (imports this module)
-
-    refusal = discovery_refusal(type(transformer))
-    if refusal is not None:
-        raise UnsupportedModelError(transformer, refusal)
-    if _is_unet(transformer):
-        raise UnsupportedModelError(transformer, _UNET_REASON)
-    lists = []
-    for name, child in transformer.named_children():
-        if not isinstance(child, nn.ModuleList) or len(child) == 0 or name in _UNET_LISTS:
-            continue
-        params = inspect.signature(child[0].forward).parameters
-        if HIDDEN not in params:
-            continue
-        encoder = ENCODER if ENCODER in params else None
-        lists.append(BlockList(name, encoder=encoder, outputs=(HIDDEN,) if encoder is None else (HIDDEN, ENCODER)))
-    if not lists:
-        raise UnsupportedModelError(transformer)
-    # Unknown tuple order is verified at run time by shape (engine); a mismatch raises UnsupportedModelError.
-    return Adapter(model_class=type(transformer).__name__, block_lists=tuple(lists), notes="generic discovery")
-
-
-# A UNet's down/up blocks take `hidden_states` too, but they change resolution and return skip connections: a
-# residual cached across them is meaningless. Generic discovery refuses them instead of caching them wrongly.
-_UNET_LISTS = frozenset({"down_blocks", "up_blocks", "mid_blocks"})
-_UNET_REASON = ("it is a UNet (down/up blocks change resolution and pass skip connections), and dcache caches the "
-                "repeated blocks of diffusion transformers (DiT / MM-DiT), so it has nothing to cache here; apply it "
-                "to a transformer model (pipe.transformer) instead")
-
-
-def _is_unet(model: nn.Module) -> bool:
-    return any("unet" in cls.__name__.lower() for cls in type(model).__mro__)
 
 
 class UnsupportedModelError(TypeError):
@@ -233,7 +183,8 @@ class UnsupportedModelError(TypeError):
         )
 
 
-def _resolve_path(root: nn.Module, path: str) -> nn.ModuleList:
+def block_list(root: nn.Module, path: str) -> nn.ModuleList:
+    """The ModuleList at the dotted attribute `path` of `root`; UnsupportedModelError if there is none."""
     obj: Any = root
     for part in path.split("."):
         obj = getattr(obj, part, None)
@@ -244,21 +195,5 @@ def _resolve_path(root: nn.Module, path: str) -> nn.ModuleList:
     return obj
 
 
-def _check_paths(transformer: nn.Module, adapter: Adapter) -> None:
-    for spec in adapter.block_lists:
-        _resolve_path(transformer, spec.path)
-
-
-_BUILTINS_LOADED = False
-
-
-def _load_builtin_families() -> None:
-    # The per-family data lives in dcache/families/; imported lazily so users can register first.
-    global _BUILTINS_LOADED
-    if not _BUILTINS_LOADED:
-        _BUILTINS_LOADED = True
-        from . import families  # noqa: F401  (registers on import)
-
-
-__all__ = ["HIDDEN", "ENCODER", "BlockList", "Adapter", "register_adapter", "registered_adapters", "adapter_for",
-           "discover_adapter", "UnsupportedModelError", "composed_indices", "reuse_composed_inputs"]
+__all__ = ["HIDDEN", "ENCODER", "BlockList", "Adapter", "register_adapter", "adapter_registry", "block_list",
+           "UnsupportedModelError", "composed_indices", "reuse_composed_inputs"]

@@ -18,7 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from dcache.adapters import ENCODER, HIDDEN, adapter_for, registered_adapters
+from dcache.adapters import ENCODER, HIDDEN
+from dcache.families import adapter_for, registered_adapters
 
 
 def _load_zoo():

@@ -1,4 +1,6 @@
-"""Per-family adapter data for diffusers transformers (registered on import by dcache.adapters).
+"""Which adapter a transformer gets: the per-family adapter data for diffusers transformers, and the lookup.
+
+    adapter = adapter_for(pipe.transformer)      # its family's adapter, else generic discovery, else a teaching error
 
 One `register_adapter(Adapter(...))` per transformer class, checked against diffusers 0.42 source. For each family:
 
@@ -20,8 +22,89 @@ One `register_adapter(Adapter(...))` per transformer class, checked against diff
 Tiny configs of every family here live in tests/zoo.py; tests/test_zoo.py checks this data against real forwards.
 
 The registry, in this order: `named.py` (the families the project names first), then `further.py` (the rest,
-alphabetically); `inputs.py` holds what they share (modulated inputs, latent layouts).
+alphabetically); `inputs.py` holds what they share (modulated inputs, latent layouts). They are imported at the
+first lookup, not with this package, so a user's `register_adapter` before it takes a class first.
+`source_analysis.py` reads a class's source to tell whether generic discovery may run on it (and SUPPORT.md).
 """
 
-from . import named  # noqa: F401  (registers on import: these families first)
-from . import further  # noqa: F401  (registers on import: the rest)
+from __future__ import annotations
+
+import inspect
+
+from torch import nn
+
+from ..adapters import ENCODER, HIDDEN, Adapter, BlockList, UnsupportedModelError, adapter_registry, block_list
+from .source_analysis import discovery_refusal
+
+_BUILTINS_LOADED = False
+
+
+def _load_builtin_families() -> None:
+    global _BUILTINS_LOADED
+    if not _BUILTINS_LOADED:
+        _BUILTINS_LOADED = True
+        from . import named  # noqa: F401  (registers on import: these families first)
+        from . import further  # noqa: F401  (registers on import: the rest)
+
+
+def registered_adapters() -> dict[str, Adapter]:
+    """Every registered adapter by class name: the built-in families and the users' own."""
+    _load_builtin_families()
+    return adapter_registry()
+
+
+def adapter_for(transformer: nn.Module) -> Adapter:
+    """The registered adapter of this transformer's class (walking its MRO), else generic discovery."""
+    registry = registered_adapters()
+    for cls in type(transformer).__mro__:
+        if cls.__name__ in registry:
+            adapter = registry[cls.__name__]
+            _check_paths(transformer, adapter)
+            return adapter
+    return discover_adapter(transformer)
+
+
+def discover_adapter(transformer: nn.Module) -> Adapter:
+    """Generic discovery: top-level `ModuleList`s whose children take `hidden_states` and return it first or alone.
+
+    Works for DiTs whose blocks take `hidden_states` (and optionally `encoder_hidden_states`) and return either one
+    tensor or a tuple whose order follows the argument order. Anything else needs an explicit adapter.
+    """
+    refusal = discovery_refusal(type(transformer))  # the static analysis behind SUPPORT.md's "not yet" rows
+    if refusal is not None:
+        raise UnsupportedModelError(transformer, refusal)
+    if _is_unet(transformer):
+        raise UnsupportedModelError(transformer, _UNET_REASON)
+    lists = []
+    for name, child in transformer.named_children():
+        if not isinstance(child, nn.ModuleList) or len(child) == 0 or name in _UNET_LISTS:
+            continue
+        params = inspect.signature(child[0].forward).parameters
+        if HIDDEN not in params:
+            continue
+        encoder = ENCODER if ENCODER in params else None
+        lists.append(BlockList(name, encoder=encoder, outputs=(HIDDEN,) if encoder is None else (HIDDEN, ENCODER)))
+    if not lists:
+        raise UnsupportedModelError(transformer)
+    # Unknown tuple order is verified at run time by shape (engine); a mismatch raises UnsupportedModelError.
+    return Adapter(model_class=type(transformer).__name__, block_lists=tuple(lists), notes="generic discovery")
+
+
+# A UNet's down/up blocks take `hidden_states` too, but they change resolution and return skip connections: a
+# residual cached across them is meaningless. Generic discovery refuses them instead of caching them wrongly.
+_UNET_LISTS = frozenset({"down_blocks", "up_blocks", "mid_blocks"})
+_UNET_REASON = ("it is a UNet (down/up blocks change resolution and pass skip connections), and dcache caches the "
+                "repeated blocks of diffusion transformers (DiT / MM-DiT), so it has nothing to cache here; apply it "
+                "to a transformer model (pipe.transformer) instead")
+
+
+def _is_unet(model: nn.Module) -> bool:
+    return any("unet" in cls.__name__.lower() for cls in type(model).__mro__)
+
+
+def _check_paths(transformer: nn.Module, adapter: Adapter) -> None:
+    for spec in adapter.block_lists:
+        block_list(transformer, spec.path)
+
+
+__all__ = ["adapter_for", "discover_adapter", "registered_adapters"]

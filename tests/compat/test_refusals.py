@@ -9,7 +9,8 @@ from torch import nn
 
 import dcache
 from dcache.adapters import UnsupportedModelError
-from dcache.support_matrix import NOT_YET, discovery_refusal, support_table
+from dcache.families.source_analysis import NOT_YET, discovery_refusal
+from dcache.support_matrix import support_table
 
 
 def test_latte_is_refused_at_apply_with_the_reason():

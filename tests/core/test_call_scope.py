@@ -90,7 +90,7 @@ def test_reuse_and_forecast_are_x_plus_delta_and_run_nothing(name):
         v = [_sample(model(**kw, return_dict=False)) for kw in inputs[:2]]
         d0, d1 = (v[i] - inputs[i]["hidden_states"] for i in range(2))
         counted = []
-        first_block = dcache.adapters.adapter_for(model).blocks(model)[0][1]
+        first_block = dcache.adapter_for(model).blocks(model)[0][1]
         hooks = [first_block.register_forward_pre_hook(lambda *a: counted.append(1))]
         with dcache.apply(model, Rows("CCRF", order=1), num_steps=4, scope="call") as handle:
             outs = [_sample(model(**kw, return_dict=False)) for kw in inputs]

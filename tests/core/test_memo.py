@@ -13,7 +13,7 @@ import torch
 
 import dcache
 from dcache import Action, Schedule
-from dcache.adapters import adapter_for
+from dcache.families import adapter_for
 
 
 def _load_zoo():

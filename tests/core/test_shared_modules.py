@@ -32,7 +32,7 @@ class ReuseFF(Schedule):
 def test_each_call_of_a_shared_module_reuses_its_own_output(name):
     entry = zoo.ZOO[name]
     model = entry.make_model()
-    adapter = dcache.adapters.adapter_for(model)
+    adapter = dcache.adapter_for(model)
     assert "ff" in adapter.shared
     block = adapter.blocks(model)[0][1]
     seen: list[torch.Tensor] = []

@@ -121,7 +121,7 @@ def test_engine_signal_equals_a_direct_computation():
 def test_flux2_and_z_image_latent_layouts_recover_the_vae_latents():
     from diffusers.pipelines.flux2.pipeline_flux2 import Flux2Pipeline
 
-    from dcache.adapters import registered_adapters
+    from dcache.families import registered_adapters
 
     adapters = registered_adapters()
     g = torch.Generator().manual_seed(0)

@@ -57,7 +57,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dcache.actions import Granularity
-from dcache.adapters import adapter_for, reuse_composed_inputs, submodule
+from dcache.adapters import reuse_composed_inputs, submodule
+from dcache.families import adapter_for
 from dcache.plan import Plan
 from dcache.checks import is_count, is_number, same
 from dcache.io import remove_stale_temporaries
