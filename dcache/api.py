@@ -4,35 +4,25 @@ from __future__ import annotations
 
 import copy
 import os
-import weakref
-from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from .adapters import adapter_for
+from .attach import APPLIED, attach, build_engine, resolve_schedule
 from .budget import Budget
 from .cache_codec import cache_codec
 from .config import MethodConfig
 from .controlnet import attach_controlnets, check_controlnet_option
-from .engine import Engine
 from .experts import check_expert_names, expert_method, extra_experts
 from .handle import Handle
-from .health import HealthMonitor
 from .hooks import refuse_other_cache
 from .memory import parse_bytes
-from .methods import config_for, main_knob, target_resolver
-from .io import read_json
-from .plan import MAX_PLAN_BYTES, Plan, PlanError, PlanSchedule
+from .methods import target_resolver
+from .plan import Plan
 from .schedule import Schedule
-from .setup_file import Setup, names_a_file, setup_file, setup_of
+from .setup_file import Setup, setup_file, setup_of
 
 DEFAULT_METHOD = "magcache"
-
-
-# The engines apply made (weakly held: a removed handle's engine goes when it is dropped). An engine found on a model
-# but missing here was copied with it (copy.deepcopy of a hooked pipeline or transformer).
-_APPLIED: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
 
 def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLike = DEFAULT_METHOD, *,
@@ -109,7 +99,7 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     controlnet_setting = check_controlnet_option(pipeline, controlnet)
     for module in [transformer, *(m for _, m in extra_experts(pipeline))]:
         found = getattr(module, "_dcache_engine", None)
-        if found is not None and found not in _APPLIED:
+        if found is not None and found not in APPLIED:
             # a deep copy of a hooked model carries a copy of the engine, which no handle owns: remove it, or the
             # copy could never be hooked again
             found.remove()
@@ -125,20 +115,10 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                                            overrides=overrides)
         overrides = {}
         arguments.update(method=method, overrides={}, speed=None, quality=None)
-    schedule, name, config = _resolve_schedule(method, overrides, transformer)
-    if decisions is None:
-        decisions = "batch"
-    if scope is None:
-        scope = schedule.plan.extras.get("scope", "blocks") if isinstance(schedule, PlanSchedule) else "blocks"
-    engine = Engine(transformer, adapter_for(transformer), schedule, pipeline=pipeline,
+    handle = attach(pipeline, transformer, method, overrides, target=chosen, setup=lambda: setup_of(arguments),
                     num_steps=num_steps, count_flops=count_flops, memoize=memoize, scope=scope, cache_codec=codec,
-                    decisions=decisions,
-                    health=_health_monitor(transformer, name, warn=not isinstance(method, Schedule)))
-    if isinstance(schedule, PlanSchedule):
-        _check_plan_fits(schedule.plan, engine)
-    transformer._dcache_engine = engine
-    _APPLIED.add(engine)
-    handle = Handle(engine, name, config, chosen, setup=lambda: setup_of(arguments))
+                    decisions=decisions)
+    engine = handle.engine
     try:
         for expert_name, module in extra_experts(pipeline):
             picked = expert_method(method, overrides, expert_settings[expert_name])
@@ -148,16 +128,12 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
                 raise ValueError(f"a Schedule instance keeps one expert's state; give {expert_name} its own: "
                                  f"dcache.apply(pipe, schedule, experts={{{expert_name!r}: another_schedule}}) "
                                  f"(or a method name, which builds one per expert).")
-            sub_schedule, sub_name, sub_config = _resolve_schedule(picked[0], picked[1], module)
-            sub = Engine(module, adapter_for(module), sub_schedule, pipeline=pipeline, num_steps=num_steps,
-                         count_flops=count_flops, memoize=memoize, scope=scope, leader=engine, cache_codec=codec,
-                         decisions=decisions)
-            if isinstance(sub_schedule, PlanSchedule):
-                _check_plan_fits(sub_schedule.plan, sub)
-            module._dcache_engine = sub
-            _APPLIED.add(sub)
+            sub_schedule, sub_name, sub_config = resolve_schedule(picked[0], picked[1], module)
+            sub = build_engine(module, sub_schedule, sub_name, pipeline=pipeline, num_steps=num_steps,
+                               count_flops=count_flops, memoize=memoize, scope=engine.scope, leader=engine,
+                               cache_codec=codec, decisions=decisions)
             handle.experts[expert_name] = Handle(sub, sub_name, sub_config)
-        handle.controlnets = attach_controlnets(pipeline, engine, controlnet_setting, _resolve_schedule, count_flops)
+        handle.controlnets = attach_controlnets(pipeline, engine, controlnet_setting, resolve_schedule, count_flops)
         if handle.controlnets and engine.lanes is not None:
             engine.lanes.batch_reason = ("a cached ControlNet runs on the whole batch and decides with the "
                                          "transformer's step")
@@ -187,15 +163,6 @@ def _apply_setup(target: Any, setup: Setup, arguments: dict[str, Any]) -> Handle
     passing = {name: given.pop(name) for name in _NOT_IN_SETUPS if name in given}
     merged = setup.with_overrides(**given, **arguments["overrides"])
     return apply(target, **merged.apply_arguments(), **passing)
-
-
-def _health_monitor(transformer: nn.Module, name: str, warn: bool) -> HealthMonitor:
-    """Warnings for the methods and plans dcache ships on a real model; facts only for a meta-device model
-    (dcache.estimate simulates generations) and for a Schedule object (the tools' recording and calibration runs
-    compute every step on purpose)."""
-    real = next((p.device.type != "meta" for p in transformer.parameters()), True)
-    base = name.split(":", 1)[0]
-    return HealthMonitor(name, knob=lambda: main_knob(base) if base != "plan" else None, warn=warn and real)
 
 
 def _check_num_steps(num_steps: Any) -> int | None:
@@ -229,58 +196,3 @@ def _split_target(target: Any) -> tuple[Any, nn.Module]:
                     f"{type(target).__name__}. UNet pipelines are not supported: dcache caches transformer blocks.")
 
 
-def _resolve_schedule(method: Any, overrides: dict, transformer: nn.Module) -> tuple[Schedule, str, dict]:
-    if isinstance(method, Schedule):
-        if overrides:
-            raise ValueError(f"overrides {sorted(overrides)} cannot be applied to a Schedule instance; configure it "
-                             f"before passing it.")
-        return method, method.name, method.config_dict()
-    if isinstance(method, Plan):
-        return _plan_schedule(method, overrides)
-    if isinstance(method, MethodConfig):
-        config = type(method).with_overrides(**{**method.__dict__, **overrides}) if overrides else method
-        return config.build(transformer), config.method, config.to_dict()
-    if isinstance(method, (str, os.PathLike)):
-        text = str(method)
-        if names_a_file(text):
-            return _from_file(Path(text), overrides, transformer)
-        config = config_for(text, **overrides)
-        return config.build(transformer), text, config.to_dict()
-    raise TypeError(f"method must be a name, a plan path, a config, a Plan or a Schedule, not "
-                    f"{type(method).__name__}.")
-
-
-def _plan_schedule(plan: Plan, overrides: dict) -> tuple[Schedule, str, dict]:
-    if overrides:
-        raise ValueError(f"a plan replays fixed decisions; overrides {sorted(overrides)} do not apply to it.")
-    return PlanSchedule(plan), f"plan:{plan.provenance.get('method', 'static')}", {"plan": plan.provenance}
-
-
-def _from_file(path: Path, overrides: dict, transformer: nn.Module) -> tuple[Schedule, str, dict]:
-    if not path.is_file():
-        raise PlanError(f"plan/config file {str(path)!r} does not exist.")
-    data = read_json(path, MAX_PLAN_BYTES, "plan/config file", "fix it or write it again (handle.plan().save(path), "
-                     "config.to_json())", PlanError)  # a size cap, and deep nesting / huge integers as PlanError
-    if isinstance(data, dict) and data.get("format") == "dcache.plan":
-        return _plan_schedule(Plan.from_dict(data, source=f"plan file {str(path)!r}"), overrides)
-    if isinstance(data, dict) and "method" in data and "format" not in data:
-        from .methods import config_from_dict
-
-        config = config_from_dict({**data, **overrides})
-        return config.build(transformer), config.method, config.to_dict()
-    raise PlanError(f"{str(path)!r} is neither a dcache plan (a JSON object with \"format\": \"dcache.plan\", "
-                    f"written by handle.plan().save(path)), a setup (\"format\": \"dcache.setup\", written by "
-                    f"handle.setup().save(path)) nor a method config (a JSON object with \"method\" and no "
-                    f"\"format\", written by config.to_json()).")
-
-
-def _check_plan_fits(plan: Plan, engine: Engine) -> None:
-    from collections import Counter
-
-    layout = Counter(s.list_index for s in engine.blocks)
-    try:
-        plan.check_model(type(engine.transformer).__name__,
-                         [layout[i] for i in range(len(engine.adapter.block_lists))], engine.units)
-    except PlanError:
-        engine.remove()
-        raise

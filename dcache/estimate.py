@@ -29,9 +29,11 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from .actions import Signal
+from .attach import attach
 from .cache_codec import cache_codec
 from .memory import MemoryReport
 from .schedule import CallContext, GenerationInfo, Schedule, normalize_actions
+from .setup_file import setup_file
 from .signal_providers import provider, resolve_signal
 
 # What each signal reads when consecutive calls are (nearly) identical: changes a vanishing 1e-9 rather than 0, so
@@ -144,8 +146,6 @@ def estimate(model: nn.Module, method: Any = "magcache", inputs: dict | None = N
               budget's check at a first call uses it).
     overrides: config fields, as for dcache.apply.
     """
-    from .api import apply  # dcache.api imports the engine; this module is imported by the api for budgets
-
     if inputs is None:
         raise ValueError("estimate needs `inputs`: the transformer's forward keyword arguments for one call (real "
                          "or meta tensors of the real shapes), e.g. from dcache.pipelines.estimate.model_inputs.")
@@ -153,9 +153,12 @@ def estimate(model: nn.Module, method: Any = "magcache", inputs: dict | None = N
     kwargs = to_meta(inputs)
     pipe = _StandInPipeline(meta)
     cache_codec(cache_dtype, cache_scale, cache_device)  # the field errors apply would give
+    setup = setup_file(method)
+    if setup is not None:  # a setup file: its method, knobs and scope, under the ones given here
+        method, overrides, scope = setup.method, {**setup.knobs, **overrides}, scope or setup.scope
     # meta tensors cannot be copied to the host: count the bytes on the meta device, report them where they will live
-    handle = apply(pipe, method, decisions="batch", scope=scope, cache_dtype=cache_dtype, cache_scale=cache_scale,
-                   count_flops=not memory_only, **overrides)
+    handle = attach(pipe, meta, method, overrides, decisions="batch", scope=scope,
+                    cache_codec=cache_codec(cache_dtype, cache_scale, None), count_flops=not memory_only)
     engine = handle.engine
     if engine.adapter.latents is not None:  # latent layouts read grid sizes off position ids: give them the real ones
         engine.adapter = dataclasses.replace(engine.adapter, latents=_with_real_inputs(engine.adapter.latents, inputs))
