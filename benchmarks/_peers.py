@@ -351,7 +351,7 @@ def enable_cache_dit(pipe, setting: dict, num_steps: int, adapter_name: str = "F
                      separate_cfg: bool = True) -> Applied:
     """separate_cfg: the pipeline runs CFG as two calls per step (cond first); False for batched CFG."""
     import cache_dit
-    from cache_dit import DBCacheConfig, TaylorSeerCalibratorConfig
+    from cache_dit import DBCacheConfig, DMDCalibratorConfig, FoCaCalibratorConfig, TaylorSeerCalibratorConfig
 
     config = DBCacheConfig(Fn_compute_blocks=setting["F"], Bn_compute_blocks=setting["B"],
                            residual_diff_threshold=setting["threshold"], max_warmup_steps=setting["W"],
@@ -360,6 +360,10 @@ def enable_cache_dit(pipe, setting: dict, num_steps: int, adapter_name: str = "F
     calibrator = None
     if setting.get("taylorseer"):
         calibrator = TaylorSeerCalibratorConfig(taylorseer_order=setting["taylorseer"])
+    elif setting.get("calibrator") == "foca":
+        calibrator = FoCaCalibratorConfig()  # cache-dit's FoCa predictor-corrector at its defaults
+    elif setting.get("calibrator") == "dmd":
+        calibrator = DMDCalibratorConfig()  # dynamic mode decomposition of the last 6 residuals, at its defaults
     adapter = cache_dit_adapter(pipe, adapter_name)
     cache_dit.enable_cache(adapter, cache_config=config, calibrator_config=calibrator)
 
@@ -380,4 +384,10 @@ def cache_dit_contenders(num_steps: int, adapter_name: str = "Flux", separate_cf
                   lambda p, s: enable_cache_dit(p, s, num_steps, adapter_name, separate_cfg),
                   families=[{**base, "taylorseer": 1}, {**base, "W": 2, "taylorseer": 1}],
                   note="F1B0W4 + TaylorSeerCalibratorConfig(order 1)"),
+        # cache-dit 1.5's other calibrators: what it ships beyond Taylor for the low compute ratios
+        *[Contender("cache-dit", f"DBCache+{name}", Search("threshold", "log", 0.01, 2.0),
+                    lambda p, s: enable_cache_dit(p, s, num_steps, adapter_name, separate_cfg),
+                    families=[{**base, "calibrator": key}, {**base, "W": 2, "calibrator": key}],
+                    note=f"F1B0W4 + {name}CalibratorConfig() at cache-dit's defaults")
+          for name, key in (("FoCa", "foca"), ("DMD", "dmd"))],
     ]
