@@ -382,7 +382,7 @@ def format_flops(flops: float) -> str:
     return f"{flops:.0f} FLOPs"
 
 
-# ------------------------------------------------------------------------------------------------ README table
+# ------------------------------------------------------------------------------------------ docs/memory.md table
 TABLE_METHODS = ("magcache", "fbcache", "teacache", "easycache", "seacache", "taylorseer", "fora", "pab")
 
 
@@ -394,7 +394,7 @@ def table_size(methods: tuple[str, ...] = TABLE_METHODS, models: Sequence[str] |
 def markdown_table(methods: tuple[str, ...] = TABLE_METHODS, dtype: str = "bfloat16",
                    models: Sequence[str] | None = None, on_row: Callable[[str], None] | None = None) -> str:
     """Peak cache memory per method for every shipped config (or `models`) at its usual settings
-    (`dcache estimate --table`; the README's table is its output). on_row: see estimate_spec."""
+    (`dcache estimate --table`; docs/memory.md's table is its output). on_row: see estimate_spec."""
     header = "| model | setting | " + " | ".join(methods) + " |"
     lines = [header, "|" + "---|" * (len(methods) + 2)]
     for name in models or shipped_models():

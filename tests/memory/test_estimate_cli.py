@@ -70,13 +70,13 @@ def test_bad_models_get_teaching_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_readme_table_is_the_commands_output():
-    """README's cache-memory table is `dcache estimate --table`: its rows name every shipped config, and one row
+def test_the_memory_page_table_is_the_commands_output():
+    """docs/memory.md's cache-memory table is `dcache estimate --table`: its rows name every shipped config, and one row
     (SD3.5-large: the quickest to estimate) equals a fresh estimate."""
     from dcache.pipelines.estimate import markdown_table
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("<!-- begin: dcache estimate --table -->\n")[1].split("<!-- end: dcache estimate --table")[0]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "memory.md").read_text()
+    block = page.split("<!-- begin: dcache estimate --table -->\n")[1].split("<!-- end: dcache estimate --table")[0]
     rows = {line.split(" | ")[0].strip("| "): line for line in block.strip().splitlines()[2:]}
     assert list(rows) == list(shipped_models())
     fresh = markdown_table(models=["sd3.5-large"]).splitlines()

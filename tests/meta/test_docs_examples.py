@@ -40,6 +40,8 @@ PLACEHOLDERS = [("<hub id or folder>", "tiny"), ("<hub id | folder | tiny>", "ti
 # Documents that hold no runnable example, with the reason.
 WITHOUT_EXAMPLES = {"docs/reliability.md": "a table of failure cases; each row names the test that exercises it"}
 SKIPPED = {
+    "pip install": "installs packages; `make setup` installs dcache the same way into a fresh virtualenv (.ci/run "
+                   "runs it on every change)",
     "make ": "sets up the virtualenv; `make demo` is `dcache generate`, run here, and `make test` is this suite",
     "accelerate launch": "multi-process runs: tests/eval/test_eval_runner.py and test_generate_batch.py run them",
     "torchrun": "multi-process runs: tests/eval/test_eval_runner.py runs the accelerate equivalent",
