@@ -24,7 +24,7 @@ from torch import nn
 
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
 
-from .taylorseer import full_step
+from .cadence import cadence_computes
 
 
 @register_method
@@ -81,8 +81,7 @@ class DeltaDiTSchedule(Schedule):
     def decide(self, ctx: CallContext) -> str | Action:
         c = self.config
         n = ctx.num_steps
-        if self._size == 0 or full_step(ctx.step, c.warmup_steps, c.interval) or (
-                n is not None and ctx.step >= n - c.cutoff_steps):
+        if self._size == 0 or cadence_computes(ctx, c.warmup_steps, c.interval, c.cutoff_steps):
             return Action.COMPUTE
         boundary = math.ceil(c.boundary_ratio * n) if n else 0
         front, rear = self.ranges()

@@ -14,8 +14,8 @@ from torch import nn
 
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
 
+from .cadence import cadence_computes
 from .forecasters import config_forecaster, forecaster_extras, forecaster_knob
-from .taylorseer import full_step
 
 
 @register_method
@@ -68,8 +68,7 @@ class FixedIntervalSchedule(Schedule):
 
     def decide(self, ctx: CallContext) -> Action:
         c = self.config
-        n = ctx.num_steps
-        if full_step(ctx.step, c.warmup_steps, c.interval) or (n is not None and ctx.step >= n - c.cutoff_steps):
+        if cadence_computes(ctx, c.warmup_steps, c.interval, c.cutoff_steps):
             return Action.COMPUTE
         return Action.FORECAST if c.forecast_order > 0 or self.forecaster is not None else Action.REUSE
 

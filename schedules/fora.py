@@ -14,7 +14,7 @@ from torch import nn
 
 from dcache import Action, CallContext, Granularity, MethodConfig, Schedule, knob, register_method, register_preset
 
-from .taylorseer import full_step
+from .cadence import cadence_computes
 
 
 @register_method
@@ -57,10 +57,7 @@ class FORASchedule(Schedule):
 
     def decide(self, ctx: CallContext) -> Action:
         c = self.config
-        n = ctx.num_steps
-        if full_step(ctx.step, c.warmup_steps, c.interval) or (n is not None and ctx.step >= n - c.cutoff_steps):
-            return Action.COMPUTE
-        return Action.REUSE
+        return Action.COMPUTE if cadence_computes(ctx, c.warmup_steps, c.interval, c.cutoff_steps) else Action.REUSE
 
     def config_dict(self) -> dict:
         return self.config.to_dict()

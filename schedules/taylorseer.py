@@ -25,12 +25,8 @@ from torch import nn
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
 from dcache import register_preset
 
+from .cadence import cadence_computes
 from .forecasters import config_forecaster, forecaster_extras, forecaster_knob
-
-
-def full_step(step: int, warmup_steps: int, interval: int) -> bool:
-    """True where a fixed-interval schedule computes: the warm-up, then every `interval`-th step after it."""
-    return step < warmup_steps or (step - max(warmup_steps, 1) + 1) % interval == 0
 
 
 @register_method
@@ -86,8 +82,7 @@ class TaylorSeerSchedule(Schedule):
 
     def decide(self, ctx: CallContext) -> Action:
         c = self.config
-        n = ctx.num_steps
-        if full_step(ctx.step, c.warmup_steps, c.interval) or (n is not None and ctx.step >= n - c.cutoff_steps):
+        if cadence_computes(ctx, c.warmup_steps, c.interval, c.cutoff_steps):
             return Action.COMPUTE
         return Action.FORECAST if c.order > 0 or self.forecaster is not None else Action.REUSE
 

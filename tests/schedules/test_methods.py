@@ -29,7 +29,7 @@ import dcache
 from dcache import CallContext, GenerationInfo
 from dcache.schedule import normalize_actions
 from dcache.signal_providers import resolve_signal
-from dcache.schedules import cg_taylor, delta_dit, easycache, fbcache, pab, seacache, taylorseer, teacache
+from dcache.schedules import cadence, cg_taylor, delta_dit, easycache, fbcache, pab, seacache, taylorseer, teacache
 
 FLAT = (1.0,) * STEPS  # a flat MagCache curve: the skip budget is spent by max_skip_steps only
 ERR = 0.02  # relL1 of the final latents vs uncached, for every method (measured <= 0.003 at the settings below)
@@ -487,8 +487,8 @@ def test_seacache_accumulates_the_spectral_change_under_a_run_cap():
 
 
 def test_fixed_cadences():
-    assert [s for s in range(12) if taylorseer.full_step(s, 3, 4)] == [0, 1, 2, 6, 10]  # 1 full + N-1 forecast
-    assert [s for s in range(12) if taylorseer.full_step(s, 1, 3)] == [0, 3, 6, 9]
+    assert [s for s in range(12) if cadence.full_step(s, 3, 4)] == [0, 1, 2, 6, 10]  # 1 full + N-1 forecast
+    assert [s for s in range(12) if cadence.full_step(s, 1, 3)] == [0, 3, 6, 9]
     ts = taylorseer.TaylorSeerSchedule(dcache.config_for("taylorseer", interval=3, warmup_steps=2))
     assert rows(ts) == "CCFFCFFCFF"
     assert rows(taylorseer.TaylorSeerSchedule(dcache.config_for("taylorseer", order=0, interval=3,
