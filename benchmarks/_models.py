@@ -29,6 +29,8 @@ class BundledModel:
     cache_dit_adapter: str  # the key of cache-dit's BlockAdapterRegister for this transformer class
     # SeaCache's (diffusers) spectral indicator input: hidden_states -> per-sample latents [C, T, H, W]
     raw_vision: Callable[[Any, tuple, dict], list[torch.Tensor] | None] | None = None
+    # cache-dit's calibrators on the encoder stream too (False where cache-dit 1.5.3 fails with them: SD3's blocks)
+    cache_dit_encoder_calibrator: bool = True
 
     def load(self):
         pipe = getattr(bundled, self.loader)()
@@ -87,5 +89,6 @@ MODELS = {
                            "Wan video, split CFG 5, UniPC, 20 steps", "Wan", wan_latents),
     # diffusers' caches need a CacheMixin transformer; SD3Transformer2DModel is not one in diffusers 0.42
     "shapes": BundledModel("shapes", "tiny-shapes", "load_shapes_pipeline", "load_shapes_classifier",
-                           "SD3, batched CFG 4, Euler, 28 steps", "StableDiffusion3"),
+                           "SD3, batched CFG 4, Euler, 28 steps", "StableDiffusion3",
+                           cache_dit_encoder_calibrator=False),
 }

@@ -358,12 +358,15 @@ def enable_cache_dit(pipe, setting: dict, num_steps: int, adapter_name: str = "F
                            max_continuous_cached_steps=setting.get("MC", -1), enable_separate_cfg=separate_cfg,
                            cfg_compute_first=False, num_inference_steps=num_steps)
     calibrator = None
+    # cache-dit 1.5.3 fails on blocks that return the encoder stream (SD3) with Bn=0 unless the encoder stream's
+    # calibrator is off ("State 'transformer_blocks_Bn_residual' not found"): the fix a user finds is the setting
+    encoder = {"enable_encoder_calibrator": setting.get("encoder_calibrator", True)}
     if setting.get("taylorseer"):
-        calibrator = TaylorSeerCalibratorConfig(taylorseer_order=setting["taylorseer"])
+        calibrator = TaylorSeerCalibratorConfig(taylorseer_order=setting["taylorseer"], **encoder)
     elif setting.get("calibrator") == "foca":
-        calibrator = FoCaCalibratorConfig()  # cache-dit's FoCa predictor-corrector at its defaults
+        calibrator = FoCaCalibratorConfig(**encoder)  # cache-dit's FoCa predictor-corrector at its defaults
     elif setting.get("calibrator") == "dmd":
-        calibrator = DMDCalibratorConfig()  # dynamic mode decomposition of the last 6 residuals, at its defaults
+        calibrator = DMDCalibratorConfig(**encoder)  # dynamic mode decomposition of the last 6 residuals
     adapter = cache_dit_adapter(pipe, adapter_name)
     cache_dit.enable_cache(adapter, cache_config=config, calibrator_config=calibrator)
 
@@ -373,8 +376,12 @@ def enable_cache_dit(pipe, setting: dict, num_steps: int, adapter_name: str = "F
     return Applied(remove=remove, info=lambda: {"cache_dit": cache_dit.__version__})
 
 
-def cache_dit_contenders(num_steps: int, adapter_name: str = "Flux", separate_cfg: bool = True) -> list[Contender]:
+def cache_dit_contenders(num_steps: int, adapter_name: str = "Flux", separate_cfg: bool = True,
+                         encoder_calibrator: bool = True) -> list[Contender]:
+    """encoder_calibrator=False: the calibrators leave the encoder stream alone (needed on SD3, see
+    enable_cache_dit)."""
     base = {"F": 1, "B": 0, "W": 4}
+    calibrated = base if encoder_calibrator else {**base, "encoder_calibrator": False}
     return [
         Contender("cache-dit", "DBCache", Search("threshold", "log", 0.01, 2.0),
                   lambda p, s: enable_cache_dit(p, s, num_steps, adapter_name, separate_cfg),
@@ -382,12 +389,12 @@ def cache_dit_contenders(num_steps: int, adapter_name: str = "Flux", separate_cf
                   note=f"F1B0, warm-up W4 (W2 family for the lowest bands); cache-dit's {adapter_name} adapter"),
         Contender("cache-dit", "DBCache+TaylorSeer", Search("threshold", "log", 0.01, 2.0),
                   lambda p, s: enable_cache_dit(p, s, num_steps, adapter_name, separate_cfg),
-                  families=[{**base, "taylorseer": 1}, {**base, "W": 2, "taylorseer": 1}],
+                  families=[{**calibrated, "taylorseer": 1}, {**calibrated, "W": 2, "taylorseer": 1}],
                   note="F1B0W4 + TaylorSeerCalibratorConfig(order 1)"),
         # cache-dit 1.5's other calibrators: what it ships beyond Taylor for the low compute ratios
         *[Contender("cache-dit", f"DBCache+{name}", Search("threshold", "log", 0.01, 2.0),
                     lambda p, s: enable_cache_dit(p, s, num_steps, adapter_name, separate_cfg),
-                    families=[{**base, "calibrator": key}, {**base, "W": 2, "calibrator": key}],
+                    families=[{**calibrated, "calibrator": key}, {**calibrated, "W": 2, "calibrator": key}],
                     note=f"F1B0W4 + {name}CalibratorConfig() at cache-dit's defaults")
           for name, key in (("FoCa", "foca"), ("DMD", "dmd"))],
     ]

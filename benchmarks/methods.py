@@ -1023,7 +1023,8 @@ def main(argv: list[str] | None = None) -> Path:
         import cache_dit  # importable: checked at the start of main
 
         cache_dit_version = cache_dit.__version__
-        contenders += peers.cache_dit_contenders(steps, spec.cache_dit_adapter, separate_cfg=bench.mode == "split")
+        contenders += peers.cache_dit_contenders(steps, spec.cache_dit_adapter, separate_cfg=bench.mode == "split",
+                                                 encoder_calibrator=spec.cache_dit_encoder_calibrator)
     for c in contenders:  # every split-CFG contender runs in the model's own CFG mode
         if c.cfg_mode == "split":
             c.cfg_mode = bench.mode
