@@ -26,6 +26,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 EVAL_DIR = RESULTS / "eval_tiny"
 RERUN = {
     "methods": "python benchmarks/methods.py --out benchmarks/results",
+    "methods_motion": "python benchmarks/methods.py --model motion --heldout-seeds 10 --repeats 5 --out "
+                      "benchmarks/results",
+    "methods_shapes": "python benchmarks/methods.py --model shapes --heldout-seeds 5 --repeats 5 --out "
+                      "benchmarks/results",
     "overhead": "python benchmarks/overhead.py --out benchmarks/results --rounds 9",
     "per_sample": "python benchmarks/per_sample.py --batches 1,4 --steps 8 --rounds 3 "
                   "--out benchmarks/results/per_sample.md",
@@ -109,9 +113,12 @@ def intro(methods: dict | None) -> str:
                f"{meta.get('cache_dit', '?')}" if meta else ""
     return f"""# Benchmarks
 
-**What was measured.** Every figure on this page comes from the bundled tiny model (`pipelines/assets/tiny-digits`:
-a 16x16, one-channel, class-conditional rectified-flow model, a real diffusers `FluxTransformer2DModel` with 2
-double-stream + 6 single-stream blocks, width 128), run on a 2-core x86-64 CPU with one torch thread ({versions}).
+**What was measured.** Unless a section names another bundled model, figures come from tiny-digits
+(`pipelines/assets/tiny-digits`: a 16x16, one-channel, class-conditional rectified-flow model, a real diffusers
+`FluxTransformer2DModel` with 2 double-stream + 6 single-stream blocks, width 128); the methods sweep, batch-1
+efficiency, forecasters, transfer and CFG-difference sections also run on tiny-motion (a Wan video DiT with UniPC and
+split CFG 5) and tiny-shapes (an SD3 MM-DiT with batched CFG 4), described in docs/bundled-models.md. Everything ran
+on a 2-core x86-64 CPU with one torch thread ({versions}).
 No GPU figures are recorded. The model is small, so these numbers rank methods and measure each library's cache-path
 overhead; they do not predict the wall-clock speed-up on a large model on a GPU, where the share of time outside the
 blocks is smaller. The benchmark machine was shared with other work, so wall-clock speed-ups are noisy: the tables
@@ -126,15 +133,34 @@ Each section links its full, generated tables (`benchmarks/results/*.md`) and sa
 """
 
 
-def methods_part(methods: dict) -> str:
+DIGITS = "tiny-digits (Flux, split CFG 1.5, Euler, 28 steps)"
+MODEL_RESULTS = {"tiny-digits": "methods", "tiny-motion": "methods_motion", "tiny-shapes": "methods_shapes"}
+TUNING = ("Tuned on: each method's knob searched, and every calibration made, on this model's tuning batch (seed 0, "
+          "every class); measured on: its held-out seeds.")
+PEERS_NOTE = (
+    "**Peers at their best, and out of the box.** Every peer's knob is swept like dcache's, over the same bands. "
+    "diffusers' SeaCache reads the scheduler's step, sigma and step count from `cache_context(name, step_index=..., "
+    "sigma=..., num_inference_steps=...)` and otherwise runs fail-open, computing every call: the bundled pipelines "
+    "pass them, as diffusers 0.42.1's `WanPipeline` does, but its `FluxPipeline` and `QwenImagePipeline` do not, "
+    "so there SeaCache does nothing unless the user's own loop supplies them. diffusers' caches cannot be put on "
+    "`SD3Transformer2DModel` (not a `CacheMixin` in 0.42.1). cache-dit 1.5.3's calibrators (TaylorSeer, FoCa, DMD) "
+    "raise `AssertionError: State 'transformer_blocks_Bn_residual' not found` on SD3's blocks at F1B0 unless "
+    "`enable_encoder_calibrator=False`, which tiny-shapes' rows set. At their defaults on tiny-digits, diffusers' "
+    "FirstBlockCache (threshold 0.05) reuses nothing (the transfer section below).")
+
+
+def methods_part(methods: dict, stem: str = "methods") -> str:
     meta = methods["meta"]
     rows = methods_rows(methods)
-    plot_methods(methods, RESULTS / "pareto_methods.png")
-    plot = "benchmarks/results/pareto_methods.png"
+    plot_methods(methods, RESULTS / f"pareto_{stem}.png")
+    plot = f"benchmarks/results/pareto_{stem}.png"
+    unavailable = "".join(f" {name}: {why}." for name, why in meta.get("unavailable", {}).items())
     lines = [
         f"{len({(r['library'], r['method']) for r in rows})} method configurations of dcache, diffusers' built-in "
         f"caches (`diffusers.hooks`) and cache-dit, each at the settings closest to four compute bands ({len(rows)} "
-        f"rows); last measured {meta['date'][:10]} ({_link('methods.md')} gives the command behind each row).",
+        f"rows); {meta['heldout_samples']} held-out samples, {meta['steps']} steps, CFG {meta['guidance']:g} "
+        f"({meta.get('cfg_mode', 'split')}); last measured {meta['date'][:10]} ({_link(stem + '.md')} gives the "
+        f"command behind each row). {TUNING}{unavailable}",
         "", f"![held-out PSNR vs compute ratio, one Pareto front per library]({plot})", "",
         "**Best per compute band** (band c holds compute ratios within a factor 1.18 of c; held-out PSNR, the "
         "method and setting, @ its compute ratio):", "",
@@ -147,20 +173,33 @@ def methods_part(methods: dict) -> str:
                      f"{fmt_row(best['cache-dit'])} | {margin} |")
     lines += [
         "", f"Full table (every row: batch-1 and batch-10 speed-ups, SSIM, classifier accuracy, Fréchet distance): "
-            f"{_link('methods.md')}; the analysis of these results: {_link('methods_notes.md')}; raw numbers: "
-            f"{_link('methods.json')}.",
-        "", f"Rerun: `{RERUN['methods']}` (`--rerun REGEX` re-measures the matching rows only).",
+            f"{_link(stem + '.md')}" + (f"; the analysis of these results: {_link(stem + '_notes.md')}"
+                                        if (RESULTS / f"{stem}_notes.md").is_file() else "")
+            + f"; raw numbers: {_link(stem + '.json')}.",
+        "", f"Rerun: `{RERUN[stem]}` (`--rerun REGEX` re-measures the matching rows only).",
     ]
     return "\n".join(lines)
 
 
-def batch1_part(methods: dict) -> str:
+def other_models_part(part) -> str:
+    """`part(methods, stem)` for the sweeps of the bundled models other than tiny-digits, one subsection each."""
+    out = []
+    for model, stem in list(MODEL_RESULTS.items())[1:]:
+        data = _load(f"{stem}.json")
+        if data is None:
+            continue
+        out += [f"### {data['meta'].get('model_title', model)}", "", part(data, stem), ""]
+    return "\n".join(out)
+
+
+def batch1_table(methods: dict, stem: str = "methods") -> str:
+    """The batch-1 efficiency table of one sweep."""
     lo, hi = BATCH1_RANGE
     lines = [
-        "How much of the ideal speed-up (1 / compute ratio) a cache delivers at batch 1, where the work outside the "
-        "blocks (embedders, RoPE, norms, the pipeline step) and the cache path's own cost weigh most. Rows of the "
-        f"methods sweep whose batch-1 compute ratio is {lo}-{hi}; measured / ideal speed-up, median of 7 runs "
-        "interleaved with an uncached twin pipeline:", "",
+        f"Rows of the sweep whose batch-1 compute ratio is {lo}-{hi}; measured / ideal speed-up, median of "
+        f"{methods['meta']['repeats']} runs interleaved with an uncached twin pipeline ({_link(stem + '.md')}; "
+        f"load average {methods['meta'].get('load_start', '?')} at the start, {methods['meta'].get('load_end', '?')} "
+        f"at the end):", "",
         "| library | rows | median measured/ideal (wall) | median (CPU time) | best (wall) |", "|---|---|---|---|---|",
     ]
     for entry in batch1_efficiency(methods_rows(methods)):
@@ -168,6 +207,15 @@ def batch1_part(methods: dict) -> str:
         lines.append(f"| {entry['library']} | {entry['rows']} | {entry['median']:.2f} | {entry['median_cpu']:.2f} | "
                      f"{best['b1_meas_over_ideal']:.2f} · {best['method']} ({best['setting']}), "
                      f"{best['b1_speedup_wall']:.2f}x at {best['b1_ratio']:.3f} |")
+    return "\n".join(lines)
+
+
+def batch1_part(methods: dict) -> str:
+    lines = [
+        "How much of the ideal speed-up (1 / compute ratio) a cache delivers at batch 1, where the work outside the "
+        "blocks (embedders, RoPE, norms, the pipeline step) and the cache path's own cost weigh most.", "",
+        f"### {DIGITS}", "", batch1_table(methods), "", other_models_part(batch1_table),
+    ]
     lines += [
         "", "dcache's call scope (`scope=\"call\"`) reuses whole transformer calls, so it also skips the work outside "
             "the blocks; block-scope caches of every library are capped by it. The split of a batch-1 call into that "
@@ -426,8 +474,9 @@ def build() -> str:
     methods, search, frontier = _load("methods.json"), _load("search.json"), _load("frontier.json")
     missing = "Not recorded yet: run `{}`, then `python benchmarks/assemble.py`."
     parts = [intro(methods)]
-    parts.append("## Methods vs diffusers and cache-dit\n\n" + (methods_part(methods) if methods else
-                                                                  missing.format(RERUN["methods"])))
+    parts.append("## Methods vs diffusers and cache-dit\n\n" + PEERS_NOTE + f"\n\n### {DIGITS}\n\n"
+                 + (methods_part(methods) if methods else missing.format(RERUN["methods"]))
+                 + "\n\n" + other_models_part(methods_part))
     parts.append("## Batch-1 efficiency\n\n" + (batch1_part(methods) if methods else missing.format(RERUN["methods"])))
     parts.append("## Plan search vs dynamic schedules\n\n" + (search_part(search) if search else
                                                                missing.format(RERUN["search"])))

@@ -133,8 +133,9 @@ def plot_methods(methods: dict, path: Path) -> Path:
     rows = methods_rows(methods)
     series = {lib: [(r["ratio"], r["psnr_heldout"]) for r in rows if r["library"] == lib and r.get("psnr_heldout")]
               for lib in LIBRARIES}
-    return _save(series, path, f"Methods sweep: bundled tiny model, {methods['meta']['steps']} steps, CFG "
-                               f"{methods['meta']['guidance']}")
+    meta = methods["meta"]
+    return _save(series, path, f"Methods sweep: tiny-{meta.get('model', 'digits')}, {meta['steps']} steps, CFG "
+                               f"{meta['guidance']} ({meta.get('cfg_mode', 'split')})")
 
 
 def plot_search(search: dict, path: Path) -> Path:
