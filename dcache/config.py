@@ -33,6 +33,9 @@ def knob(default: Any, *, low: float | None = None, high: float | None = None, c
 @dataclasses.dataclass(frozen=True)
 class MethodConfig:
     method: ClassVar[str] = ""
+    # (field, default grid): the knob that speed= / quality= targets and `dcache estimate` sweep, declared by the
+    # method's config class in its own file; None: the method has no single main knob
+    main_knob: ClassVar[tuple[str, tuple] | None] = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

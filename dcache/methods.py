@@ -48,19 +48,19 @@ def register_target_resolver(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-_KNOB_LOOKUP: list[Callable[[str], str | None]] = []  # method -> its main knob, registered by a method package
-
-
-def register_knob_lookup(fn: Callable[[str], str | None]) -> Callable[[str], str | None]:
-    """Register the function naming a method's main knob (the one speed= / quality= sweep); the last one wins."""
-    _KNOB_LOOKUP[:] = [fn]
-    return fn
+def knob_sweep(method: str) -> tuple[str, tuple] | None:
+    """(main knob, its default sweep grid) of a method or preset name (a preset: its method's), as the method's
+    config class declares it (`MethodConfig.main_knob`); None when it declares none or the name is unknown."""
+    _load_builtins()
+    preset = _PRESETS.get(method)
+    config_cls = _METHODS.get(preset.method if preset is not None else method)
+    return None if config_cls is None else config_cls.main_knob
 
 
 def main_knob(method: str) -> str | None:
-    """The main knob of `method` (a method or preset name), or None when none is registered for it."""
-    _load_builtins()
-    return _KNOB_LOOKUP[0](method) if _KNOB_LOOKUP else None
+    """The main knob of `method` (a method or preset name), or None when it has none."""
+    entry = knob_sweep(method)
+    return entry[0] if entry else None
 
 
 def target_resolver() -> Callable[..., Any]:

@@ -308,8 +308,8 @@ def estimate(
     scope: Optional[str] = typer.Option(None, help="'blocks' (default) or 'call'"),
     as_json: bool = typer.Option(False, "--json", help="print the estimates as JSON"),
     list_: bool = typer.Option(False, "--list", help="list the shipped configs and their usual settings"),
-    table: bool = typer.Option(False, "--table", help="print the table of docs/memory.md: peak cache per method for every "
-                                                      "shipped config at its usual settings"),
+    table: bool = typer.Option(False, "--table", help="print the table of docs/memory.md: peak cache per method for "
+                                                      "every shipped config at its usual settings"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="a bar over the estimates (stderr)"),
 ) -> None:
     """Cache memory (peak, per unit kind, branch and expert), FLOPs per call and the compute ratio range of a method,

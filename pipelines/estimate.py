@@ -297,7 +297,7 @@ def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None
     on_row(method) is called after each (method, expert): what a progress bar counts."""
     import diffusers
 
-    from dcache.schedules.tuning.targets import MAIN_KNOBS
+    from dcache.methods import knob_sweep
 
     setting = setting or spec.setting
     torch_dtype = _dtype(dtype)
@@ -311,7 +311,7 @@ def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None
         inputs = model_inputs(config, setting, call_batch, torch_dtype)
         for method in methods:
             over = dict(overrides or {})
-            knob = MAIN_KNOBS.get(method)
+            knob = knob_sweep(method)
             sweep = (knob[0], knob[1]) if knob and knob[0] not in over and not memory_only else None
             try:
                 est = estimate(model, method, inputs, branches=branches, num_steps=setting.steps, scope=scope,

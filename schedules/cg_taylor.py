@@ -50,6 +50,8 @@ class CGTaylorConfig(MethodConfig):
     """
 
     method = "cg_taylor"
+    # the knob and grid that speed= / quality= targets and `dcache estimate` sweep
+    main_knob = ("threshold", (0.01, 0.02, 0.03, 0.05, 0.08, 0.13, 0.2, 0.36))
     threshold: float = knob(0.03, low=0.0, high=100.0,
                             doc="gate: forecast the stack while the probe block's Taylor forecast error (relL1) is "
                                 "below this (FLUX 0.03; Wan 0.36)")

@@ -46,6 +46,8 @@ class DeltaDiTConfig(MethodConfig):
     """
 
     method = "delta_dit"
+    # the knob and grid that speed= / quality= targets and `dcache estimate` sweep
+    main_knob = ("interval", (2, 3, 4, 5, 6))
     interval: int = knob(3, low=1, high=1000, doc="N: one full step, then N-1 steps skipping the cached range "
                                                   "(FLUX.1-dev: N=2 -> 1.50x, N=3 -> 2.21x FLOPs)")
     cached_ratio: float = knob(0.5, low=0.0, high=1.0, doc="fraction of the blocks in the cached (front or rear) "

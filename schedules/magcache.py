@@ -49,6 +49,8 @@ class MagCacheConfig(MethodConfig):
     """
 
     method = "magcache"
+    # the knob and grid that speed= / quality= targets and `dcache estimate` sweep
+    main_knob = ("threshold", (0.02, 0.04, 0.06, 0.1, 0.15, 0.24, 0.4, 0.6))
     threshold: float = knob(0.06, low=0.0, high=100.0, doc="error budget E: accumulated |1 - prod(gamma)| allowed "
                                                              "while reusing")
     max_skip_steps: int = knob(3, low=0, high=10_000, doc="K: most consecutive reused steps")

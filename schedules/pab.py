@@ -79,6 +79,8 @@ class PABConfig(MethodConfig):
     """
 
     method = "pab"
+    # the knob and grid that speed= / quality= targets and `dcache estimate` sweep
+    main_knob = ("spatial_range", (2, 3, 4, 5, 6))
     spatial_range: int = knob(2, low=1, high=1000, doc="self-attention computes every this many steps in the window "
                                                        "(1 = always)")
     temporal_range: int = knob(4, low=1, high=1000, doc="temporal attention: every this many steps in the window")

@@ -60,6 +60,8 @@ class TeaCacheConfig(MethodConfig):
     """
 
     method = "teacache"
+    # the knob and grid that speed= / quality= targets and `dcache estimate` sweep
+    main_knob = ("threshold", (0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 1.2))
     threshold: float | None = knob(None, low=0.0, high=1e6, types=(float, int),
                                    doc="accumulated rescaled change below which the step residual is reused; None = "
                                        f"the model table's recommended value (else {FALLBACK_THRESHOLD}). Scales "

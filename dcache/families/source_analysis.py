@@ -58,7 +58,8 @@ class _StaticList:
 
 def discovery_refusal(cls: type) -> str | None:
     """Why generic discovery must not run on this class (its "not yet" reason), or None. Read by
-    `dcache.families.discover_adapter`, so that `dcache.apply` refuses such a model instead of crashing in its first call."""
+    `dcache.families.discover_adapter`, so that `dcache.apply` refuses such a model instead of crashing in its first
+    call."""
     if cls.__name__ in KNOWN_NOT_YET:
         return KNOWN_NOT_YET[cls.__name__]
     try:

@@ -21,26 +21,12 @@ from torch import nn
 
 import dcache
 from dcache.health import quiet
-from dcache.methods import register_knob_lookup, register_target_resolver
+from dcache.methods import knob_sweep, register_target_resolver
 from dcache.quality import psnr
 
 RunFn = Callable[[], Any]
 
 # method -> (knob, grid from conservative to aggressive)
-MAIN_KNOBS: dict[str, tuple[str, tuple]] = {
-    "magcache": ("threshold", (0.02, 0.04, 0.06, 0.1, 0.15, 0.24, 0.4, 0.6)),
-    "teacache": ("threshold", (0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 1.2)),
-    "fbcache": ("threshold", (0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.4)),
-    "easycache": ("threshold", (0.01, 0.02, 0.035, 0.05, 0.08, 0.12, 0.2, 0.3)),
-    "cg_taylor": ("threshold", (0.01, 0.02, 0.03, 0.05, 0.08, 0.13, 0.2, 0.36)),
-    "taylorseer": ("interval", (2, 3, 4, 5, 6, 7, 8)),
-    "fora": ("interval", (2, 3, 4, 5, 6, 7)),
-    "fixed_interval": ("interval", (2, 3, 4, 5, 6)),
-    "delta_dit": ("interval", (2, 3, 4, 5, 6)),
-    "pab": ("spatial_range", (2, 3, 4, 5, 6)),
-}
-
-
 @dataclass
 class TargetResult:
     method: str
@@ -108,7 +94,7 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
     quality="psnr>=30": the setting with the highest ideal speed-up whose PSNR vs the uncached output is >= 30 dB.
     run_fn runs one generation and returns its output (tensor, or pipeline output with .images); reference_fn
     (default run_fn without caching) gives the uncached output. `knob` / `grid` override the swept knob and its
-    values (MAIN_KNOBS holds the defaults); `fixed` are other knobs of the method; `scope` is dcache.apply's.
+    values (defaults: the config's `main_knob`); `fixed` are other knobs of the method; `scope` is dcache.apply's.
     A method that calibrates itself on its first generation (MagCache on a model without shipped ratios) is
     calibrated once first, on run_fn, and every setting then runs with that calibration (1 + len(grid) runs).
     progress: a bar over the runs on stderr (True), a callable given one line per run, or nothing (False).
@@ -116,11 +102,13 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
     kind, goal = _parse_target(speed, quality)
     preset = dcache.presets().get(method)
     base = preset.method if preset is not None else method
-    if base not in MAIN_KNOBS and (knob is None or grid is None):
-        raise ValueError(f"no main knob known for {method!r} (known: {sorted(MAIN_KNOBS)}); pass knob='<field>' and "
+    declared = knob_sweep(base)
+    if declared is None and (knob is None or grid is None):
+        known = sorted(name for name in dcache.methods() if knob_sweep(name) is not None)
+        raise ValueError(f"no main knob known for {method!r} (known: {known}); pass knob='<field>' and "
                          f"grid=[...] to sweep one of its config fields.")
-    knob_name = knob if knob is not None else MAIN_KNOBS[base][0]
-    values = list(grid) if grid is not None else list(MAIN_KNOBS[base][1])
+    knob_name = knob if knob is not None else declared[0]
+    values = list(grid) if grid is not None else list(declared[1])
     transformer = target if isinstance(target, nn.Module) and not hasattr(target, "scheduler") else getattr(
         target, "transformer", None)
     if getattr(transformer, "_dcache_engine", None) is not None:
@@ -234,14 +222,6 @@ def format_sweep(result: TargetResult) -> str:
         lines.append(f"  {result.knob}={row['value']!s:8s} compute ratio {row['compute_ratio']:.3f}  ideal "
                      f"{row['ideal_speedup']:.2f}x  PSNR {row['psnr']:.2f} dB{mark}")
     return "\n".join(lines)
-
-
-@register_knob_lookup
-def main_knob_name(method: str) -> str | None:
-    """The knob speed= / quality= sweep for `method` (a preset: its method's), e.g. 'threshold' for MagCache."""
-    preset = dcache.presets().get(method)
-    entry = MAIN_KNOBS.get(preset.method if preset is not None else method)
-    return entry[0] if entry else None
 
 
 @register_target_resolver

@@ -64,3 +64,27 @@ def test_a_plan_has_no_knob_to_sweep(pipe, tmp_path):
         path = handle.plan().save(tmp_path / "p.json")
     with pytest.raises(ValueError, match="must be a method or preset name"):
         dcache.apply(pipe, str(path), speed="2x", calibration_run=lambda: run(pipe, 1))
+
+
+def test_a_method_declares_its_main_knob_in_its_own_config(pipe):
+    """speed= sweeps what the method's config class declares (`MethodConfig.main_knob`), with no table elsewhere: a
+    method registered here, a subclass of fixed_interval's config under another name, is swept over its own grid."""
+    from dataclasses import dataclass
+
+    from dcache.methods import _METHODS, knob_sweep, main_knob
+    from dcache.schedules.fixed_interval import FixedIntervalConfig
+
+    @dataclass(frozen=True)
+    class EveryOtherConfig(FixedIntervalConfig):
+        method = "test_every_other"
+        main_knob = ("interval", (2, 3))
+
+    dcache.register_method(EveryOtherConfig)
+    try:
+        assert knob_sweep("test_every_other") == ("interval", (2, 3)) and main_knob("test_every_other") == "interval"
+        assert knob_sweep("magcache")[0] == "threshold" and knob_sweep("no-such-method") is None
+        with dcache.apply(pipe, "test_every_other", speed="2x", calibration_run=lambda: run(pipe, 1)) as handle:
+            pass
+        assert [r["value"] for r in handle.target.sweep] == [2, 3] and handle.config["interval"] == handle.target.value
+    finally:
+        _METHODS.pop("test_every_other", None)

@@ -71,8 +71,8 @@ def test_bad_models_get_teaching_errors(tmp_path):
 
 @pytest.mark.slow
 def test_the_memory_page_table_is_the_commands_output():
-    """docs/memory.md's cache-memory table is `dcache estimate --table`: its rows name every shipped config, and one row
-    (SD3.5-large: the quickest to estimate) equals a fresh estimate."""
+    """docs/memory.md's cache-memory table is `dcache estimate --table`: its rows name every shipped config, and one
+    row (SD3.5-large: the quickest to estimate) equals a fresh estimate."""
     from dcache.pipelines.estimate import markdown_table
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "memory.md").read_text()
