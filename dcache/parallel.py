@@ -6,7 +6,7 @@ measures on hidden states is rank-local. Decided on rank-local signals, one rank
 the ranks' collectives inside attention then pair up wrongly (a hang) or mix stale and fresh shards (garbage).
 
 `sync_signals` makes the signals global with one all-reduce of the small signal vector per call, over the group that
-shards the tokens. How each signal combines follows from how the engine forms it (`Engine._sync_signals`):
+shards the tokens. How each signal combines follows from how it is formed (`SignalMeter.read`, dcache/signal_meter.py):
   * 2-element [numerator, denominator] pairs are sums over the tokens (rel_l1_stats, residual_capture's
     [sum|r - prev|, sum|prev|]): summed over the ranks, num / den is exactly the single-process ratio;
   * 1-element values are means over the tokens (mean|x - x_prev|, mean|v|, mean token norm ratio): averaged over the
