@@ -31,6 +31,9 @@ class BundledModel:
     raw_vision: Callable[[Any, tuple, dict], list[torch.Tensor] | None] | None = None
     # cache-dit's calibrators on the encoder stream too (False where cache-dit 1.5.3 fails with them: SD3's blocks)
     cache_dit_encoder_calibrator: bool = True
+    # diffusers' TaylorSeer `cache_identifiers` where its defaults (re.fullmatch of "^blocks.*attn") hook nothing:
+    # Wan's attention modules are blocks.<i>.attn1 / attn2
+    taylorseer_identifiers: tuple[str, ...] | None = None
 
     def load(self):
         pipe = getattr(bundled, self.loader)()
@@ -86,7 +89,8 @@ MODELS = {
     "digits": BundledModel("digits", "tiny-digits", "load_tiny_pipeline", "load_digit_classifier",
                            "Flux, split CFG 1.5, Euler, 28 steps", "Flux", flux_tokens_to_latents),
     "motion": BundledModel("motion", "tiny-motion", "load_motion_pipeline", "load_motion_classifier",
-                           "Wan video, split CFG 5, UniPC, 20 steps", "Wan", wan_latents),
+                           "Wan video, split CFG 5, UniPC, 20 steps", "Wan", wan_latents,
+                           taylorseer_identifiers=(r"^blocks\.\d+\.attn[12]$",)),
     # diffusers' caches need a CacheMixin transformer; SD3Transformer2DModel is not one in diffusers 0.42
     "shapes": BundledModel("shapes", "tiny-shapes", "load_shapes_pipeline", "load_shapes_classifier",
                            "SD3, batched CFG 4, Euler, 28 steps", "StableDiffusion3",

@@ -233,10 +233,12 @@ def calibrate_diffusers_magcache(pipe, run: Callable[[], Any],
 # ------------------------------------------------------------------------------------------------------------------
 
 def diffusers_contenders(num_steps: int, calibration_run: Callable[[Any], Any], raw_vision: Callable | None,
-                         tensor_format: str = "BCHW") -> list[Contender]:
+                         tensor_format: str = "BCHW", taylorseer_identifiers: tuple[str, ...] | None = None
+                         ) -> list[Contender]:
     """calibration_run(pipe) runs the tuning generation uncached (used by MagCache's calibration mode);
     raw_vision: SeaCache's indicator input for this transformer (`_models.BundledModel.raw_vision`);
-    tensor_format: FasterCache's latent layout ("BCFHW" for video)."""
+    tensor_format: FasterCache's latent layout ("BCFHW" for video); taylorseer_identifiers: TaylorSeer's
+    `cache_identifiers` where its defaults match no module (None: its defaults)."""
     import diffusers
     from diffusers import (FasterCacheConfig, FirstBlockCacheConfig, MagCacheConfig, PyramidAttentionBroadcastConfig,
                            TaylorSeerCacheConfig)
@@ -257,9 +259,10 @@ def diffusers_contenders(num_steps: int, calibration_run: Callable[[Any], Any], 
         return applied
 
     def taylor(pipe, s):
+        identifiers = None if s.get("lite") or taylorseer_identifiers is None else list(taylorseer_identifiers)
         config = TaylorSeerCacheConfig(cache_interval=s["interval"], disable_cache_before_step=s.get("warmup", 3),
                                        max_order=s.get("order", 1), taylor_factors_dtype=torch.float32,
-                                       use_lite_mode=s.get("lite", False))
+                                       use_lite_mode=s.get("lite", False), cache_identifiers=identifiers)
         return enable_diffusers_cache(pipe, config)
 
     def pab(pipe, s):
@@ -290,7 +293,9 @@ def diffusers_contenders(num_steps: int, calibration_run: Callable[[Any], Any], 
                   families=[{"K": 3, "R": 0.2}, {"K": 8, "R": 0.1}],
                   note="mag_ratios from diffusers' calibrate=True mode on the tuning run (cond curve)"),
         Contender("diffusers", "TaylorSeer", Search("interval", "values", values=(2, 3, 4, 5, 6, 8, 10)), taylor,
-                  note="attention modules only (diffusers default identifiers); Taylor factors in float32",
+                  note="attention modules only (" + ("diffusers' default identifiers" if taylorseer_identifiers is None
+                                                     else f"cache_identifiers={list(taylorseer_identifiers)}")
+                       + "); Taylor factors in float32",
                   quick={"interval": 3}),
         Contender("diffusers", "TaylorSeer-lite", Search("interval", "values", values=(2, 3, 4, 5, 6, 8)),
                   lambda p, s: taylor(p, {**s, "lite": True}),

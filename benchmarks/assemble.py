@@ -145,8 +145,11 @@ PEERS_NOTE = (
     "so there SeaCache does nothing unless the user's own loop supplies them. diffusers' caches cannot be put on "
     "`SD3Transformer2DModel` (not a `CacheMixin` in 0.42.1). cache-dit 1.5.3's calibrators (TaylorSeer, FoCa, DMD) "
     "raise `AssertionError: State 'transformer_blocks_Bn_residual' not found` on SD3's blocks at F1B0 unless "
-    "`enable_encoder_calibrator=False`, which tiny-shapes' rows set. At their defaults on tiny-digits, diffusers' "
-    "FirstBlockCache (threshold 0.05) reuses nothing (the transfer section below).")
+    "`enable_encoder_calibrator=False`, which tiny-shapes' rows set. diffusers' TaylorSeer hooks the modules whose "
+    "names `re.fullmatch` `^blocks.*attn` (and the like): Wan's `blocks.<i>.attn1` / `attn2` do not, so out of the "
+    "box it caches nothing on a Wan transformer; tiny-motion's rows pass `cache_identifiers=[r\"^blocks\\.\\d+\\."
+    "attn[12]$\"]`. At their defaults on tiny-digits, diffusers' FirstBlockCache (threshold 0.05) reuses nothing "
+    "(the transfer section below).")
 
 
 def methods_part(methods: dict, stem: str = "methods") -> str:

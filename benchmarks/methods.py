@@ -1012,7 +1012,8 @@ def main(argv: list[str] | None = None) -> Path:
     contenders = dcache_contenders(bench)
     if hasattr(bench.pipe.transformer, "enable_cache"):
         contenders += peers.diffusers_contenders(steps, lambda pipe: bench.tune(pipe, bench.mode), spec.raw_vision,
-                                                 "BCFHW" if spec.name == "motion" else "BCHW")
+                                                 "BCFHW" if spec.name == "motion" else "BCHW",
+                                                 spec.taylorseer_identifiers)
     else:
         unavailable["diffusers (every cache)"] = (
             f"{type(bench.pipe.transformer).__name__} is not a diffusers CacheMixin in diffusers "
