@@ -118,11 +118,12 @@ def intro(methods: dict | None) -> str:
 `FluxTransformer2DModel` with 2 double-stream + 6 single-stream blocks, width 128); the methods sweep, batch-1
 efficiency, forecasters, transfer and CFG-difference sections also run on tiny-motion (a Wan video DiT with UniPC and
 split CFG 5) and tiny-shapes (an SD3 MM-DiT with batched CFG 4), described in docs/bundled-models.md. Everything ran
-on a 2-core x86-64 CPU with one torch thread ({versions}).
-No GPU figures are recorded. The model is small, so these numbers rank methods and measure each library's cache-path
-overhead; they do not predict the wall-clock speed-up on a large model on a GPU, where the share of time outside the
-blocks is smaller. The benchmark machine was shared with other work, so wall-clock speed-ups are noisy: the tables
-also give the compute ratio (block FLOPs computed / uncached, counted from shapes) and process-CPU-time speed-ups.
+on a 2-core x86-64 CPU with one torch thread ({versions}), except the last section's figures, measured on an
+NVIDIA H100 at real model sizes. The bundled models are small, so the CPU numbers rank methods and measure each
+library's cache-path overhead; they do not predict the wall-clock speed-up on a large model on a GPU, where the share
+of time outside the blocks is smaller. The benchmark machine was shared with other work, so wall-clock speed-ups
+are noisy: the tables also give the compute ratio (block FLOPs computed / uncached, counted from shapes) and
+process-CPU-time speed-ups.
 
 **Quality** is the PSNR (dB) of cached vs uncached samples of the same seeds: 100 held-out samples (seeds
 1000-1009 x digits 0-9, 28 steps, CFG 1.5) unless a section says otherwise; settings and calibrations were chosen on
