@@ -11,12 +11,14 @@ settings (default steps, guidance, CFG mode) come from its pipeline class and no
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 import dcache.pipelines.bundled as bundled
+from dcache.pipelines.flow_training import samples
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ class BundledModel:
     cache_dit_adapter: str  # the key of cache-dit's BlockAdapterRegister for this transformer class
     # SeaCache's (diffusers) spectral indicator input: hidden_states -> per-sample latents [C, T, H, W]
     raw_vision: Callable[[Any, tuple, dict], list[torch.Tensor] | None] | None = None
+    # FasterCache's latent layout (diffusers' tensor_format): "BCFHW" for video
+    tensor_format: str = "BCHW"
     # cache-dit's calibrators on the encoder stream too (False where cache-dit 1.5.3 fails with them: SD3's blocks)
     cache_dit_encoder_calibrator: bool = True
     # diffusers' TaylorSeer `cache_identifiers` where its defaults (re.fullmatch of "^blocks.*attn") hook nothing:
@@ -46,8 +50,7 @@ class BundledModel:
     @staticmethod
     def samples(output) -> torch.Tensor:
         """A pipeline output's samples as float: `.frames` of the video model, else `.images`."""
-        frames = getattr(output, "frames", None)
-        return (output.images if frames is None else frames).detach().float()
+        return samples(output).detach().float()
 
     @property
     def title(self) -> str:
@@ -59,7 +62,7 @@ class BundledModel:
         return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if path.is_file() else "?"
 
 
-def as_images(x: torch.Tensor) -> torch.Tensor:
+def frames_as_images(x: torch.Tensor) -> torch.Tensor:
     """Samples [B, C, H, W] or clips [B, F, C, H, W] -> [B', C, H, W] (a clip's frames as separate images), for
     per-image metrics such as SSIM."""
     return x if x.ndim == 4 else x.flatten(0, 1)
@@ -71,7 +74,7 @@ def flux_tokens_to_latents(module, args, kwargs) -> list[torch.Tensor] | None:
     if not isinstance(hidden, torch.Tensor) or hidden.ndim != 3:
         return None
     b, n, d = hidden.shape
-    side = int(n ** 0.5)
+    side = math.isqrt(n)
     c = d // 4
     x = hidden.view(b, side, side, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, side * 2, side * 2)
     return [sample.unsqueeze(1) for sample in x]
@@ -89,7 +92,7 @@ MODELS = {
     "digits": BundledModel("digits", "tiny-digits", "load_tiny_pipeline", "load_digit_classifier",
                            "Flux, split CFG 1.5, Euler, 28 steps", "Flux", flux_tokens_to_latents),
     "motion": BundledModel("motion", "tiny-motion", "load_motion_pipeline", "load_motion_classifier",
-                           "Wan video, split CFG 5, UniPC, 20 steps", "Wan", wan_latents,
+                           "Wan video, split CFG 5, UniPC, 20 steps", "Wan", wan_latents, tensor_format="BCFHW",
                            taylorseer_identifiers=(r"^blocks\.\d+\.attn[12]$",)),
     # diffusers' caches need a CacheMixin transformer; SD3Transformer2DModel is not one in diffusers 0.42
     "shapes": BundledModel("shapes", "tiny-shapes", "load_shapes_pipeline", "load_shapes_classifier",

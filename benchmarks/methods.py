@@ -131,7 +131,7 @@ LIBRARIES = ("dcache", "diffusers", "cache-dit")
 
 def ssim(a: torch.Tensor, b: torch.Tensor) -> float:
     """The mean over the batch of dcache.quality.ssim_per_image, on the images as float32."""
-    return float(ssim_per_image(models.as_images(a.float()), models.as_images(b.float())).mean())
+    return float(ssim_per_image(models.frames_as_images(a.float()), models.frames_as_images(b.float())).mean())
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -1012,8 +1012,7 @@ def main(argv: list[str] | None = None) -> Path:
     contenders = dcache_contenders(bench)
     if hasattr(bench.pipe.transformer, "enable_cache"):
         contenders += peers.diffusers_contenders(steps, lambda pipe: bench.tune(pipe, bench.mode), spec.raw_vision,
-                                                 "BCFHW" if spec.name == "motion" else "BCHW",
-                                                 spec.taylorseer_identifiers)
+                                                 spec.tensor_format, spec.taylorseer_identifiers)
     else:
         unavailable["diffusers (every cache)"] = (
             f"{type(bench.pipe.transformer).__name__} is not a diffusers CacheMixin in diffusers "

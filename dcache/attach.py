@@ -44,10 +44,10 @@ def build_engine(transformer: nn.Module, schedule: Schedule, name: str, *, pipel
     (PlanError) with nothing left hooked."""
     if scope is None:
         scope = schedule.plan.extras.get("scope", "blocks") if isinstance(schedule, PlanSchedule) else "blocks"
-    health = None if warn is None else _health_monitor(transformer, name, warn)
+    health = None if warn is None else _health_monitor(transformer, name, warn)  # None: the engine's silent one
     engine = Engine(transformer, adapter_for(transformer), schedule, pipeline=pipeline, num_steps=num_steps,
                     count_flops=count_flops, memoize=memoize, scope=scope, cache_codec=cache_codec,
-                    decisions=decisions or "batch", leader=leader, **({} if health is None else {"health": health}))
+                    decisions=decisions or "batch", leader=leader, health=health)
     if isinstance(schedule, PlanSchedule):
         check_plan_fits(schedule.plan, engine)
     transformer._dcache_engine = engine

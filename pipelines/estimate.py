@@ -311,8 +311,8 @@ def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None
         inputs = model_inputs(config, setting, call_batch, torch_dtype)
         for method in methods:
             over = dict(overrides or {})
-            knob = knob_sweep(method)
-            sweep = (knob[0], knob[1]) if knob and knob[0] not in over and not memory_only else None
+            knob = knob_sweep(method)  # (field, grid)
+            sweep = knob if knob and knob[0] not in over and not memory_only else None
             try:
                 est = estimate(model, method, inputs, branches=branches, num_steps=setting.steps, scope=scope,
                                sweep=sweep, memory_only=memory_only, **over)

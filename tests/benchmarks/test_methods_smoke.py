@@ -19,18 +19,23 @@ def _assets_present() -> bool:
     return (TINY_MODEL_DIR / "model_index.json").is_file() and DIGIT_CLASSIFIER_PATH.is_file()
 
 
-@pytest.mark.slow  # ~100 s on a busy 2-core CPU
-@pytest.mark.skipif(not _assets_present(), reason="the bundled tiny model / classifier assets are not built yet")
-def test_quick_benchmark_table_has_dcache_and_diffusers_rows(tmp_path, monkeypatch):
+def run_script(monkeypatch, argv: list[str]) -> Path:
+    """benchmarks/methods.py's main(argv), loaded by path; the report it returns."""
     spec = importlib.util.spec_from_file_location("dcache_methods_benchmark", SCRIPT)
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, bench)  # dataclasses look their module up there
     spec.loader.exec_module(bench)
     threads = torch.get_num_threads()
     try:
-        md = bench.main(["--quick", "--no-cache-dit", "--out", str(tmp_path)])
+        return bench.main(argv)
     finally:
         torch.set_num_threads(threads)  # the script pins its thread count
+
+
+@pytest.mark.slow  # ~100 s on a busy 2-core CPU
+@pytest.mark.skipif(not _assets_present(), reason="the bundled tiny model / classifier assets are not built yet")
+def test_quick_benchmark_table_has_dcache_and_diffusers_rows(tmp_path, monkeypatch):
+    md = run_script(monkeypatch, ["--quick", "--no-cache-dit", "--out", str(tmp_path)])
 
     text = md.read_text()
     assert "python benchmarks/methods.py --quick --no-cache-dit" in text  # the exact command heads the table
@@ -67,15 +72,7 @@ def test_quick_benchmark_table_has_dcache_and_diffusers_rows(tmp_path, monkeypat
 def test_quick_benchmark_runs_on_the_other_bundled_models(tmp_path, monkeypatch, model, cfg_mode, diffusers_applies):
     """--model runs the sweep on tiny-motion (Wan, split CFG) and tiny-shapes (SD3, batched CFG) in the model's own
     CFG mode; where diffusers' caches cannot be put on the transformer the report says so instead of dropping them."""
-    spec = importlib.util.spec_from_file_location("dcache_methods_benchmark", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, bench)
-    spec.loader.exec_module(bench)
-    threads = torch.get_num_threads()
-    try:
-        md = bench.main(["--model", model, "--quick", "--no-cache-dit", "--out", str(tmp_path)])
-    finally:
-        torch.set_num_threads(threads)
+    md = run_script(monkeypatch, ["--model", model, "--quick", "--no-cache-dit", "--out", str(tmp_path)])
 
     assert md.name == f"methods_{model}_quick.md"
     data = json.loads((tmp_path / f"methods_{model}_quick.json").read_text())
