@@ -36,6 +36,10 @@ RERUN = {
     "search": "python benchmarks/search.py --out benchmarks/out/search   # then copy search.{md,json} to "
               "benchmarks/results",
     "frontier": "python benchmarks/frontier.py --out benchmarks/results",
+    "frontier_motion": "python benchmarks/frontier.py --model motion --heldout-seeds 10 --repeats 5 --out "
+                       "benchmarks/results",
+    "frontier_shapes": "python benchmarks/frontier.py --model shapes --heldout-seeds 5 --repeats 5 --out "
+                       "benchmarks/results",
     "cfg_difference": "python benchmarks/frontier.py --only '^cfg3$' --search-cfg-difference --no-robustness "
                       "--out benchmarks/results/cfg_difference",
     "guidance_transfer": "python benchmarks/guidance_transfer.py --out benchmarks/results/guidance_transfer",
@@ -318,6 +322,44 @@ def frontier_part(frontier: dict) -> str:
     return "\n".join(lines)
 
 
+def model_frontier_part(stem: str) -> str:
+    """The frontier of a bundled model other than tiny-digits (benchmarks/frontier.py --model): per scenario and
+    band the best row of each library, dcache's margin over the best peer, and the PSNR target."""
+    data = _load(f"{stem}.json")
+    if data is None:
+        return ""
+    meta = data["meta"]
+    title = meta.get("model_title", stem)
+    lines = [
+        f"### {title}", "",
+        f"Tuned on: dcache's keyframes searched on {title}'s tuning batch (seed 0), every other dcache default on "
+        f"tiny-digits; each peer's knob swept on the same tuning batch. Measured on: held-out seeds "
+        f"{data['scenarios'][0]['heldout_seeds'][0]}..{data['scenarios'][0]['heldout_seeds'][-1]} x every class; "
+        f"{meta['date'][:10]}, commit {meta['git_commit']}, load average {meta['load_start']} at the start, "
+        f"{meta.get('load_end', '?')} at the end.", "",
+        "| scenario | band | dcache | diffusers | cache-dit | margin over the best peer |", "|" + "---|" * 6,
+    ]
+    for sc in data["scenarios"]:
+        targets = {float(k): v for k, v in sc.get("targets", {}).items()}
+        for band, best in frontier_best(sc).items():
+            cells = [fmt_row(best.get(lib)) for lib in ("dcache", "diffusers", "cache-dit")]
+            row = best.get("dcache")
+            if row is not None and band in targets:
+                cells[0] += f" ({'meets' if row['psnr_heldout'] >= targets[band] else 'below'} {targets[band]:g} dB)"
+            peer = max((best[lib] for lib in best if lib != "dcache"), key=lambda r: r["psnr_heldout"], default=None)
+            margin = f"{row['psnr_heldout'] - peer['psnr_heldout']:+.2f} dB" if row and peer else "no peer row"
+            mode = f", {sc['mode']} CFG" if sc.get("mode") and sc["guidance"] > 1 else ""
+            lines.append(f"| {sc['name']} ({sc['steps']} steps, guidance {sc['guidance']:g}{mode}) | ~{band:g} | "
+                         + " | ".join(cells) + f" | {margin} |")
+    notes = RESULTS / f"{stem}_notes.md"
+    if notes.is_file():
+        lines += ["", notes.read_text().split("\n## ", 1)[0].strip()]
+    lines += ["", f"![held-out PSNR vs compute ratio](benchmarks/results/{stem}_pareto.png)", "",
+              f"Every row, the searched keyframes and the uniform / FoCa / adaptive / transferred rows: "
+              f"{_link(stem + '.md')}. Rerun: `{RERUN[stem]}`."]
+    return "\n".join(lines)
+
+
 CFG_DIFFERENCE = RESULTS / "cfg_difference" / "frontier.json"  # the CFG-3 run with the cfg-diff contender
 
 
@@ -484,9 +526,10 @@ def build() -> str:
     parts.append("## Batch-1 efficiency\n\n" + (batch1_part(methods) if methods else missing.format(RERUN["methods"])))
     parts.append("## Plan search vs dynamic schedules\n\n" + (search_part(search) if search else
                                                                missing.format(RERUN["search"])))
-    parts.append("## Beyond 4x: the frontier below 0.25\n\n" + (frontier_part(frontier) if frontier else
-                                                                 missing.format(RERUN["frontier"]))
-                 + "\n\n" + cfg_difference_part() + "\n\n" + guidance_transfer_part())
+    parts.append("## Beyond 4x: the frontier below 0.25\n\n" + f"### {DIGITS}\n\n"
+                 + (frontier_part(frontier) if frontier else missing.format(RERUN["frontier"]))
+                 + "\n\n" + cfg_difference_part() + "\n\n" + guidance_transfer_part()
+                 + "\n\n" + model_frontier_part("frontier_motion") + "\n\n" + model_frontier_part("frontier_shapes"))
     parts.append("## Forecasters beyond Taylor\n\n" + forecasters_part())
     parts.append("## Tuned on one model, measured on another\n\n" + transfer_part())
     parts.append("## CFG difference: never below its own baseline\n\n"
