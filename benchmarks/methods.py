@@ -297,9 +297,9 @@ def dcache_contenders(bench: Bench) -> list[Contender]:
 
     def planned(method: str):
         """Plan methods: calibrate a plan per setting on the tuning run (memoized), apply the plan."""
-        from dcache.schedules.tuning.plan_calibration import CALIBRATORS
+        from dcache.methods import calibrator
 
-        calibrate = CALIBRATORS[method]
+        _, calibrate = calibrator(method)  # the calibrate function the method's config declares
 
         def enable(pipe, s):
             s = resolve_setting(s)

@@ -11,7 +11,7 @@ import dataclasses
 import difflib
 import json
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from .schedule import Schedule
 
@@ -36,6 +36,23 @@ class MethodConfig:
     # (field, default grid): the knob that speed= / quality= targets and `dcache estimate` sweep, declared by the
     # method's config class in its own file; None: the method has no single main knob
     main_knob: ClassVar[tuple[str, tuple] | None] = None
+    # The name messages use for the method ("BAC", "ERTACache"); "" means the method name itself.
+    title: ClassVar[str] = ""
+    # (kind, "module:function") of what `dcache calibrate --method <method>` runs; the function lives in the tuning
+    # layer (it runs the model), so the reference is a string, imported when a calibration runs (dcache.methods.
+    # calibrator). kind "plan": function(target, run_fn, *, num_steps=None, **config overrides) -> Plan, a plan the
+    # method's build replays; kind "table": function(target, runs, *, path=None) -> dict, a table merged into a
+    # calibration file. None: the method has nothing to calibrate.
+    calibrator: ClassVar[tuple[str, str] | None] = None
+    # A "table" method's check of its calibration-file table (dcache.schedules.calibration_file reads files with
+    # it): table -> [(field, what it must be)] for each invalid field, [] when the table is valid.
+    check_calibration_table: ClassVar[Callable[[Any], list[tuple[str, str]]] | None] = None
+    # Knob values that stand in for what a calibration provides, so that `dcache estimate` can build the method
+    # for a bare model config (cache memory and FLOPs do not depend on them; the compute ratio does).
+    estimate_placeholder: ClassVar[dict[str, Any] | None] = None
+    # Settings of the method that seed a plan search's population (`dcache search --method ecad`): seed name ->
+    # the knob overrides of each seed plan (the name is the method's, or a variant such as "magcache-forecast").
+    search_seeds: ClassVar[dict[str, tuple[dict[str, Any], ...]] | None] = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

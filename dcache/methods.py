@@ -8,6 +8,7 @@ their own the same way.
 from __future__ import annotations
 
 import difflib
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -48,13 +49,51 @@ def register_target_resolver(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def method_class(name: str) -> type[MethodConfig] | None:
+    """The config class of a method or preset name (a preset: its method's); None when the name is unknown. What
+    the rest of dcache knows of a method it reads from there (`main_knob`, `title`, `calibrator`, ...)."""
+    _load_builtins()
+    preset = _PRESETS.get(name)
+    return _METHODS.get(preset.method if preset is not None else name)
+
+
 def knob_sweep(method: str) -> tuple[str, tuple] | None:
     """(main knob, its default sweep grid) of a method or preset name (a preset: its method's), as the method's
     config class declares it (`MethodConfig.main_knob`); None when it declares none or the name is unknown."""
-    _load_builtins()
-    preset = _PRESETS.get(method)
-    config_cls = _METHODS.get(preset.method if preset is not None else method)
+    config_cls = method_class(method)
     return None if config_cls is None else config_cls.main_knob
+
+
+def method_title(method: str) -> str:
+    """The name messages use for a method (`MethodConfig.title`, else the method name)."""
+    config_cls = method_class(method)
+    return (config_cls.title or config_cls.method) if config_cls is not None else method
+
+
+def calibrated_methods(kind: str) -> list[str]:
+    """The methods whose config declares a calibrator of `kind` ("plan" or "table"; `MethodConfig.calibrator`),
+    sorted."""
+    _load_builtins()
+    return sorted(name for name, cls in _METHODS.items() if cls.calibrator is not None and cls.calibrator[0] == kind)
+
+
+def calibrator(method: str) -> tuple[str, Callable[..., Any]]:
+    """(kind, function) of the calibrator `method` declares, its module imported now; a ValueError naming the
+    methods that have one when `method` declares none."""
+    config_cls = method_class(method)
+    if config_cls is None or config_cls.calibrator is None:
+        known = calibrated_methods("table") + calibrated_methods("plan")
+        raise ValueError(f"{method!r:.80} has no calibration; choose one of {known}.")
+    kind, reference = config_cls.calibrator
+    return kind, pkgutil.resolve_name(reference)
+
+
+def search_seeds() -> dict[str, tuple[str, tuple[dict[str, Any], ...]]]:
+    """seed name -> (method, the knob overrides of each seed plan), as the methods declare them
+    (`MethodConfig.search_seeds`)."""
+    _load_builtins()
+    return {seed: (name, tuple(dict(s) for s in settings)) for name, cls in sorted(_METHODS.items())
+            for seed, settings in (cls.search_seeds or {}).items()}
 
 
 def main_knob(method: str) -> str | None:

@@ -184,28 +184,27 @@ def calibrate(
     """Calibrate a method for a model and print how to generate with the file it writes."""
     import shlex
 
-    from dcache.schedules.tuning.calibrate import calibrate_magcache, calibrate_teacache
-    from dcache.schedules.calibrated_plans import PLAN_METHODS
-
     import dcache
+    from dcache.methods import calibrated_methods, calibrator
 
     from .arguments import check_steps
     from .runner import GenerationJob, check_model, load_pipeline
 
-    calibrators = {"magcache": calibrate_magcache, "teacache": calibrate_teacache}
+    # what each method's config declares (MethodConfig.calibrator): a table, or a plan (the profiled methods)
+    table_methods, plan_methods = calibrated_methods("table"), calibrated_methods("plan")
     try:
-        if method not in calibrators and method not in PLAN_METHODS:
+        if method not in table_methods and method not in plan_methods:
             raise ValueError(f"--method {method!r} has no calibration; choose one of "
-                             f"{sorted(calibrators) + sorted(PLAN_METHODS)}.")
+                             f"{table_methods + plan_methods}.")
         overrides = _parse_overrides(set_)
-        if overrides and method in calibrators:
-            raise ValueError(f"--set configures a profiled method's calibration ({', '.join(sorted(PLAN_METHODS))}); "
+        if overrides and method in table_methods:
+            raise ValueError(f"--set configures a profiled method's calibration ({', '.join(plan_methods)}); "
                              f"{method} takes no config fields here.")
         if seeds < 1:
             raise ValueError(f"--seeds {seeds} must be >= 1.")
         check_model(model)  # everything that can be checked is checked before the model loads
         check_steps(steps)
-        if method in PLAN_METHODS:
+        if method in plan_methods:
             dcache.config_for(method, **overrides)
         device, dtype = resolve_device(device, dtype)
         pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
@@ -222,11 +221,11 @@ def calibrate(
         # uncached recording runs: one per seed (magcache, teacache); profiled methods may run a job again
         with Progress(enabled=progress).bar(total=len(jobs), desc=f"calibrate {method}", unit="run") as bar:
             jobs = [_CountedRun(job, bar, f"seed {job.seed}", progress) for job in jobs]
-            if method in PLAN_METHODS:
+            if method in plan_methods:
                 _calibrate_plan(method, pipe, jobs, out or f"dcache-{method}.plan.json", overrides, generate)
                 return
             out = out or "dcache-calibration.json"
-            table = calibrators[method](pipe, jobs, path=out)
+            table = calibrator(method)[1](pipe, jobs, path=out)
     except (ValueError, RuntimeError, FileNotFoundError, TypeError) as exc:
         _fail(exc)
         return

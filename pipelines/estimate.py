@@ -29,9 +29,6 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 CONFIGS = ASSETS / "configs"
 BUNDLED = ASSETS / "tiny-digits"
 EXPERTS = ("transformer", "transformer_2")
-# Methods whose schedule needs calibration data that a bare config cannot have: placeholder values so that memory
-# and FLOPs are still estimated (neither depends on the values). The compute ratio of these is then not meaningful.
-PLACEHOLDERS: dict[str, dict[str, Any]] = {"teacache": {"coefficients": [0.0, 0.0, 0.0, 1.0, 0.0]}}
 
 
 @dataclass(frozen=True)
@@ -286,7 +283,7 @@ class Row:
     method: str
     expert: str
     estimate: CacheEstimate | None
-    placeholder: bool = False  # calibration placeholders were used (PLACEHOLDERS)
+    placeholder: bool = False  # the method's calibration placeholders were used (MethodConfig.estimate_placeholder)
     skipped: str | None = None  # --cache all: why this method has no estimate (a calibrated plan it cannot have)
 
 
@@ -298,6 +295,7 @@ def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None
     import diffusers
 
     from dcache.methods import knob_sweep
+    from dcache.methods import methods as registered
 
     setting = setting or spec.setting
     torch_dtype = _dtype(dtype)
@@ -324,9 +322,13 @@ def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None
                 rows.append(Row(method, expert, None, skipped=f"needs a plan calibrated on this model: {exc.command}"))
                 continue
             except ValueError as exc:
-                if method not in PLACEHOLDERS or "coefficients" not in str(exc) and "calibrat" not in str(exc):
+                # a method whose schedule needs calibration data that a bare config cannot have declares placeholder
+                # knobs: memory and FLOPs are still estimated (neither depends on the values), the compute ratio not
+                config_cls = registered().get(method)  # a method name (a preset names its own tables)
+                placeholder = config_cls.estimate_placeholder if config_cls is not None else None
+                if not placeholder or "coefficients" not in str(exc) and "calibrat" not in str(exc):
                     raise
-                over = {**PLACEHOLDERS[method], **over}
+                over = {**placeholder, **over}
                 est = estimate(model, method, inputs, branches=branches, num_steps=setting.steps, scope=scope,
                                memory_only=memory_only, **over)
                 est.notes.append("calibration placeholder: memory and FLOPs hold, the compute ratio does not")

@@ -190,18 +190,9 @@ def parse_budget(budget: str, num_steps: int) -> tuple[list[float], tuple[int, .
 
 REUSE_SEEDS = ("fora", "fixed_interval", "fbcache", "easycache")
 # The forecasting dynamic schedules (ECAD's seeds when it searches forecasting plans): MagCache's budget with the
-# skipped steps forecast, SeaCache order 2, TaylorSeer; each swept over its knob so the seeds span the ratios.
+# skipped steps forecast, SeaCache order 2, TaylorSeer. Each seed's settings (swept so that the seeds span the
+# ratios) are declared by its method (`MethodConfig.search_seeds`, read through dcache.methods.search_seeds).
 FORECAST_SEEDS = ("magcache-forecast", "seacache-o2", "taylorseer")
-SEED_SWEEPS = {
-    "fora": ("fora", [dict(interval=k) for k in (2, 3)]),
-    "fixed_interval": ("fixed_interval", [dict(interval=k) for k in (2, 3)]),
-    "fbcache": ("fbcache", [dict(threshold=t) for t in (0.1, 0.2)]),
-    "easycache": ("easycache", [dict(threshold=t) for t in (0.05, 0.1)]),
-    "magcache-forecast": ("magcache", [dict(max_skip_steps=4, retention_ratio=0.0, order=1, cutoff_steps=1,
-                                            threshold=t) for t in (0.05, 0.1, 0.2, 0.4)]),
-    "seacache-o2": ("seacache", [dict(order=2, max_consecutive=2, threshold=t) for t in (0.14, 0.5, 4.0)]),
-    "taylorseer": ("taylorseer", [dict(interval=k) for k in (2, 3, 4)]),
-}
 
 
 def dynamic_seed_plans(pipe: Any, calib, names=REUSE_SEEDS) -> dict:
@@ -212,10 +203,12 @@ def dynamic_seed_plans(pipe: Any, calib, names=REUSE_SEEDS) -> dict:
     import torch
 
     import dcache
+    from dcache.methods import search_seeds
 
+    declared = search_seeds()  # seed name -> (method, settings); another name: that method or preset as it is
     plans = {}
     for seed_name in names:
-        name, sweep = SEED_SWEEPS.get(seed_name, (seed_name, [{}]))
+        name, sweep = declared.get(seed_name, (seed_name, ({},)))
         for overrides in sweep:
             key = seed_name + "".join(f"-{k}{v}" for k, v in overrides.items())
             try:

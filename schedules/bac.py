@@ -51,6 +51,9 @@ class BACConfig(MethodConfig):
     """
 
     method = "bac"
+    title = "BAC"
+    # `dcache calibrate --method bac`: the plan that build() replays
+    calibrator = ("plan", "dcache.schedules.tuning.bac_calibration:calibrate_bac")
     compute_ratio: float = knob(0.5, low=0.01, high=1.0, doc="update steps per unit / steps, before the bubbling "
                                                               "union")
     max_interval: int = knob(4, low=1, high=1000, doc="most steps between two updates of a unit")

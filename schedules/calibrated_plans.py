@@ -25,14 +25,11 @@ from typing import Any
 from torch import nn
 
 import dcache.io
+from dcache.methods import calibrated_methods, method_title
 from dcache.plan import MAX_PLAN_BYTES, PLAN_FORMAT, Plan
 
 from .calibration_file import CALIBRATION_FORMAT, CalibrationFile
 from .tables import known_identities, lookup_table, model_identity
-
-# method name -> the name messages use (dcache.schedules.tuning.plan_calibration holds their calibrate functions)
-PLAN_METHODS: dict[str, str] = {"bac": "BAC", "ertacache": "ERTACache", "invardiff": "InvarDiff",
-                                "profilingdit": "ProfilingDiT"}
 
 
 class CalibrationMissing(ValueError):
@@ -46,11 +43,13 @@ class CalibrationMissing(ValueError):
 
 
 def plan_method_title(method: str) -> str:
-    """The name messages use for a profiled method; a ValueError naming the profiled methods for another name."""
-    if method not in PLAN_METHODS:
+    """The name messages use for a profiled method (one whose config declares a "plan" calibrator); a ValueError
+    naming the profiled methods for another name."""
+    plan_methods = calibrated_methods("plan")
+    if method not in plan_methods:
         raise ValueError(f"{method!r} is not a profiled method with a calibrated plan; choose one of "
-                         f"{sorted(PLAN_METHODS)}.")
-    return PLAN_METHODS[method]
+                         f"{plan_methods}.")
+    return method_title(method)
 
 
 def read_json(path: Path, what: str) -> Any:
@@ -147,5 +146,5 @@ def calibrate_command(method: str, model: nn.Module, out: str | None = None) -> 
     return " ".join(args)
 
 
-__all__ = ["PLAN_METHODS", "CalibrationMissing", "plan_method_title", "read_json", "calibrated_plan",
+__all__ = ["CalibrationMissing", "plan_method_title", "read_json", "calibrated_plan",
            "calibrate_command", "model_source"]

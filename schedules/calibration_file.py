@@ -20,12 +20,13 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from torch import nn
 
-from dcache.checks import is_count, is_number
+from dcache.checks import is_count
 from dcache.io import read_json
+from dcache.methods import calibrated_methods, method_class
 from dcache.plan import PLAN_FORMAT, Plan, PlanError, atomic_write_text
 
 from .tables import model_identity, register_table
@@ -144,48 +145,11 @@ def load_calibration(path: str | os.PathLike, *, register: bool = False) -> Cali
 # ratio list) or silently (a NaN or zero ratio, an empty TeaCache entry, which switch caching off).
 # ------------------------------------------------------------------------------------------------------------------
 
-def _ratios(v: Any) -> bool:
-    return isinstance(v, (list, tuple)) and 1 <= len(v) <= MAX_TABLE_STEPS and all(is_number(g, 0.0) and g > 0
-                                                                                   for g in v)
-
-
-def _check_magcache(table: Any) -> list[tuple[str, str]]:
-    """{"cond": [gamma per step], "uncond": [...] or null}: gamma = ||R_t|| / ||R_t-1||, finite and > 0 (a zero
-    or NaN ratio makes every accumulated error 1 or NaN: nothing is ever reused)."""
-    what = f"a list of 1..{MAX_TABLE_STEPS} finite magnitude ratios > 0, one per step"
-    if not isinstance(table, dict):
-        return [("table", '{"cond": [ratios], "uncond": [ratios] or null}')]
-    bad = [] if _ratios(table.get("cond")) else [("table.cond", what)]
-    if table.get("uncond") not in (None, []) and not _ratios(table.get("uncond")):
-        bad.append(("table.uncond", what + " (or null)"))
-    return bad
-
-
-def _check_teacache(table: Any) -> list[tuple[str, str]]:
-    """[c0..c4] or {"coefficients": [c0..c4], "threshold", "ret_steps", "ret_ratio", "cutoff_steps", "x_range"}."""
-    entry = table if isinstance(table, dict) else {"coefficients": table}
-    coeffs = entry.get("coefficients")
-    bad = []
-    if not (isinstance(coeffs, (list, tuple)) and len(coeffs) == 5 and all(is_number(c) for c in coeffs)):
-        bad.append(("table.coefficients", "5 finite polynomial coefficients, highest power first"))
-    limits: dict[str, tuple[Callable[[Any], bool], str]] = {
-        "threshold": (lambda v: is_number(v, 0.0) and v > 0, "a finite number > 0"),
-        "ret_steps": (is_count, "an int >= 0"), "cutoff_steps": (is_count, "an int >= 0"),
-        "ret_ratio": (lambda v: is_number(v, 0.0, 1.0), "a number in [0, 1]"),
-        "x_range": (lambda v: isinstance(v, list) and len(v) == 2 and all(is_number(x) for x in v) and v[0] < v[1],
-                    "[low, high] with low < high")}
-    bad += [(f"table.{k}", what) for k, (ok, what) in limits.items() if entry.get(k) is not None and not ok(entry[k])]
-    return bad
-
-
-# The table kind of each method that writes calibration entries (schedules/tuning/calibrate.py); the profiled
-# methods' entries hold a plan (schedules/calibrated_plans.py) and are checked as plans.
-TABLE_CHECKS: dict[str, Callable[[Any], list[tuple[str, str]]]] = {"magcache": _check_magcache,
-                                                                   "teacache": _check_teacache}
-
-
 def check_entry(raw: dict, where: str) -> None:
-    """CalibrationError naming `where` (the file and entry), the field and the fix for any invalid field."""
+    """CalibrationError naming `where` (the file and entry), the field and the fix for any invalid field. A table
+    is checked by its method's config (`MethodConfig.check_calibration_table`: the methods that calibrate a table,
+    schedules/tuning/calibrate.py); the profiled methods' entries hold a plan (schedules/calibrated_plans.py) and
+    are checked as plans."""
     fields: dict[str, tuple[bool, str]] = {
         "method": (isinstance(raw["method"], str), "a method name"),
         "model_identity": (isinstance(raw["model_identity"], str), "a string"),
@@ -201,8 +165,10 @@ def check_entry(raw: dict, where: str) -> None:
     bad = [(name, what) for name, (ok, what) in fields.items() if not ok]
     if not bad:
         method, table = raw["method"], raw["table"]
-        if method in TABLE_CHECKS:
-            bad = TABLE_CHECKS[method](table)
+        config_cls = method_class(method)
+        table_check = config_cls.check_calibration_table if config_cls is not None else None
+        if table_check is not None:
+            bad = table_check(table)
         elif isinstance(table, dict) and table.get("format") == PLAN_FORMAT:
             try:
                 Plan.from_dict(table, source=f"{where} (a {method} plan)")
@@ -212,7 +178,7 @@ def check_entry(raw: dict, where: str) -> None:
                 raise CalibrationError(f"{where}: its {method} plan is invalid ({str(exc)[:160]}); "
                                        f"{RECALIBRATE}.") from None
         else:
-            bad = [("method", f"one of {sorted(TABLE_CHECKS)} or a profiled method with a plan table")]
+            bad = [("method", f"one of {calibrated_methods('table')} or a profiled method with a plan table")]
     if bad:
         name, what = bad[0]
         shown = f"={raw[name]!r:.60}" if name in raw else ""

@@ -53,6 +53,8 @@ class EasyCacheConfig(MethodConfig):
     method = "easycache"
     # the knob and grid that speed= / quality= targets and `dcache estimate` sweep
     main_knob = ("threshold", (0.01, 0.02, 0.035, 0.05, 0.08, 0.12, 0.2, 0.3))
+    # the settings that seed a plan search (dcache search --method ecad) with this method's plans
+    search_seeds = {"easycache": ({"threshold": 0.05}, {"threshold": 0.1})}
     threshold: float = knob(0.05, low=0.0, high=100.0, doc="tau: accumulated predicted relative output change below "
                                                            "which the call reuses (Wan2.1 0.05, HunyuanVideo 0.025)")
     ret_ratio: float = knob(0.2, low=0.0, high=1.0, doc="fraction of the first steps always computed (warm-up)")

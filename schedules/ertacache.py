@@ -76,6 +76,9 @@ class ERTACacheConfig(MethodConfig):
     """
 
     method = "ertacache"
+    title = "ERTACache"
+    # `dcache calibrate --method ertacache`: the plan that build() replays
+    calibrator = ("plan", "dcache.schedules.tuning.ertacache_calibration:calibrate_ertacache")
     threshold: float = knob(0.1, low=0.0, high=100.0, doc="delta: largest profiled relL1 error e(j, i) allowed at a "
                                                            "reused step")
     max_compute_ratio: float = knob(1.0, low=0.01, high=1.0, doc="compute budget: most computed steps per branch as "

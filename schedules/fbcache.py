@@ -52,6 +52,8 @@ class FBCacheConfig(MethodConfig):
     method = "fbcache"
     # the knob and grid that speed= / quality= targets and `dcache estimate` sweep
     main_knob = ("threshold", (0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.24, 0.4))
+    # the settings that seed a plan search (dcache search --method ecad) with this method's plans
+    search_seeds = {"fbcache": ({"threshold": 0.1}, {"threshold": 0.2})}
     threshold: float = knob(0.08, low=0.0, high=10.0, doc="relative L1 change of the probe residual below which "
                                                            "the middle blocks are reused")
     probe_blocks: int = knob(1, low=1, high=1000, doc="Fn: front blocks always computed; their residual is the "

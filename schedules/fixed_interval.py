@@ -38,6 +38,8 @@ class FixedIntervalConfig(MethodConfig):
     method = "fixed_interval"
     # the knob and grid that speed= / quality= targets and `dcache estimate` sweep
     main_knob = ("interval", (2, 3, 4, 5, 6))
+    # the settings that seed a plan search (dcache search --method ecad) with this method's plans
+    search_seeds = {"fixed_interval": ({"interval": 2}, {"interval": 3})}
     interval: int = knob(2, low=1, high=1000, doc="N: compute every N-th step (1 = never reuse)")
     warmup_steps: int = knob(1, low=1, high=100_000, doc="first steps always computed")
     cutoff_steps: int = knob(1, low=0, high=100_000, doc="last steps always computed")

@@ -38,6 +38,8 @@ class FORAConfig(MethodConfig):
     method = "fora"
     # the knob and grid that speed= / quality= targets and `dcache estimate` sweep
     main_knob = ("interval", (2, 3, 4, 5, 6, 7))
+    # the settings that seed a plan search (dcache search --method ecad) with this method's plans
+    search_seeds = {"fora": ({"interval": 2}, {"interval": 3})}
     interval: int = knob(3, low=1, high=1000, doc="N: one full step, then N-1 steps reusing the module outputs "
                                                   "(FLUX.1-dev: N=3 -> 2.82x FLOPs, N=7 -> 5.55x)")
     warmup_steps: int = knob(1, low=1, high=100_000, doc="first steps always computed")

@@ -53,6 +53,9 @@ class InvarDiffConfig(MethodConfig):
     """
 
     method = "invardiff"
+    title = "InvarDiff"
+    # `dcache calibrate --method invardiff`: the plan that build() replays
+    calibrator = ("plan", "dcache.schedules.tuning.invardiff_calibration:calibrate_invardiff")
     nonskip_ratio: float = knob(0.1, low=0.0, high=1.0, doc="fraction of the first steps never reused")
     step_quantile: float = knob(0.6, low=0.0, high=1.0, doc="step gate: quantile level of the step change below "
                                                              "which a whole step is reused (0 = no step reuse)")

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
 from dcache import (Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob,
                     register_method)
+from dcache.checks import is_number
 from dcache.plan import nearest_interp
 
+from .calibration_file import MAX_TABLE_STEPS
 from .tables import known_identities, lookup_table, model_identity
 
 
@@ -49,8 +52,13 @@ class MagCacheConfig(MethodConfig):
     """
 
     method = "magcache"
+    # `dcache calibrate --method magcache`: the magnitude-ratio table, merged into a calibration file
+    calibrator = ("table", "dcache.schedules.tuning.calibrate:calibrate_magcache")
     # the knob and grid that speed= / quality= targets and `dcache estimate` sweep
     main_knob = ("threshold", (0.02, 0.04, 0.06, 0.1, 0.15, 0.24, 0.4, 0.6))
+    # the settings that seed a plan search (dcache search --method ecad) with this method's plans
+    search_seeds = {"magcache-forecast": tuple(dict(max_skip_steps=4, retention_ratio=0.0, order=1, cutoff_steps=1,
+                                                   threshold=t) for t in (0.05, 0.1, 0.2, 0.4))}
     threshold: float = knob(0.06, low=0.0, high=100.0, doc="error budget E: accumulated |1 - prod(gamma)| allowed "
                                                              "while reusing")
     max_skip_steps: int = knob(3, low=0, high=10_000, doc="K: most consecutive reused steps")
@@ -76,6 +84,18 @@ class MagCacheConfig(MethodConfig):
                 raise self.invalid(name, table, "a non-empty list of positive magnitude ratios")
             if table is not None:  # lists (from JSON) and tuples compare equal after a round trip
                 object.__setattr__(self, name, tuple(float(g) for g in table))
+
+    @staticmethod
+    def check_calibration_table(table: Any) -> list[tuple[str, str]]:
+        """{"cond": [gamma per step], "uncond": [...] or null}: gamma = ||R_t|| / ||R_t-1||, finite and > 0 (a zero
+        or NaN ratio makes every accumulated error 1 or NaN: nothing is ever reused)."""
+        what = f"a list of 1..{MAX_TABLE_STEPS} finite magnitude ratios > 0, one per step"
+        if not isinstance(table, dict):
+            return [("table", '{"cond": [ratios], "uncond": [ratios] or null}')]
+        bad = [] if _ratios(table.get("cond")) else [("table.cond", what)]
+        if table.get("uncond") not in (None, []) and not _ratios(table.get("uncond")):
+            bad.append(("table.uncond", what + " (or null)"))
+        return bad
 
     def build(self, model: nn.Module) -> Schedule:
         ratios, uncond = self.ratios, self.ratios_uncond
@@ -106,6 +126,11 @@ class MagCacheConfig(MethodConfig):
                 return MagCacheSchedule(self, None, None)
             ratios, uncond = table.get("cond"), table.get("uncond")
         return MagCacheSchedule(self, tuple(ratios), tuple(uncond) if uncond else None)
+
+
+def _ratios(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and 1 <= len(v) <= MAX_TABLE_STEPS and all(is_number(g, 0.0) and g > 0
+                                                                                   for g in v)
 
 
 class MagCacheSelfCalibration(UserWarning):

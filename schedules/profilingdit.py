@@ -54,6 +54,9 @@ class ProfilingDiTConfig(MethodConfig):
     """
 
     method = "profilingdit"
+    title = "ProfilingDiT"
+    # `dcache calibrate --method profilingdit`: the plan that build() replays
+    calibrator = ("plan", "dcache.schedules.tuning.profilingdit_calibration:calibrate_profilingdit")
     foreground_ratio: float = knob(0.3, low=0.01, high=0.99, doc="fraction of the image tokens that are foreground")
     background_ratio: float = knob(0.5, low=0.0, high=1.0, doc="fraction of the blocks classified background (the "
                                                                 "least foreground-focused)")

@@ -135,6 +135,8 @@ class SeaCacheConfig(MethodConfig):
     """
 
     method = "seacache"
+    # the settings that seed a plan search (dcache search --method ecad) with this method's plans
+    search_seeds = {"seacache-o2": tuple(dict(order=2, max_consecutive=2, threshold=t) for t in (0.14, 0.5, 4.0))}
     threshold: float = knob(0.25, low=0.0, high=1000.0, doc="accumulated relL1 change of the SEA indicator at which "
                                                             "the stack is computed again (larger = more reuse)")
     order: int = knob(1, low=0, high=2, doc="residual extrapolation: 0 = reuse the last residual, 1 = line through "

@@ -51,6 +51,8 @@ class TaylorSeerConfig(MethodConfig):
     method = "taylorseer"
     # the knob and grid that speed= / quality= targets and `dcache estimate` sweep
     main_knob = ("interval", (2, 3, 4, 5, 6, 7, 8))
+    # the settings that seed a plan search (dcache search --method ecad) with this method's plans
+    search_seeds = {"taylorseer": tuple({"interval": k} for k in (2, 3, 4))}
     interval: int = knob(5, low=1, high=1000, doc="N: one full step, then N-1 forecast steps (FLUX reference 6 at 50 "
                                                   "steps; diffusers 5)")
     order: int = knob(1, low=0, high=8, doc="O: Taylor order of the forecast (0 = plain reuse; reference 1, DiT 2-4)")

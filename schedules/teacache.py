@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
 
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob
 from dcache import register_method, register_preset
+from dcache.checks import is_count, is_number
 
 from .tables import identity_from_config, known_identities, known_variants, lookup_table, model_identity, \
     register_table
@@ -60,6 +61,10 @@ class TeaCacheConfig(MethodConfig):
     """
 
     method = "teacache"
+    # `dcache calibrate --method teacache`: the polynomial fit, merged into a calibration file
+    calibrator = ("table", "dcache.schedules.tuning.calibrate:calibrate_teacache")
+    # `dcache estimate` on a bare config: coefficients that stand in for the model's (memory and FLOPs hold)
+    estimate_placeholder = {"coefficients": [0.0, 0.0, 0.0, 1.0, 0.0]}
     # the knob and grid that speed= / quality= targets and `dcache estimate` sweep
     main_knob = ("threshold", (0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 1.2))
     threshold: float | None = knob(None, low=0.0, high=1e6, types=(float, int),
@@ -91,6 +96,24 @@ class TeaCacheConfig(MethodConfig):
                 raise self.invalid("coefficients", self.coefficients, "5 finite numbers, highest power first "
                                    "(c0*x^4 + c1*x^3 + c2*x^2 + c3*x + c4)")
             object.__setattr__(self, "coefficients", tuple(float(c) for c in coeffs))
+
+    @staticmethod
+    def check_calibration_table(table: Any) -> list[tuple[str, str]]:
+        """[c0..c4] or {"coefficients": [c0..c4], "threshold", "ret_steps", "ret_ratio", "cutoff_steps",
+        "x_range"}."""
+        entry = table if isinstance(table, dict) else {"coefficients": table}
+        coeffs = entry.get("coefficients")
+        bad = []
+        if not (isinstance(coeffs, (list, tuple)) and len(coeffs) == 5 and all(is_number(c) for c in coeffs)):
+            bad.append(("table.coefficients", "5 finite polynomial coefficients, highest power first"))
+        limits: dict[str, tuple[Callable[[Any], bool], str]] = {
+            "threshold": (lambda v: is_number(v, 0.0) and v > 0, "a finite number > 0"),
+            "ret_steps": (is_count, "an int >= 0"), "cutoff_steps": (is_count, "an int >= 0"),
+            "ret_ratio": (lambda v: is_number(v, 0.0, 1.0), "a number in [0, 1]"),
+            "x_range": (lambda v: isinstance(v, list) and len(v) == 2 and all(is_number(x) for x in v)
+                        and v[0] < v[1], "[low, high] with low < high")}
+        return bad + [(f"table.{k}", what) for k, (ok, what) in limits.items()
+                      if entry.get(k) is not None and not ok(entry[k])]
 
     def build(self, model: nn.Module) -> Schedule:
         entry = resolve_entry(self, model)

@@ -17,28 +17,22 @@ from typing import Any, Callable, Sequence
 from torch import nn
 
 import dcache
+from dcache.methods import calibrator
 from dcache.plan import PLAN_FORMAT, Plan
 
 from ..calibrated_plans import plan_method_title, read_json
 from ..calibration_file import CALIBRATION_FORMAT, CalibrationEntry, save_calibration
 from ..tables import model_identity
-from .bac_calibration import calibrate_bac
-from .ertacache_calibration import calibrate_ertacache
-from .invardiff_calibration import calibrate_invardiff
-from .profilingdit_calibration import calibrate_profilingdit
-
-# method -> calibrate_<method>(target, run_fn, config=None, *, num_steps=None, **overrides) -> Plan
-CALIBRATORS: dict[str, Callable[..., Plan]] = {"bac": calibrate_bac, "ertacache": calibrate_ertacache,
-                                               "invardiff": calibrate_invardiff,
-                                               "profilingdit": calibrate_profilingdit}
 
 
 def calibrate_plan(method: str, target: Any, run_fn: Callable[[], Any] | Sequence[Callable[[], Any]], *,
                    num_steps: int | None = None, **overrides: Any) -> Plan:
     """The calibrated plan of a profiled method: its calibrate_<method>(target, run_fn, **overrides), where the
-    overrides are fields of its config (e.g. compute_ratio=0.4 for BAC, threshold=0.2 for ERTACache)."""
+    overrides are fields of its config (e.g. compute_ratio=0.4 for BAC, threshold=0.2 for ERTACache). The
+    function is the one the method's config declares (`calibrator = ("plan", "module:calibrate_<method>")`)."""
     plan_method_title(method)
-    return CALIBRATORS[method](target, run_fn, num_steps=num_steps, **overrides)
+    _, calibrate = calibrator(method)
+    return calibrate(target, run_fn, num_steps=num_steps, **overrides)
 
 
 def save_plan_calibration(path: str | Path, method: str, plan: Plan, model: nn.Module) -> str:
@@ -66,4 +60,4 @@ def save_plan_calibration(path: str | Path, method: str, plan: Plan, model: nn.M
     return "plan"
 
 
-__all__ = ["CALIBRATORS", "calibrate_plan", "save_plan_calibration"]
+__all__ = ["calibrate_plan", "save_plan_calibration"]

@@ -18,9 +18,10 @@ from typer.testing import CliRunner
 
 import dcache
 from dcache.pipelines.cli import app
-from dcache.schedules.calibrated_plans import PLAN_METHODS
+from dcache.methods import calibrated_methods
 
 runner = CliRunner()
+PLAN_METHODS = calibrated_methods("plan")  # the profiled methods: their configs declare a plan calibrator
 
 METHODS = sorted(dcache.methods())
 PRESETS = dcache.presets()

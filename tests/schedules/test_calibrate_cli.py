@@ -22,10 +22,12 @@ from dcache.pipelines.label_encoder import LabelEncoder
 from dcache.pipelines.presets import BUNDLED_CALIBRATION
 from dcache.pipelines.tiny_pipeline import DigitFlowPipeline
 from dcache.schedules.calibration_file import load_calibration
-from dcache.schedules.calibrated_plans import PLAN_METHODS, CalibrationMissing, model_source
+from dcache.methods import calibrated_methods
+from dcache.schedules.calibrated_plans import CalibrationMissing, model_source
 from dcache.schedules.tables import model_identity
 
 runner = CliRunner()
+PLAN_METHODS = calibrated_methods("plan")  # the profiled methods: their configs declare a plan calibrator
 STEPS = ["--prompt", "3", "--steps", "6"]
 
 
