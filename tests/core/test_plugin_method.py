@@ -3,7 +3,8 @@ it is reachable everywhere a built-in method is, with nothing in dcache naming i
 
 The package is written to a temporary folder with its distribution metadata (`*.dist-info/entry_points.txt`) and
 put on the path of a fresh Python process, which then uses the method through `dcache.apply`, `speed=`, `dcache
-methods`, `dcache generate --cache` and `dcache estimate` on the bundled tiny model and reports what happened."""
+methods`, `dcache generate --cache`, `dcache estimate` and `dcache calibrate` (the calibrator its config declares)
+on the bundled tiny model and reports what happened."""
 
 from __future__ import annotations
 
@@ -17,14 +18,17 @@ import pytest
 STEPS = 8
 NAME = "stride_plugin"
 
-# The whole method package: a config that declares its main knob, and a schedule that computes every stride-th step
-# (and the last one) and reuses the block stack's residual in between.
+# The whole method package: a config that declares its main knob and its calibrator (a plan of its own decisions,
+# which it replays when given the file), and a schedule that computes every stride-th step (and the last one) and
+# reuses the block stack's residual in between.
 PLUGIN = '''
 """A cache method outside dcache: compute every `stride`-th step and the last one, reuse the stack in between."""
 
 from dataclasses import dataclass
 
+import dcache
 from dcache import Action, Granularity, MethodConfig, Schedule, knob, register_method
+from dcache.plan import PlanSchedule
 
 
 @register_method
@@ -33,11 +37,20 @@ class StrideConfig(MethodConfig):
     """Stride: compute every `stride`-th step and the last step, reuse the block stack's residual in between."""
 
     method = "stride_plugin"
+    title = "Stride"
     main_knob = ("stride", (1, 2, 3, 4))
+    calibrator = ("plan", "dcache_stride_plugin:calibrate_stride")
     stride: int = knob(2, low=1, high=100, doc="compute every stride-th step (1 = never reuse)")
+    calibration: str | None = knob(None, types=(str,), doc="a plan file of `dcache calibrate --method stride_plugin`")
 
     def build(self, model):
-        return StrideSchedule(self)
+        if self.calibration is None:
+            return StrideSchedule(self)
+        from dcache.schedules.calibrated_plans import calibrated_plan
+
+        schedule = PlanSchedule(calibrated_plan(self.method, model, calibration=self.calibration))
+        schedule.name = self.method
+        return schedule
 
 
 class StrideSchedule(Schedule):
@@ -54,6 +67,14 @@ class StrideSchedule(Schedule):
 
     def config_dict(self):
         return self.config.to_dict()
+
+
+def calibrate_stride(target, run_fn, *, num_steps=None, **overrides):
+    """The decisions of one run at these settings, as a plan."""
+    runs = run_fn if isinstance(run_fn, (list, tuple)) else [run_fn]
+    with dcache.apply(target, "stride_plugin", num_steps=num_steps, **overrides) as handle:
+        runs[0]()
+        return handle.plan()
 '''
 
 ENTRY_POINTS = """[dcache.methods]
@@ -106,6 +127,13 @@ generated = runner.invoke(app, ["generate", "--cache", "{NAME}", "--prompt", "3"
 report["generate"] = dict(exit_code=generated.exit_code, output=generated.output)
 estimated = runner.invoke(app, ["estimate", "--cache", "{NAME}", "--steps", "{STEPS}", "--json"])
 report["estimate"] = dict(exit_code=estimated.exit_code, output=estimated.output)
+plan_file = out_dir + ".plan.json"
+calibrated = runner.invoke(app, ["calibrate", "--method", "{NAME}", "--prompt", "3", "--steps", "{STEPS}", "--set",
+                                 "stride=4", "--out", plan_file, "--no-progress"])
+report["calibrate"] = dict(exit_code=calibrated.exit_code, output=calibrated.output, plan_file=plan_file)
+replayed = runner.invoke(app, ["generate", "--cache", "{NAME}", "--set", "calibration=" + plan_file, "--prompt", "3",
+                               "--steps", "{STEPS}", "--repeats", "1", "--out", out_dir + "-replay"])
+report["replay"] = dict(exit_code=replayed.exit_code, output=replayed.output)
 print(json.dumps(report))
 '''
 
@@ -126,6 +154,8 @@ def report(tmp_path_factory) -> dict:
     assert done.returncode == 0, done.stderr[-4000:]
     data = json.loads(done.stdout.strip().splitlines()[-1])
     data["generated"] = json.loads((root / "generated" / "stats.json").read_text())
+    if (root / "generated-replay" / "stats.json").is_file():
+        data["replayed"] = json.loads((root / "generated-replay" / "stats.json").read_text())
     return data
 
 
@@ -180,3 +210,18 @@ def test_estimate_command_sweeps_its_main_knob(report):
     assert low == pytest.approx(len(computed_steps(4)) / STEPS)  # stride 4: 3 of 8 steps
     assert [value for value, _ in row["ratio_sweep"]] == [1, 2, 3, 4]
 
+
+
+def test_calibrate_command_runs_its_declared_calibrator_and_the_plan_replays(report):
+    calibrated = report["calibrate"]
+    assert calibrated["exit_code"] == 0, calibrated["output"]
+    assert f"calibrated {NAME}: a stack plan of {STEPS} steps" in calibrated["output"]
+    assert f"--cache {NAME} --set calibration=" in calibrated["output"]
+    assert report["replay"]["exit_code"] == 0, report["replay"]["output"]
+    stats = report["replayed"]
+    assert stats["stats"]["method"] == NAME
+    # the plan holds the decisions of stride 4 (--set stride=4), not the default stride 2
+    assert stats["compute_ratio"] == pytest.approx(len(computed_steps(4)) / STEPS)
+    assert [step["cond"] for step in stats["stats"]["per_step"]] == [
+        "C" if i in computed_steps(4) else "R" for i in range(STEPS)]
+    assert float(stats["psnr_db"]) >= 28.0  # 34.1 measured
