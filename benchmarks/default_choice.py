@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> Path:
     names = [n for n in CANDIDATES if not args.only or re.search(args.only, n)]
     command = "python benchmarks/default_choice.py" + "".join(
         " " + shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    meta = dict(command=command, git_commit=_git_commit(), date=time.strftime("%Y-%m-%d %H:%M"),
+    meta = dict(command=command, git_commit=_git_commit(BENCH_DIR.parent), date=time.strftime("%Y-%m-%d %H:%M"),
                 load_start=methods._load(), torch=torch.__version__, candidates=names)
     data = dict(meta=meta, models=[])
     for model in args.models.split(","):

@@ -746,7 +746,7 @@ def main(argv: list[str] | None = None) -> Path:
     scenarios = MODEL_SCENARIOS[args.model]
     names = scenarios[-1:] if args.quick else [n for n in scenarios if not args.only or re.search(args.only, n)]
     spec = methods.models.MODELS[args.model]
-    meta = dict(command=command, git_commit=_git_commit(), date=time.strftime("%Y-%m-%d %H:%M"),
+    meta = dict(command=command, git_commit=_git_commit(BENCH_DIR.parent), date=time.strftime("%Y-%m-%d %H:%M"),
                 model=args.model, model_title=spec.title,
                 torch=torch.__version__, diffusers=diffusers.__version__, cache_dit=cache_dit_version,
                 weights=spec.weights_id(), load_start=methods._load(), quick=args.quick)
