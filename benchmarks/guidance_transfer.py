@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> Path:
 
     command = "python benchmarks/guidance_transfer.py" + "".join(
         " " + shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    meta = dict(command=command, git_commit=_git_commit(Path(__file__).resolve().parents[1]), date=time.strftime("%Y-%m-%d %H:%M"),
+    meta = dict(command=command, git_commit=_git_commit(Path(__file__).resolve().parents[1]),
+                date=time.strftime("%Y-%m-%d %H:%M"),
                 torch=torch.__version__, diffusers=diffusers.__version__, load_start=methods._load())
     args.out.mkdir(parents=True, exist_ok=True)
     data = run(args, log)
