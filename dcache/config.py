@@ -41,7 +41,7 @@ class MethodConfig:
     # (kind, "module:function") of what `dcache calibrate --method <method>` runs; the function lives in the tuning
     # layer (it runs the model), so the reference is a string, imported when a calibration runs (dcache.methods.
     # calibrator). kind "plan": function(target, run_fn, *, num_steps=None, **config overrides) -> Plan, a plan the
-    # method's build replays; kind "table": function(target, runs, *, path=None) -> dict, a table merged into a
+    # method's build replays; kind "table": function(target, run_fn, *, path=None) -> dict, a table merged into a
     # calibration file. None: the method has nothing to calibrate.
     calibrator: ClassVar[tuple[str, str] | None] = None
     # A "table" method's check of its calibration-file table (dcache.schedules.calibration_file reads files with
