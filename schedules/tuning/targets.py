@@ -26,7 +26,7 @@ from dcache.quality import psnr
 
 RunFn = Callable[[], Any]
 
-# method -> (knob, grid from conservative to aggressive)
+
 @dataclass
 class TargetResult:
     method: str
