@@ -708,7 +708,7 @@ def pareto_png(data: dict, path: Path) -> None:
         ax.set_ylabel("held-out PSNR vs uncached (dB)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower left")
-    fig.suptitle(f"Below compute ratio 0.25 on {data['meta'].get('model_title', 'tiny-digits (Flux)')}: dcache vs "
+    fig.suptitle(f"Below compute ratio 0.25 on {data['meta'].get('model_title', 'tiny-digits (Flux)')}\ndcache vs "
                  f"diffusers vs cache-dit (dashed: PSNR targets)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
