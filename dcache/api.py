@@ -72,13 +72,12 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     fit:       "auto" with max_cache_memory: over budget at the first call, pick the most accurate cache storage that
                fits (offload to host memory, then bfloat16, then float8 per token, then per tensor) instead of
                refusing, and say which (a dcache.budget.CacheFitChoice warning; handle.fit_choice).
-    decisions: "batch" (default): one decision per batched call (one batched run; all-compute stays bit-identical
-               to the uncached batch). "sample": every sample of a batched transformer call, and each CFG half of a
-               batched-CFG call, is decided, cached and served on its own, so a request's output does not depend on
-               what it is batched with, and transformer-only loops may batch requests at different steps
-               (dcache.lanes, docs/serving.md); handle.stats().per_sample has each sample's counts. Signal-reading
-               methods then run each row as its own call, which costs batching and rounds differently from the
-               batched kernels (all-compute within ~1e-5 of the uncached batch, not bit-identical).
+    decisions: "sample" (default): every sample of a batched transformer call, and each CFG half of a batched-CFG
+               call, is decided, cached and served on its own, so a request's output does not depend on what it is
+               batched with, and transformer-only loops may batch requests at different steps (dcache.lanes,
+               docs/serving.md); handle.stats().per_sample has each sample's counts. Rows that decide alike run as
+               one call (a batch that decides alike runs as without dcache: all-compute is the uncached batch, bit
+               for bit). "batch": one decision per batched call, for batches known to move together.
     overrides: config fields, e.g. apply(pipe, "magcache", threshold=0.1).
     """
     arguments = dict(locals())  # as given: handle.setup() writes them back as a setup file

@@ -39,7 +39,7 @@ def build_engine(transformer: nn.Module, schedule: Schedule, name: str, *, pipel
                  leader: Engine | None = None, warn: bool | None = None) -> Engine:
     """Hook `schedule` into `transformer` (its family's adapter) and register the engine on it.
 
-    scope None: the plan's recorded scope for a plan, else "blocks"; decisions None: "batch". warn: health warnings
+    scope None: the plan's recorded scope for a plan, else "blocks"; decisions None: "sample". warn: health warnings
     (None: no health monitor, as for an expert that follows a leader); a plan that does not fit the model is refused
     (PlanError) with nothing left hooked."""
     if scope is None:
@@ -47,7 +47,7 @@ def build_engine(transformer: nn.Module, schedule: Schedule, name: str, *, pipel
     health = None if warn is None else _health_monitor(transformer, name, warn)  # None: the engine's silent one
     engine = Engine(transformer, adapter_for(transformer), schedule, pipeline=pipeline, num_steps=num_steps,
                     count_flops=count_flops, memoize=memoize, scope=scope, cache_codec=cache_codec,
-                    decisions=decisions or "batch", leader=leader, health=health)
+                    decisions=decisions or "sample", leader=leader, health=health)
     if isinstance(schedule, PlanSchedule):
         check_plan_fits(schedule.plan, engine)
     transformer._dcache_engine = engine
@@ -59,9 +59,11 @@ def attach(pipeline: Any, transformer: nn.Module, method: Any, overrides: dict, 
            setup: Callable[[], Any] | None = None, **engine_options: Any) -> Handle:
     """resolve_schedule + build_engine -> the Handle of that engine. engine_options: build_engine's keywords; a
     Schedule instance gets no health warnings (the tools' recording and calibration runs compute every step on
-    purpose)."""
+    purpose) and batch decisions unless asked for per-sample ones (the tools read the object after the run)."""
     schedule, name, config = resolve_schedule(method, overrides, transformer)
     engine_options.setdefault("warn", not isinstance(method, Schedule))
+    if isinstance(method, Schedule) and engine_options.get("decisions") is None:
+        engine_options["decisions"] = "batch"  # its caller reads the one object after the run, not per-sample copies
     engine = build_engine(transformer, schedule, name, pipeline=pipeline, **engine_options)
     return Handle(engine, name, config, target, setup=setup)
 

@@ -34,6 +34,16 @@ class BlockSlot:
     exit_work: bool = True  # the block's exit has more to do than FLOP accounting (set by the executor)
 
 
+# A call's phase under per-sample decisions (dcache.lanes): each row's call is first opened and run up to its decision
+# alone (DECIDING: the decision point raises CallDecided), then run to its end with the rows that decided alike
+# (RESUMED: no signal is measured and nothing is decided again). "" : an ordinary call.
+DECIDING, RESUMED = "deciding", "resumed"
+
+
+class CallDecided(Exception):
+    """Raised at the decision point of a call opened to decide only (phase DECIDING); dcache.lanes catches it."""
+
+
 @dataclass
 class CallState:
     """One transformer call, from `Engine.begin_call` to `Engine.end_call`."""
@@ -54,6 +64,9 @@ class CallState:
     flops_computed: float = 0.0
     arguments: dict[str, Any] | None = None  # the call's bound arguments, once per call for the signal providers
     decided: "DecidedCall | None" = None  # a call decided when it opened, for the blocks' traced path
+    phase: str = ""  # DECIDING / RESUMED under per-sample decisions (above)
+    prefix_flops: tuple[float, float] = (0.0, 0.0)  # (total, computed) FLOPs before the first block: signal probes
+    shared: bool = False  # the call of a sub-batch of lanes: each lane records its own share (dcache.lanes)
 
 
 @dataclass

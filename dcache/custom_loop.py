@@ -22,9 +22,10 @@ sample all work. Each loop may have its own step count. One loop at a time per h
 call) on the same transformer takes the generation over, and the first loop's next step is refused, as for two
 pipelines (dcache.concurrency).
 
-Not with `decisions="sample"`: there each request keeps its own step, tracked per row (`handle.requests`,
-docs/serving.md). Not with methods that act on the sampler's update (`acts_on_steps`: they rewrite x_{i+1} inside a
-diffusers scheduler's `step`, which a custom loop does not call).
+With per-sample decisions (the default, dcache.lanes) every row of the loop's batch is at the loop's step and decides
+on its own; requests at different steps share a batch without a loop (`handle.requests`, docs/serving.md). Not with
+methods that act on the sampler's update (`acts_on_steps`: they rewrite x_{i+1} inside a diffusers scheduler's
+`step`, which a custom loop does not call).
 """
 
 from __future__ import annotations
@@ -59,11 +60,6 @@ class DenoisingLoop:
                 raise ValueError(f"method {engine.schedule.name!r} acts on the sampler's update (it rewrites x_(i+1) "
                                  f"inside a diffusers scheduler's step), which a custom loop does not call; use it "
                                  f"through a diffusers pipeline, or a method that only caches transformer outputs.")
-            if engine.lanes is not None:
-                raise ValueError("handle.loop() drives one step for the whole batch, but this handle decides per "
-                                 "sample (decisions='sample'), where each request keeps its own step: use "
-                                 "`with handle.requests(ids):` around each call instead (docs/serving.md), or apply "
-                                 "with decisions='batch'.")
         with lead.guard.lock:
             for engine in self.engines:
                 engine.open_generation(self.timesteps, self.num_steps)

@@ -270,7 +270,12 @@ class Engine:
     def _close_call(self) -> None:
         call, self.call = self.call, None
         self.executor.end_call(call)
-        if call is None or call.actions is None:
+        self.record_call(call)
+
+    def record_call(self, call: CallState | None) -> None:
+        """A call's actions and signals go into its generation record; a computed call measures the post signals
+        (from `call.stack_input` / `stack_output` and the arguments in `_call_inputs`)."""
+        if call is None or call.actions is None or call.shared:
             self._call_inputs = None
             return
         rec = call.record

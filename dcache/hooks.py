@@ -29,6 +29,7 @@ from diffusers.hooks.hooks import StateManager
 from torch import nn
 from torch._C._dynamo.eval_frame import get_eval_frame_callback
 
+from .call_state import CallDecided
 from .generation import StepTracker
 
 HOOK_NAME = "dcache"
@@ -84,14 +85,15 @@ class TransformerHook(ModelHook):
 
 @torch.compiler.disable(recursive=False)  # this frame stays eager; `hook.chain` below it is traced whole
 def transformer_call(hook: TransformerHook, *args, **kwargs):
-    """One transformer call. With per-sample decisions (dcache.lanes) a batched call runs once per row, each row
-    with its own generation state; otherwise the whole batch is one call (`run_call`)."""
+    """One transformer call. With per-sample decisions (dcache.lanes) each row of a batched call decides in its own
+    generation state, and the rows that decided alike run together; otherwise the whole batch is one call
+    (`run_call`)."""
     engine = hook.engine
     compiling = get_eval_frame_callback() is not None
     lanes = engine.lanes
     rows = lanes.rows(args, kwargs, compiling) if lanes is not None and not lanes.swapped else 0
     if rows:
-        return lanes.run(rows, functools.partial(run_call, hook, compiling), args, kwargs)
+        return lanes.run(rows, functools.partial(run_opened, hook, False), args, kwargs)
     return run_call(hook, compiling, *args, **kwargs)
 
 
@@ -99,11 +101,19 @@ def transformer_call(hook: TransformerHook, *args, **kwargs):
 def run_call(hook: TransformerHook, compiling: bool, *args, **kwargs):
     """Open the call, let the call executor serve it (call scope), run the chain, close it."""
     engine = hook.engine
+    (engine.begin_call_traced if compiling else engine.begin_call)(args, kwargs, compiling)
+    return run_opened(hook, compiling, *args, **kwargs)
+
+
+@torch.compiler.disable(recursive=False)
+def run_opened(hook: TransformerHook, compiling: bool, *args, **kwargs):
+    """Run a call `Engine.begin_call` opened (per-sample lanes open their rows' calls themselves, dcache.lanes) and
+    close it. A call opened only to decide (CallDecided at its decision point) stays open for its caller."""
+    engine = hook.engine
     if compiling:
-        begin, end, abort = engine.begin_call_traced, engine.end_call_traced, engine.abort_traced
+        end, abort = engine.end_call_traced, engine.abort_traced
     else:  # plain eager
-        begin, end, abort = engine.begin_call, engine.end_call, engine.abort
-    begin(args, kwargs, compiling)
+        end, abort = engine.end_call, engine.abort
     try:
         whole = engine.call_executor  # dcache.executors.call: the whole call may come from the cache
         if whole is not None:
@@ -117,6 +127,8 @@ def run_call(hook: TransformerHook, compiling: bool, *args, **kwargs):
         out = hook.chain(*args, **kwargs)
         if whole is not None:
             out = (whole.call_exit_traced if compiling else whole.call_exit)(out)
+    except CallDecided:
+        raise
     except BaseException:
         abort(None, True)
         raise

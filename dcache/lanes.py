@@ -1,18 +1,26 @@
-"""Per-sample decisions (`decisions="sample"`; the default is "batch"): a sample's output never depends on its batch.
+"""Per-sample decisions (`decisions="sample"`, the default): a sample's output never depends on its batch.
 
 A batched transformer call of B rows (the latent input `hidden_states` is [B, ...]; with batched CFG the rows are
-[uncond_0..uncond_{n-1}, cond_0..cond_{n-1}], so each CFG half of a sample is a row of its own) is split into
-*lanes*, one per row. A lane is everything one generation keeps, for that row alone:
+[uncond_0..uncond_{n-1}, cond_0..cond_{n-1}], so each CFG half of a sample is a row of its own) has one *lane* per
+row. A lane is everything one generation keeps, for that row alone:
 
     tracker, record   its step and its decisions (StepTracker, GenerationRecord)
     branches          its cached tensors and signal references (BranchState per branch)
     schedule          its own copy of the schedule (accumulated error, counters, calibration state)
 
-Each lane runs the engine's ordinary call path on its rows of every batched argument, with the engine's state
-swapped for the lane's, so a row is decided, computed, served and recorded exactly as when it runs alone (the
-same kernels at batch 1: bit-identical to the sample's own run). Arguments are split by row: every tensor whose
-first dimension is B (the latents, per-sample timesteps, text embeddings, guidance); other arguments (RoPE ids,
-scalars) go to every lane whole. The lanes' outputs are concatenated back in row order.
+A call runs in two phases (`Lanes.run`):
+
+    decide   each row's call opens in its lane, on its row of every batched argument, and runs up to its decision
+             point (the embedders and probe blocks at batch 1; nothing for call scope): its signals are measured
+             against its own references and its own schedule decides, so it takes the decision it takes alone.
+    run      rows with the same action row at the same step run as one sub-batch, their caches stacked along the
+             batch dimension (dcache.lane_merge), and each sub-batch's outputs go back to its rows. Where every row
+             decided alike that sub-batch is the whole call on the arguments as given: an all-compute call is the
+             uncached batch, bit for bit. Rows that compute run together; rows that reuse are served together.
+
+A sample's output is its own run's up to the kernels' batch-size rounding (< 1e-6 on the bundled model). Arguments
+are split by row: every tensor whose first dimension is B (the latents, per-sample timesteps, text embeddings,
+guidance); other arguments (RoPE ids, scalars) go to every lane whole.
 
 Steps. Under a pipeline (its scheduler drives the generation) every lane is at the pipeline's step, branch and
 timesteps. Without one (a serving loop calling the transformer), each lane tracks its own timestep, as a
@@ -21,9 +29,9 @@ loop may admit a new request into a row while the others are mid-generation (con
 row is comes from its position, or from `handle.requests(ids)`.
 
 A schedule that decides from the step alone (a plan, a fixed interval) takes the same decision for every row of a
-pipeline's batch, so its calls run whole, as batches (exact, and the fastest). Where a call cannot be split, its
-decisions are the batch's (one decision for all rows, as with
-`decisions="batch"`), and the handle says so once with the reason (`BatchDecisionsWarning`).
+pipeline's batch, so its calls run whole, without lanes. Where a call cannot be split, its decisions are the batch's
+(one decision for all rows, as with `decisions="batch"`), and the handle says so once with the reason
+(`BatchDecisionsWarning`).
 """
 
 from __future__ import annotations
@@ -31,16 +39,20 @@ from __future__ import annotations
 import copy
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from .actions import Action
+from .call_state import DECIDING, RESUMED, CallDecided, CallState
 from .generation import GenerationRecord, StepTracker
+from .lane_merge import merge_branches, split_branch
 
 DECISIONS = ("sample", "batch")
 # The engine attributes one generation owns; a lane holds its own and swaps them in for its rows' call.
+_COMPUTE = Action.COMPUTE.value
 _LANE_STATE = ("tracker", "record", "_ended", "branches", "schedule", "generations", "_bytes_seen")
 
 
@@ -52,8 +64,8 @@ def check_decisions(decisions: Any) -> str:
     if decisions not in DECISIONS:
         raise ValueError(f"decisions={decisions!r} is not one of {DECISIONS}: 'sample' decides every sample "
                          f"of a batch (and each CFG half) on its own, so a request's image does not depend on its "
-                         f"batch; 'batch' (default) takes one decision per batched call (faster, and "
-                         f"all-compute stays bit-identical to the uncached batch).")
+                         f"batch (default); 'batch' takes one decision per batched call, for batches known to "
+                         f"move together.")
     return decisions
 
 
@@ -69,6 +81,7 @@ class Lane:
     generations: int = 0
     _bytes_seen: tuple[int, int] = (0, 0)
     pipeline_record: GenerationRecord | None = None  # the pipeline generation this lane's record follows
+    call: CallState | None = None  # its row's call of the running batched call, decided and not yet run (Lanes.run)
 
 
 class Lanes:
@@ -125,9 +138,16 @@ class Lanes:
                       f"one at a time where that matters, or pass decisions='batch' to say it is intended.",
                       BatchDecisionsWarning, stacklevel=4)
 
-    def run(self, rows: int, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """Run `call` (the engine's ordinary call path) once per row with that row's arguments and lane; the
-        outputs concatenated in row order. Lanes of requests no longer in the batch are finished and dropped."""
+    def run(self, rows: int, resume: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """One batched call with a decision per row. `resume(*args, **kwargs)` runs a call the engine opened to its end
+        (dcache.hooks.run_opened). Lanes of requests no longer in the batch are finished and dropped first.
+
+            1. decide: each row's call opens in its lane, on its row alone, and runs up to its decision point (the
+               signals measured there, the decision taken, CallDecided raised): the same decision as alone.
+            2. run: rows with the same action row at the same step run as one sub-batch with their caches stacked
+               (dcache.lane_merge); where every row decided alike that is the whole call, as without dcache (an
+               all-compute call is the uncached batch, bit for bit). Each sub-batch's outputs go back to their rows.
+        """
         engine = self.engine
         ids = self.ids if self.ids is not None else tuple(range(rows))
         for gone in [k for k in self.lanes if k not in ids]:
@@ -135,25 +155,107 @@ class Lanes:
         main = engine.tracker
         engine.follow_pipeline()  # a new pipeline object or scheduler is found before the lanes read its steps
         shared = main.record if main.scheduler_driven and main.in_generation() else None
-        outs = []
         lanes = [self.lanes.get(r) or self.lanes.setdefault(r, self._new_lane()) for r in ids]
+        outs: list[Any] = [None] * rows
         try:
             for row, lane in enumerate(lanes):
                 if shared is not None:
                     self._follow(lane, shared)
                 lane.tracker.context_name = main.context_name  # diffusers' cache_context of this call
-                row_args, row_kwargs = split_row(args, kwargs, rows, row)
-                with self._swap(lane):
-                    outs.append(call(*row_args, **row_kwargs))
+                outs[row] = self._decide(lane, resume, *split_row(args, kwargs, rows, row))
+            groups: dict[tuple, list[int]] = {}
+            for row, lane in enumerate(lanes):
+                if lane.call is not None:
+                    groups.setdefault((lane.call.actions, lane.call.step, lane.call.branch), []).append(row)
+            for members in groups.values():
+                whole = len(members) == rows  # every row decided alike: the call runs on the batch as given
+                sub = (args, kwargs) if whole else take_rows(args, kwargs, rows, members)
+                out = self._run_group([lanes[r] for r in members], resume, *sub)
+                if out is None:  # the caches cannot be stacked: one row at a time
+                    for row in members:
+                        outs[row] = self._run_group([lanes[row]], resume, *split_row(args, kwargs, rows, row))
+                elif whole:
+                    return self._done(shared, out)
+                else:
+                    for j, row in enumerate(members):
+                        outs[row] = output_row(out, j, len(members))
         except BaseException:
             for lane in lanes:  # the batched call raised: every row's generation is over, as one call's would be
+                if lane.call is not None:
+                    with self._swap(lane):
+                        engine.call, lane.call = lane.call, None
+                        engine.abort(None, whole_call=True)  # also drops the open call, and leaves the guard
                 lane.tracker.abort()
                 if lane.record is not None:
                     lane.record.aborted = True
             raise
+        return self._done(shared, concat_rows(outs))
+
+    @staticmethod
+    def _done(shared: GenerationRecord | None, out: Any) -> Any:
         if shared is not None:
             shared.calls_in_step += 1  # one call of the pipeline, whatever its rows
-        return concat_rows(outs)
+        return out
+
+    def _decide(self, lane: Lane, resume: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Open the lane's call on its row and run it up to its decision (left open in `lane.call`). Returns None,
+        or the row's output where the call ended before any decision point (nothing of it is cached)."""
+        engine = self.engine
+        with self._swap(lane):
+            engine.begin_call(args, kwargs)
+            call = engine.call
+            call.phase = DECIDING
+            try:
+                return resume(*args, **kwargs)  # closed by run_opened
+            except CallDecided:
+                engine.executor.abort_call(call)  # the executor's per-call state restarts when the call resumes
+                lane.call, engine.call, engine._call_inputs = call, None, None
+                engine.guard.exit_call()
+                return None
+
+    def _run_group(self, members: list[Lane], resume: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Run the decided calls of `members` (the same action row, step and branch) as one call on `args` (their
+        rows, in order). One member: its own call and cache. Several: one call on their stacked caches
+        (dcache.lane_merge), then each member's share of the call goes into its own record; None (nothing run)
+        where the caches cannot be stacked."""
+        engine = self.engine
+        first = members[0].call
+        if len(members) == 1:
+            with self._swap(members[0]):
+                self._reopen(members[0], first, args, kwargs)
+                return resume(*args, **kwargs)
+        states = [lane.branches[first.branch] for lane in members]
+        merged = merge_branches(states, first.actions == _COMPUTE * len(first.actions))
+        if merged is None:
+            return None
+        bstate, before = merged
+        group = replace(first, bstate=bstate, arguments=None, pre={}, flops_total=0.0, flops_computed=0.0, shared=True)
+        with self._swap(members[0]):  # its schedule serves the group (the lanes' copies are configured alike)
+            self._reopen(members[0], group, args, kwargs)
+            out = resume(*args, **kwargs)  # run_opened closes `group`: it is recorded nowhere (no lane's record)
+        split_branch(bstate, before, states)
+        n = len(members)
+        for j, lane in enumerate(members):
+            call, lane.call = lane.call, None
+            call.stack_input = output_row(group.stack_input, j, n)
+            call.stack_output = output_row(group.stack_output, j, n)
+            call.flops_total = call.prefix_flops[0] + group.flops_total / n  # FLOPs are linear in the batch
+            call.flops_computed = call.prefix_flops[1] + group.flops_computed / n
+            with self._swap(lane):
+                engine._call_inputs = split_row(args, kwargs, n, j)
+                engine.record_call(call)
+        return out
+
+    def _reopen(self, lane: Lane, call: CallState, args: tuple, kwargs: dict) -> None:
+        """Make `call` (decided) the engine's running call again, to run from its start on `args`."""
+        engine = self.engine
+        with engine.guard.lock:
+            engine.guard.enter_call()
+        if call is lane.call:
+            lane.call = None
+            call.flops_total, call.flops_computed = call.prefix_flops  # the blocks before the decision run again
+        call.phase, call.unit, call.stack_input, call.stack_output = RESUMED, engine.executor.new_call(), None, None
+        engine.call, engine._call_inputs = call, (args, kwargs)
 
     # ------------------------------------------------------------------------------------------------ lanes
     def _new_lane(self) -> Lane:
@@ -241,14 +343,34 @@ def _shared(name: str, value: Any) -> bool:
     return name.endswith("_ids") and isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[1] <= 4
 
 
-def split_row(args: tuple, kwargs: dict, rows: int, row: int) -> tuple[tuple, dict]:
-    """Row `row` of every tensor whose first dimension is `rows` ([rows, ...] -> [1, ...]), in nested arguments
-    too; shared arguments (`_shared`) and anything else whole."""
+def take_rows(args: tuple, kwargs: dict, rows: int, members: Sequence[int]) -> tuple[tuple, dict]:
+    """Rows `members` (in order) of every tensor whose first dimension is `rows` ([rows, ...] -> [len(members), ...]),
+    in nested arguments too; shared arguments (`_shared`) and anything else whole."""
+    first, count = members[0], len(members)
+    contiguous = list(members) == list(range(first, first + count))
+    index: dict[torch.device, torch.Tensor] = {}
+
     def take(leaf: Any) -> Any:
-        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == rows:
-            return leaf[row:row + 1]
-        return leaf
+        if not (isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == rows):
+            return leaf
+        if contiguous:
+            return leaf[first:first + count]
+        if leaf.device not in index:
+            index[leaf.device] = torch.tensor(members, device=leaf.device)
+        return leaf.index_select(0, index[leaf.device])
     return tree_map(take, args), {k: v if _shared(k, v) else tree_map(take, v) for k, v in kwargs.items()}
+
+
+def split_row(args: tuple, kwargs: dict, rows: int, row: int) -> tuple[tuple, dict]:
+    """Row `row` of every batched argument ([rows, ...] -> [1, ...]), as `take_rows`."""
+    return take_rows(args, kwargs, rows, (row,))
+
+
+def output_row(out: Any, j: int, n: int) -> Any:
+    """Row j of an output of n rows (tensor leaves [n, ...] -> [1, ...]); the output itself when n is 1."""
+    if n == 1:
+        return out
+    return tree_map(lambda t: t[j:j + 1] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == n else t, out)
 
 
 def concat_rows(outs: list[Any]) -> Any:
@@ -260,4 +382,5 @@ def concat_rows(outs: list[Any]) -> Any:
     return tree_unflatten(merged, spec)
 
 
-__all__ = ["DECISIONS", "BatchDecisionsWarning", "Lane", "Lanes", "check_decisions", "split_row", "concat_rows"]
+__all__ = ["DECISIONS", "BatchDecisionsWarning", "Lane", "Lanes", "check_decisions", "take_rows", "split_row",
+           "output_row", "concat_rows"]

@@ -16,7 +16,7 @@ file. Every field is optional except `method`:
                   "max_cache_memory": "8GiB", "fit": "auto"},
       "experts": {"transformer_2": {"warmup_steps": 2}},   # per expert: knobs, a method name, or null (uncached)
       "controlnet": "follow",                    # or a method name, or {"method": "fixed_interval", "interval": 3}
-      "decisions": "sample"                      # or "batch": one decision per batched call (docs/serving.md)
+      "decisions": "sample"                      # the default; "batch": one decision per batched call (serving.md)
     }
 
 Arguments given to `dcache.apply` beside the file override its fields (per request: `dcache.apply(pipe,

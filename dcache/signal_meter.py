@@ -18,7 +18,7 @@ import torch
 from dcache.kernels import residual_capture
 
 from .actions import POST_SIGNALS, PRE_SIGNALS, Signal
-from .call_state import BlockSlot, CallState
+from .call_state import RESUMED, BlockSlot, CallState
 from .parallel import sync_signals
 from .signal_providers import ProviderView, provider, resolve_signal
 from .state import BranchState, UnitHistory
@@ -103,8 +103,8 @@ class SignalMeter:
         FORECAST_ERROR against the branch's references."""
         bstate = call.bstate
         stack_in = call.stack_input
-        if stack_in is None or stack_in.shape != hidden_out.shape:
-            return None
+        if stack_in is None or stack_in.shape != hidden_out.shape or call.phase == RESUMED:
+            return None  # a resumed call (dcache.lanes) measured its probe when it decided
         residual = hidden_out - stack_in
         rel_l1 = self.engine.ops.rel_l1
         if Signal.PROBE_REL_L1 in self.wanted and bstate.probe_ref is not None \

@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..actions import Signal
 from ..cache_ops import ops_for
 from ..call_scope import CALL_UNIT, latent_input, output_layout
-from ..call_state import BlockSlot, CallState
+from ..call_state import DECIDING, RESUMED, BlockSlot, CallDecided, CallState
 from ..cfg_difference import CfgDifference
 from ..decision import decide
 from ..state import BranchState
@@ -79,9 +79,12 @@ class CallExecutor(UnitExecutor):
         bstate = call.bstate
         if call.record.input_shape is None:
             call.record.input_shape = tuple(x.shape)
-        if Signal.INPUT_DELTA in engine.meter.wanted:
-            engine.meter.input_delta(call, x.detach().clone())  # pipelines may update their latents in place
-        decide(engine, call)
+        if call.phase != RESUMED:  # a resumed call (dcache.lanes) measured and decided when it opened
+            if Signal.INPUT_DELTA in engine.meter.wanted:
+                engine.meter.input_delta(call, x.detach().clone())  # pipelines may update their latents in place
+            decide(engine, call)
+        if call.phase == DECIDING:
+            raise CallDecided()
         action = call.actions[0]
         shape = x.shape
         flops = engine.flops

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..adapters import HIDDEN, UnsupportedModelError
 from ..cache_ops import AUTOGRAD, TORCH_DIRECT, CacheOps, ops_for
-from ..call_state import BlockSlot, CallState, DecidedCall
+from ..call_state import DECIDING, RESUMED, BlockSlot, CallDecided, CallState, DecidedCall
 from ..decision import decide
 from ..hooks import HOOK_NAME, NOT_DECIDED, Entries, UnitHook
 from ..unit_store import keep_tensors, read_cached, residual_pairs
@@ -101,10 +101,17 @@ class HookedBlocks(UnitExecutor):
         if slot.index == 0:
             if isinstance(hidden, torch.Tensor):
                 engine.ops = ops_for(hidden)
-            engine.meter.on_stack_input(call, slot, hidden, args, kwargs)
-        if call.actions is None and slot.index == self.decision_block:
-            decide(engine, call)
+            if call.phase == RESUMED:  # its signals were measured when it decided (dcache.lanes)
+                call.stack_input = hidden
+            else:
+                engine.meter.on_stack_input(call, slot, hidden, args, kwargs)
+                call.prefix_flops = (call.flops_total, call.flops_computed)
+        if slot.index == self.decision_block and (call.actions is None or call.phase == RESUMED):
+            if call.actions is None:
+                decide(engine, call)
             self.decided(call)
+            if call.phase == DECIDING:
+                raise CallDecided()
         # torch.Size hashes and compares as the tuple it is: FLOP-book keys without a tuple() copy per block
         shape = hidden.shape if isinstance(hidden, torch.Tensor) else ()
         if compiling and not flops.known(slot.index, shape):
