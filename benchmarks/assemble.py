@@ -239,13 +239,16 @@ def batch1_part(methods: dict) -> str:
 
 
 PER_SAMPLE_TEXT = (
-    "With per-sample decisions (decisions='sample'; the default is 'batch') a batched call of a method that reads "
-    "a signal runs each row as its "
-    "own call (docs/serving.md). The cost per batched call is the time with decisions='sample' minus the time with "
-    "decisions='batch' at a setting where both compute everything; the gather / scatter of the rows alone (argument "
-    "split and output concatenation, no model) is the last column. At batch 1 nothing is split. At batch 4 the rows "
-    "lose batching: on this CPU a row costs about as much as a batch-1 call, so the call costs about 4 of them; "
-    "methods that decide from the step alone, and decisions='batch', keep one batched call.")
+    "Per-sample decisions (decisions='sample', the default) run each row of a batched call of a method that reads a "
+    "signal up to its decision at batch 1 (the embedders; a probe block for FBCache-style methods), then the rows "
+    "that decided alike as one call on their stacked caches (docs/serving.md). The cost per batched call is the time "
+    "with decisions='sample' minus the time with decisions='batch' at a setting where both compute everything: every "
+    "row decides alike, so each call runs whole and the difference is the decision step. Where rows decide "
+    "differently they run as two sub-batches; what that adds besides the model (gathering each group's rows, "
+    "stacking the lanes' caches and cutting them back, scattering the outputs) is the last column. At batch 1 "
+    "nothing is split. At batch 4 the decision step (four rows' embedders and TeaCache's modulated input at batch "
+    "1) adds about a tenth of a batched call on this CPU; the rows keep their batching. Methods that decide from "
+    "the step alone, and decisions='batch', run one batched call.")
 
 
 def search_part(search: dict) -> str:

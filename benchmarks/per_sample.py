@@ -1,14 +1,17 @@
 """What per-sample decisions cost (dcache.lanes): the same batch with decisions="sample" and decisions="batch".
 
-With per-sample decisions a batched call of a schedule that reads signals runs each row as its own batch-1 call
-(its rows gathered from every batched argument, the outputs scattered back into one batch). At a setting where every
-row computes every step (threshold 0: both modes take identical decisions and compute everything), the difference
+With per-sample decisions a batched call of a schedule that reads signals first runs each row up to its decision at
+batch 1 (the embedders; a probe block for FBCache-style methods), then runs the rows that decided alike as one call
+on their stacked caches. At a setting where every row computes every step (threshold 0: both modes take identical
+decisions and compute everything, so every call runs whole), the difference
 
     cost per call = T(sample) - T(batch)      (per batched transformer call)
 
-is the whole price of per-sample decisions: the row split and concatenation plus the batching the rows lose. The
-split and concatenation alone (`split_row` for every row + `concat_rows`, no model) is timed separately. Timings are
-thread CPU time on CPU (wall time on CUDA, synchronised), rounds interleave the two modes, each figure a median.
+is the price of the decision step. Where rows decide differently they run as two sub-batches; what that adds besides
+the model (gathering each group's rows from every batched argument, stacking the lanes' caches and cutting them back,
+scattering the outputs into one batch: `take_rows`, `merge_branches`, `split_branch`, `output_row`, `concat_rows`)
+is timed separately on the model's cache shapes. Timings are thread CPU time on CPU (wall time on CUDA,
+synchronised), rounds interleave the two modes, each figure a median.
 
     python benchmarks/per_sample.py                        # bundled tiny model, CPU, 1 thread
     python benchmarks/per_sample.py --device cuda --batches 1,4,16
@@ -17,6 +20,7 @@ thread CPU time on CPU (wall time on CUDA, synchronised), rounds interleave the 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -34,6 +38,11 @@ def _clock(device: str) -> float:
     return time.thread_time()
 
 
+def _load_average() -> str:
+    """The machine's 1, 5 and 15 minute load averages (as `uptime` prints them): timings on a shared CPU."""
+    return " ".join(f"{v:.1f}" for v in os.getloadavg())
+
+
 def _generation(pipe, batch: int, steps: int, device: str) -> float:
     import torch
 
@@ -44,20 +53,41 @@ def _generation(pipe, batch: int, steps: int, device: str) -> float:
     return _clock(device) - start
 
 
-def _split_concat(pipe, batch: int, device: str, repeats: int = 200) -> float:
-    """Seconds per batched call for the split of its arguments into rows and the concatenation of the outputs."""
+def _gather_scatter(pipe, batch: int, device: str, repeats: int = 200) -> float:
+    """Seconds per batched call for what two sub-batches add besides the model: rows [0, batch/2) compute and the
+    others are served (a stack cache per row: the hidden and text residuals [1, 64, D], [1, 4, D]); each group's
+    arguments gathered, its lanes' caches stacked and cut back after a store, its outputs scattered into one batch."""
     import torch
 
-    from dcache.lanes import concat_rows, split_row
+    from dcache.lane_merge import merge_branches, split_branch
+    from dcache.lanes import concat_rows, output_row, take_rows
+    from dcache.state import BranchState
 
+    width = pipe.transformer.x_embedder.out_features
     x = torch.randn(batch, 64, 4, device=device)
     kwargs = dict(hidden_states=x, encoder_hidden_states=torch.randn(batch, 4, 32, device=device),
-                  pooled_projections=None, timestep=torch.rand(batch, device=device),
+                  pooled_projections=torch.randn(batch, 64, device=device), timestep=torch.rand(batch, device=device),
                   img_ids=torch.zeros(64, 3, device=device), txt_ids=torch.zeros(4, 3, device=device),
                   return_dict=False)
+    lanes = []
+    for _ in range(batch):
+        state = BranchState()
+        state.history(("seg", 0), 0).update([torch.randn(1, 64, width, device=device),
+                                             torch.randn(1, 4, width, device=device)], 0)
+        lanes.append(state)
+    groups = [list(range(batch // 2)), list(range(batch // 2, batch))] if batch > 1 else [[0]]
     start = _clock(device)
     for _ in range(repeats):
-        outs = [(split_row((), kwargs, batch, row)[1]["hidden_states"],) for row in range(batch)]
+        outs: list = [None] * batch
+        for group, computes in zip(groups, (True, False)):
+            sub = take_rows((), kwargs, batch, group)[1]
+            merged, before = merge_branches([lanes[r] for r in group], computes)
+            if computes:  # the call stores a new residual for the group
+                merged.history(("seg", 0), 0).update([torch.zeros(len(group), 64, width, device=device),
+                                                      torch.zeros(len(group), 4, width, device=device)], 1)
+            split_branch(merged, before, [lanes[r] for r in group])
+            for j, row in enumerate(group):
+                outs[row] = output_row((sub["hidden_states"],), j, len(group))
         concat_rows(outs)
     return (_clock(device) - start) / repeats
 
@@ -81,11 +111,12 @@ def main() -> None:
     pipe = load_tiny_pipeline(device=args.device)
     warnings.simplefilter("ignore", DCacheHealthWarning)  # threshold 0 reuses nothing on purpose
     calls_per_generation = 2 * args.steps  # split CFG: cond + uncond per step
+    load_start = _load_average()
     lines = [f"Bundled tiny model, {args.steps} steps, split CFG, {METHOD} {KNOBS} (every row computes every step), "
              f"device {args.device}" + (", 1 thread, thread CPU time" if args.device == "cpu" else ", wall time")
-             + f"; median of {args.rounds} interleaved rounds; torch {torch.__version__}.", "",
+             + f"; median of {args.rounds} interleaved rounds; torch {torch.__version__}; load average LOAD.", "",
              "| batch | decisions='batch' ms/call | decisions='sample' ms/call | per-sample cost ms/call | "
-             "split + concat alone ms/call |", "|---|---|---|---|---|"]
+             "two sub-batches: gather + cache stacking + scatter alone ms/call |", "|---|---|---|---|---|"]
     for batch in [int(b) for b in args.batches.split(",")]:
         times = {"batch": [], "sample": []}
         for _ in range(args.rounds):
@@ -94,10 +125,11 @@ def main() -> None:
                     _generation(pipe, batch, 2, args.device)  # warm-up (first shapes, FLOP counting)
                     times[mode].append(_generation(pipe, batch, args.steps, args.device) / calls_per_generation)
         per = {mode: 1e3 * statistics.median(t) for mode, t in times.items()}
-        split = 1e3 * _split_concat(pipe, batch, args.device)
+        split = 1e3 * _gather_scatter(pipe, batch, args.device)
         lines.append(f"| {batch} | {per['batch']:.2f} | {per['sample']:.2f} | {per['sample'] - per['batch']:+.2f} "
                      f"| {split:.3f} |")
-    text = "\n".join(lines) + "\n"
+    load = f"{load_start} at the start, {_load_average()} at the end"
+    text = "\n".join(lines).replace("load average LOAD", f"load average {load}") + "\n"
     print(text)
     if args.out is not None:
         args.out.write_text(text)
