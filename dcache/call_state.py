@@ -67,6 +67,7 @@ class CallState:
     phase: str = ""  # DECIDING / RESUMED under per-sample decisions (above)
     prefix_flops: tuple[float, float] = (0.0, 0.0)  # (total, computed) FLOPs before the first block: signal probes
     shared: bool = False  # the call of a sub-batch of lanes: each lane records its own share (dcache.lanes)
+    served: dict[Any, list[torch.Tensor]] = field(default_factory=dict)  # cache key -> what the decision read
 
 
 @dataclass

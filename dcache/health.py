@@ -12,12 +12,15 @@ After every generation the engine hands its record here (`HealthMonitor.end_gene
     missing_branches   CFG branches earlier generations of this handle had and this one did not (a pipeline that
                        stopped setting cache_context names, or guidance switched off): decisions may differ
     non_finite_units   cached tensors that hold NaN or infinity at the generation's end ("branch/unit")
+    non_finite_served  units whose cached value (or its forecast) held NaN or infinity when a call was to serve it:
+                       that call computed the unit instead ("branch/unit", once each per generation)
     notes              what a method said about itself in the generation, by kind (e.g. "cfg_difference_fallback":
                        the CFG difference measured worse than the branches' own caches and was not served)
 
 Warnings (`DCacheHealthWarning`, a UserWarning) are said once per handle and kind, with the knob to change. The
 checks read the record the engine keeps anyway; only `non_finite_units` reads tensors: one reduction per cached
-tensor and one host read per generation, at its end.
+tensor and one host read per generation, at its end; `non_finite_served` is found by the decision (dcache.decision:
+one reduction on each tensor about to be served).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class Health:
     reused_after_warmup: float = 0.0
     missing_branches: list[str] = field(default_factory=list)
     non_finite_units: list[str] = field(default_factory=list)
+    non_finite_served: list[str] = field(default_factory=list)  # computed instead of serving a non-finite value
     notes: list[str] = field(default_factory=list)  # what a method said about itself (HealthMonitor.note), by kind
 
     def to_dict(self) -> dict[str, Any]:
@@ -104,10 +108,12 @@ class HealthMonitor:
         self._warned: set[str] = set()
         self._calibrating = False  # the running generation measures a calibration (computes every step on purpose)
         self._notes: list[str] = []  # kinds noted during the running generation (note)
+        self._non_finite_served: list[str] = []  # units recomputed in the running generation (served_non_finite)
 
     def start_generation(self, calibrating: bool) -> None:
         self._calibrating = bool(calibrating)
         self._notes = []
+        self._non_finite_served = []
 
     def end_generation(self, record: Any, branches: dict) -> Health:
         calls = record.calls
@@ -127,7 +133,8 @@ class HealthMonitor:
                         calibrating=self._calibrating,
                         reused_after_warmup=whole / len(after) if after else 0.0,
                         missing_branches=sorted(self._seen_branches - names),
-                        non_finite_units=_finite_check(branches), notes=list(self._notes))
+                        non_finite_units=_finite_check(branches), notes=list(self._notes),
+                        non_finite_served=list(self._non_finite_served))
         self._seen_branches |= names
         self.last = health
         if self.warn and not getattr(_QUIET, "depth", 0):
@@ -155,6 +162,21 @@ class HealthMonitor:
             self._once("non_finite", f"{name}: cached tensors hold NaN or infinity at the end of the generation "
                        f"({shown}); the outputs served from them are not finite. Check the model in this dtype "
                        f"without dcache, or use a wider cache_dtype (None keeps the compute dtype).")
+
+    def served_non_finite(self, unit: str, step: int) -> None:
+        """A call was to serve `unit` ("branch/unit") from a cached value (or its forecast) holding NaN or infinity,
+        and computed it instead (dcache.decision): kept in the generation's Health and warned once per handle."""
+        if unit not in self._non_finite_served:
+            self._non_finite_served.append(unit)
+        if self.warn and not getattr(_QUIET, "depth", 0):
+            knob = self.knob()
+            name = f"dcache[{self.method}]" if self.method else "dcache"
+            forecast = f"a forecast that diverges: lower its `{knob}`" if knob else "a forecast that diverges"
+            self._once("non_finite_served", f"{name}: the cached value of {unit} held NaN or infinity when step "
+                       f"{step} was to serve it, so that call computed it instead (and will wherever it happens "
+                       f"again; handle.stats().health.non_finite_served lists the units). Causes: the model "
+                       f"overflows in this dtype (check it without dcache), a low-precision cache (use a wider "
+                       f"cache_dtype, or None to keep the compute dtype), or {forecast}.")
 
     def note(self, kind: str, message: str) -> None:
         """A method's own fact about the running generation (e.g. cfg_difference fell back): kept in the

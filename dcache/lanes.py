@@ -229,7 +229,8 @@ class Lanes:
         if merged is None:
             return None
         bstate, before = merged
-        group = replace(first, bstate=bstate, arguments=None, pre={}, flops_total=0.0, flops_computed=0.0, shared=True)
+        group = replace(first, bstate=bstate, arguments=None, pre={}, flops_total=0.0, flops_computed=0.0, shared=True,
+                        served={})
         with self._swap(members[0]):  # its schedule serves the group (the lanes' copies are configured alike)
             self._reopen(members[0], group, args, kwargs)
             out = resume(*args, **kwargs)  # run_opened closes `group`: it is recorded nowhere (no lane's record)

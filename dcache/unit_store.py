@@ -62,17 +62,36 @@ def keep_tensors(call: CallState, key: Any, order: int, residuals: list[torch.Te
     return hist
 
 
-def read_cached(schedule: Any, hist: UnitHistory, action: str, step: int) -> list[torch.Tensor]:
-    """The cached tensors a REUSE / FORECAST serves at `step` (a schedule's own forecaster, e.g. learned, first)."""
+def read_cached(schedule: Any, hist: UnitHistory, action: str, step: int,
+                call: CallState | None = None) -> list[torch.Tensor]:
+    """The cached tensors a REUSE / FORECAST serves at `step` (a schedule's own forecaster, e.g. learned, first);
+    what the decision already read for the call's finite check (`CallState.served`) is not read again."""
+    if call is not None and hist.key in call.served:
+        return call.served.pop(hist.key)
     forecast = action == FORECAST
     forecaster = schedule.forecaster if forecast else None
     return forecaster(hist.plain(), step) if forecaster is not None else hist.read(forecast, step)
 
 
 def apply_cached(ops: Any, schedule: Any, slot: BlockSlot, hist: UnitHistory, action: str, step: int,
-                 hidden: torch.Tensor, encoder: torch.Tensor | None) -> Any:
+                 hidden: torch.Tensor, encoder: torch.Tensor | None, call: CallState | None = None) -> Any:
     """A block's output without running it: its inputs plus the cached residuals, in the block's output format."""
-    return add_cached(ops, slot, read_cached(schedule, hist, action, step), hidden, encoder)
+    return add_cached(ops, slot, read_cached(schedule, hist, action, step, call), hidden, encoder)
+
+
+def finite_flags(groups: list[list[torch.Tensor]]) -> list[bool]:
+    """Per group of tensors, whether all of them are free of NaN and infinity: one float32 sum per tensor (a NaN or
+    an infinity makes it non-finite; +inf and -inf make NaN), one host read for all the groups."""
+    sums = [[t.sum(dtype=torch.float32) for t in ts if t.is_floating_point() and t.numel()] for ts in groups]
+    flat = [s for group in sums for s in group]
+    if not flat:
+        return [True] * len(groups)
+    finite = torch.isfinite(torch.stack([s.to(flat[0].device) for s in flat])).tolist()
+    flags, i = [], 0
+    for group in sums:
+        flags.append(all(finite[i:i + len(group)]))
+        i += len(group)
+    return flags
 
 
 def add_cached(ops: Any, slot: BlockSlot, cached: list[torch.Tensor], hidden: torch.Tensor,

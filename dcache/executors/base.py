@@ -79,6 +79,10 @@ class UnitExecutor:
         """The transformer call or one of its units raised."""
 
     # ------------------------------------------------------------------------------------------------ decisions
+    def decided_served(self, call: CallState) -> list[tuple[Any, str]]:
+        """(cache key, action) of every cached unit the decided call serves."""
+        return []
+
     def servable(self, bstate: BranchState, unit: int) -> bool:
         """True when `unit` can be served from the branch's cache now."""
         hist = bstate.units.get(unit)

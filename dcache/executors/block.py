@@ -29,7 +29,7 @@ class BlockExecutor(HookedBlocks):
             return None
         engine = self.engine
         return apply_cached(engine.ops, engine.schedule, slot, call.bstate.units[slot.index], action, call.step,
-                            hidden, encoder)
+                            hidden, encoder, call)
 
     def after_run(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any, out: Any) -> None:
         engine = self.engine

@@ -50,6 +50,11 @@ class CallExecutor(UnitExecutor):
     def unit_names(self) -> tuple[str, ...]:
         return ("stack",)
 
+    def decided_served(self, call: CallState) -> list[tuple[Any, str]]:
+        """The cached Delta a reused call serves (dcache.decision checks it is finite)."""
+        action = call.actions[0]
+        return [] if action == COMPUTE or CALL_UNIT not in call.bstate.units else [(CALL_UNIT, action)]
+
     def servable(self, bstate: BranchState, unit: int) -> bool:
         hist = bstate.units.get(CALL_UNIT)
         return hist is not None and bstate.call_layout is not None and hist.matches([self.latent])
@@ -97,7 +102,7 @@ class CallExecutor(UnitExecutor):
         forecast = action == FORECAST
         delta = self.cfg.served(call, forecast) if self.cfg is not None else None  # dcache.cfg_difference
         if delta is None:
-            delta = read_cached(engine.schedule, bstate.units[CALL_UNIT], action, call.step)[0]
+            delta = read_cached(engine.schedule, bstate.units[CALL_UNIT], action, call.step, call)[0]
         if self.cfg is not None:
             self.cfg.note(call, delta, computed=False)
         call.flops_total = flops.cost(CALL_UNIT, shape) or 0.0

@@ -151,16 +151,12 @@ class HookedBlocks(UnitExecutor):
         return out
 
     # ------------------------------------------------------------------------------------------------ decided calls
-    def decided_served(self, call: CallState) -> list[tuple[Any, str]]:
-        """(cache key, action) of every cached unit a decided call serves."""
-        return []
-
     def decided_early(self, call: CallState) -> None:
         """Read what the call's reused / forecast units serve (a forecast is evaluated here, at the call's step) and
         the schedule's may_reuse: the traced path then reads no step and no history."""
         engine = self.engine
         bstate, schedule = call.bstate, engine.schedule
-        served = {key: read_cached(schedule, bstate.units[key], action, call.step)
+        served = {key: read_cached(schedule, bstate.units[key], action, call.step, call)
                   for key, action in self.decided_served(call)}
         may_reuse = tuple(schedule.may_reuse(call.branch, i) for i in range(len(engine.units)))
         call.decided = DecidedCall(served, may_reuse)

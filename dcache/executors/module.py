@@ -163,7 +163,7 @@ class ModuleExecutor(HookedBlocks):
             raise RuntimeError(f"module unit {self.names[unit]} was called more times in this block than when it "
                                f"was last computed; its adapter's `shared` modules must be called the same number "
                                f"of times at every step.")
-        tensors = iter(read_cached(engine.schedule, hist, action, call.step))
+        tensors = iter(read_cached(engine.schedule, hist, action, call.step, call))
         spec, is_tensor = hist.layout
         leaves = [next(tensors) if is_t else None for is_t in is_tensor]
         return False, tree_unflatten(leaves, spec)

@@ -105,7 +105,7 @@ class StackExecutor(HookedBlocks):
             return slot.slots.make_output(hidden, encoder)  # skipped: the run's residual was applied already
         engine = self.engine
         return apply_cached(engine.ops, engine.schedule, slot, call.bstate.units[("seg", slot.list_index)], action,
-                            call.step, hidden, encoder)
+                            call.step, hidden, encoder, call)
 
     def before_run(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any) -> None:
         if slot.role != "middle":
