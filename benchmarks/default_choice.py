@@ -3,13 +3,15 @@ the best dcache setting of that model's methods sweep at the same or lower compu
 
     python benchmarks/default_choice.py --out benchmarks/results      # every model (~25 min on 2 shared cores)
     python benchmarks/default_choice.py --models motion --only seacache   # one model, some candidates
+    python benchmarks/default_choice.py --rerun "^magcache" --out benchmarks/results   # remeasure, keep the rest
 
 A user who writes `dcache.apply(pipe)` tunes nothing, so the default must hold on models nobody tuned it on. Per
 model (tiny-digits: Flux, split CFG 1.5; tiny-motion: Wan video, UniPC, split CFG 5; tiny-shapes: SD3, batched CFG
 4) each candidate runs exactly as `dcache.apply(pipe, method, **knobs)` with no calibration beyond its own (MagCache
 calibrates on its first generation where no curve is shipped), under the protocol of benchmarks/methods.py: the
 same held-out seeds and labels as that model's sweep (read from benchmarks/results/methods_<model>.json), PSNR of
-the held-out samples against the uncached ones, compute ratio on the tuning batch.
+the held-out samples against the uncached ones, compute ratio on the tuning batch's second generation with the cache
+on (the first, not measured, is where a self-calibrating method calibrates).
 
 **Gap** = the best held-out PSNR of the sweep's dcache rows whose compute ratio is at most the candidate's (x 1.02)
 minus the candidate's PSNR: how much a user loses by taking the default instead of the best tuned dcache setting
