@@ -46,6 +46,9 @@ CANDIDATES: dict[str, tuple[str, dict]] = {
     "seacache": ("seacache", {}),
     "seacache order 2": ("seacache", {"order": 2}),
     "seacache order 2, call scope": ("seacache", {"order": 2, "scope": "call"}),
+    # a fixed cadence: compute every other step (first and last computed), a quadratic forecast between, whole calls
+    "cadence 1+1, order 2, call scope": ("seacache", {"gate": False, "max_consecutive": 1, "order": 2,
+                                                      "scope": "call"}),
     "taylorseer": ("taylorseer", {}),
     "easycache": ("easycache", {}),
     "fbcache": ("fbcache", {}),
