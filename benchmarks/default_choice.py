@@ -265,7 +265,8 @@ def main(argv: list[str] | None = None) -> Path:
     if previous:
         meta["rerun"] = dict(pattern=args.rerun, kept_from=dict(command=old["meta"]["command"],
                                                                git_commit=old["meta"]["git_commit"],
-                                                               date=old["meta"]["date"]))
+                                                               date=old["meta"]["date"],
+                                                               rerun=old["meta"].get("rerun")))
     for model in args.models.split(","):
         measured = run_model(model, names, args.repeats, log)
         if model in previous:  # the kept rows first, in their order, then the measured ones in theirs
@@ -273,9 +274,12 @@ def main(argv: list[str] | None = None) -> Path:
             measured["rows"] = [row for row in previous[model]["rows"] if row["method"] not in fresh] + \
                 measured["rows"]
         data["models"].append(measured)
+        kept = [m for name, m in previous.items() if name not in args.models.split(",")]  # left as they were
         meta.update(runtime_s=time.time() - started, load_end=methods._load())
-        data["choice"] = choose(data)
-        md = write_report(data, args.out)  # after every model: a crash keeps what was measured
+        report = dict(data, models=sorted([*data["models"], *kept], key=lambda m: MODELS.index(m["model"])))
+        report["choice"] = choose(report)
+        md = write_report(report, args.out)  # after every model: a crash keeps what was measured
+    data = report
     log(f"wrote {md}; chosen: {data['choice']['chosen']}")
     return md
 
