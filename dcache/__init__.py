@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .actions import Action, Granularity, Signal
 from .config import MethodConfig, knob
 from .methods import config_for, config_from_dict, methods, presets, register_method, register_preset
-from .schedule import CallContext, GenerationInfo, Schedule
+from .schedule import CallContext, GenerationInfo, MethodSchedule, Schedule
 
 # The other public names -> the module that defines them, imported on first use (PEP 562): `import dcache` stays
 # light, so the `dcache` command starts without torch / diffusers where it needs neither (`dcache --help`).
@@ -56,8 +56,8 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 
-__all__ = ["apply", "Handle", "Plan", "PlanError", "PlanSchedule", "Schedule", "CallContext", "GenerationInfo",
-           "Action", "Granularity", "Signal", "SignalProvider", "ProviderView", "register_signal", "Adapter",
-           "BlockList", "register_adapter", "adapter_for", "UnsupportedModelError", "MethodConfig", "knob",
-           "register_method", "register_preset", "methods", "presets", "config_for", "config_from_dict",
-           "Stats", "ConcurrentGenerationError", "__version__"]
+__all__ = ["apply", "Handle", "Plan", "PlanError", "PlanSchedule", "Schedule", "MethodSchedule", "CallContext",
+           "GenerationInfo", "Action", "Granularity", "Signal", "SignalProvider", "ProviderView", "register_signal",
+           "Adapter", "BlockList", "register_adapter", "adapter_for", "UnsupportedModelError", "MethodConfig", "knob",
+           "register_method", "register_preset", "methods", "presets", "config_for", "config_from_dict", "Stats",
+           "ConcurrentGenerationError", "__version__"]

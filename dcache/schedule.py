@@ -6,7 +6,7 @@ A schedule sees numbers, never modules: the engine tells it where the generation
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Sequence
 
 from .actions import ACTION_CHARS, Action, Granularity, Signal
@@ -14,6 +14,7 @@ from .actions import ACTION_CHARS, Action, Granularity, Signal
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from .config import MethodConfig
     from .step_actions import SchedulerStep
 
 
@@ -108,6 +109,53 @@ class Schedule:
     def config_dict(self) -> dict:
         """Provenance written into exported plans."""
         return {"name": self.name}
+
+
+# Config knobs that mean the same to every schedule, as the schedule attribute each one sets (MethodSchedule).
+ENGINE_KNOBS = {"granularity": "granularity", "probe_blocks": "probe_blocks", "tail_blocks": "tail_blocks",
+                "order": "forecast_order", "forecast_order": "forecast_order", "cfg_difference": "cfg_difference"}
+
+
+class MethodSchedule(Schedule):
+    """Base class of a registered method's schedule, built from its config (`MethodConfig.build`).
+
+    It holds what every such schedule takes from its config:
+      config:         the config (`self.config`); `name` is its `method`.
+      engine knobs:   a config field named in ENGINE_KNOBS sets the schedule attribute of the same meaning
+                      (`order` or `forecast_order` -> forecast_order; `granularity` as a `Granularity`); a
+                      subclass may still overwrite one after `super().__init__(config)`, e.g. FBCache's fitted
+                      probe / tail block counts.
+      forecaster:     set it in `__init__` where the config has a `forecaster` knob; `reset` resets it and
+                      `plan_extras` carries it into exported plans (a subclass that overrides `reset` calls
+                      `super().reset(generation)`).
+      config_dict():  the config's fields (`config.to_dict()`), written into exported plans.
+    """
+
+    def __init__(self, config: "MethodConfig"):
+        self.config = config
+        self.name = config.method
+        for f in fields(config):
+            attribute = ENGINE_KNOBS.get(f.name)
+            if attribute is not None:
+                value = getattr(config, f.name)
+                setattr(self, attribute, Granularity(value) if attribute == "granularity" else value)
+
+    @property
+    def served(self) -> Action:
+        """The action of a call that does not compute: FORECAST where the schedule forecasts (forecast_order > 0
+        or a forecaster), else REUSE."""
+        return Action.FORECAST if self.forecast_order > 0 or self.forecaster is not None else Action.REUSE
+
+    def reset(self, generation: GenerationInfo) -> None:
+        if self.forecaster is not None:
+            self.forecaster.reset(generation)
+
+    def plan_extras(self) -> dict:
+        """The forecaster rides in the exported plan, which then replays this run's forecasts (dcache.forecast)."""
+        return {} if self.forecaster is None else {"forecaster": self.forecaster.to_extras()}
+
+    def config_dict(self) -> dict:
+        return self.config.to_dict()
 
 
 def normalize_actions(decision: str | Action | Sequence[Action], num_units: int) -> str:

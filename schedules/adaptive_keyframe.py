@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, knob
+from dcache import register_method
 from dcache.signal_providers import ProviderView, SignalProvider, register_signal
 from dcache.state import UnitHistory
 
@@ -147,15 +148,13 @@ class _Branch:
     gaps: list[float] = field(default_factory=list)  # the gap each error was measured over
 
 
-class AdaptiveKeyframeSchedule(Schedule):
+class AdaptiveKeyframeSchedule(MethodSchedule):
     granularity = Granularity.STACK
     signals = frozenset({KEYFRAME_ERROR})
 
     def __init__(self, config: AdaptiveKeyframeConfig):
-        self.config = config
-        self.forecast_order = config.order
+        super().__init__(config)
         self.forecaster = config_forecaster(config)
-        self.name = "adaptive_keyframe"
         self._branches: dict[str, _Branch] = {}
         self._num_steps = 0
         self._leader: str | None = None
@@ -166,8 +165,7 @@ class AdaptiveKeyframeSchedule(Schedule):
             raise ValueError("adaptive_keyframe spreads its computed steps over the generation, so it needs the step "
                              "count: pass dcache.apply(transformer, 'adaptive_keyframe', num_steps=N) when the "
                              "transformer is used without a pipeline's scheduler.")
-        if self.forecaster is not None:
-            self.forecaster.reset(generation)
+        super().reset(generation)
         self._num_steps = generation.num_steps
         self._branches = {}
         self._leader: str | None = None  # the generation's first branch: the others follow its placement
@@ -246,5 +244,5 @@ class AdaptiveKeyframeSchedule(Schedule):
     def _max_gap(self) -> int:
         return self.config.max_gap if self.config.max_gap is not None else self._num_steps
 
-    def config_dict(self) -> dict:
-        return self.config.to_dict()
+    def plan_extras(self) -> dict:
+        return {}  # exported plans do not carry its forecaster (a replay forecasts with Taylor)

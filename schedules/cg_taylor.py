@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob
-from dcache import register_method, register_preset
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, Signal
+from dcache import knob, register_method, register_preset
 
 
 @register_method
@@ -69,15 +69,12 @@ class CGTaylorConfig(MethodConfig):
         return CGTaylorSchedule(self)
 
 
-class CGTaylorSchedule(Schedule):
+class CGTaylorSchedule(MethodSchedule):
     granularity = Granularity.STACK
     signals = frozenset({Signal.FORECAST_ERROR})
 
     def __init__(self, config: CGTaylorConfig):
-        self.config = config
-        self.probe_blocks = config.probe_blocks
-        self.forecast_order = config.order
-        self.name = "cg_taylor"
+        super().__init__(config)
         self._run: dict[str, int] = {}
 
     def reset(self, generation: GenerationInfo) -> None:
@@ -95,9 +92,6 @@ class CGTaylorSchedule(Schedule):
             return Action.FORECAST
         self._run[ctx.branch] = 0
         return Action.COMPUTE
-
-    def config_dict(self) -> dict:
-        return self.config.to_dict()
 
 
 register_preset("cg-taylor-wan", "cg_taylor", "Wan2.1 reference gate 0.36", threshold=0.36)

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, knob
+from dcache import register_method
 
 from .cadence import cadence_computes
 
@@ -61,13 +62,12 @@ class DeltaDiTConfig(MethodConfig):
         return DeltaDiTSchedule(self)
 
 
-class DeltaDiTSchedule(Schedule):
+class DeltaDiTSchedule(MethodSchedule):
     granularity = Granularity.BLOCK
     signals = frozenset()
 
     def __init__(self, config: DeltaDiTConfig):
-        self.config = config
-        self.name = "delta_dit"
+        super().__init__(config)
         self._blocks = 0
         self._size = 0
 
@@ -93,6 +93,3 @@ class DeltaDiTSchedule(Schedule):
     def may_reuse(self, branch: str, unit: int) -> bool:
         front, rear = self.ranges()
         return unit in front or unit in rear
-
-    def config_dict(self) -> dict:
-        return self.config.to_dict()

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob
-from dcache import register_method, register_preset
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, Signal
+from dcache import knob, register_method, register_preset
 
 _EPS = 1e-12
 
@@ -69,13 +69,12 @@ class EasyCacheConfig(MethodConfig):
         return EasyCacheSchedule(self)
 
 
-class EasyCacheSchedule(Schedule):
+class EasyCacheSchedule(MethodSchedule):
     granularity = Granularity.STACK
     signals = frozenset({Signal.INPUT_DELTA, Signal.OUTPUT_DELTA, Signal.INPUT_DELTA_COMPUTED, Signal.OUTPUT_MEAN})
 
     def __init__(self, config: EasyCacheConfig):
-        self.config = config
-        self.name = "easycache"
+        super().__init__(config)
         self._acc: dict[str, list[float]] = {}  # branch -> [acc, reused in a row]
         self._leader: dict[int, tuple[str, Action]] = {}  # step -> (first branch, its decision)
 
@@ -125,9 +124,6 @@ class EasyCacheSchedule(Schedule):
             return Action.REUSE
         acc[:] = [0.0, 0]
         return Action.COMPUTE
-
-    def config_dict(self) -> dict:
-        return self.config.to_dict()
 
 
 register_preset("easycache-hunyuan", "easycache", "HunyuanVideo setting of the reference: tau 0.025, 5 of 50 warm-up "

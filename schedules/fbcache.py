@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob
-from dcache import register_method
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, Signal
+from dcache import knob, register_method
 from dcache.families import adapter_for
 
 
@@ -69,15 +69,16 @@ class FBCacheConfig(MethodConfig):
         return FBCacheSchedule(self, *fit_probe_tail(self.probe_blocks, self.tail_blocks, num_blocks))
 
 
-class FBCacheSchedule(Schedule):
+class FBCacheSchedule(MethodSchedule):
     granularity = Granularity.STACK
     signals = frozenset({Signal.PROBE_REL_L1})
 
     def __init__(self, config: FBCacheConfig, probe_blocks: int | None = None, tail_blocks: int | None = None):
-        self.config = config
-        self.probe_blocks = config.probe_blocks if probe_blocks is None else probe_blocks
-        self.tail_blocks = config.tail_blocks if tail_blocks is None else tail_blocks
-        self.name = config.method
+        super().__init__(config)
+        if probe_blocks is not None:  # fitted to the model (fit_probe_tail)
+            self.probe_blocks = probe_blocks
+        if tail_blocks is not None:
+            self.tail_blocks = tail_blocks
         self._run: dict[str, list[int]] = {}
 
     def reset(self, generation: GenerationInfo) -> None:
@@ -98,5 +99,5 @@ class FBCacheSchedule(Schedule):
         return Action.COMPUTE
 
     def config_dict(self) -> dict:
-        return {**self.config.to_dict(), "effective": {"probe_blocks": self.probe_blocks,
+        return {**super().config_dict(), "effective": {"probe_blocks": self.probe_blocks,
                                                        "tail_blocks": self.tail_blocks}}

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
+from dcache import Granularity, MethodConfig, Schedule, knob, register_method
 
-from .cadence import cadence_computes
-from .forecasters import config_forecaster, forecaster_extras, forecaster_knob
+from .cadence import CadenceSchedule
+from .forecasters import config_forecaster, forecaster_knob
 
 
 @register_method
@@ -55,29 +55,9 @@ class FixedIntervalConfig(MethodConfig):
         return FixedIntervalSchedule(self)
 
 
-class FixedIntervalSchedule(Schedule):
+class FixedIntervalSchedule(CadenceSchedule):
     granularity = Granularity.STACK
-    signals = frozenset()
 
     def __init__(self, config: FixedIntervalConfig):
-        self.config = config
-        self.forecast_order = config.forecast_order
-        self.probe_blocks, self.tail_blocks = config.probe_blocks, config.tail_blocks
+        super().__init__(config)
         self.forecaster = config_forecaster(config)  # None: the Taylor table of `forecast_order`
-        self.name = "fixed_interval"
-
-    def reset(self, generation: GenerationInfo) -> None:
-        if self.forecaster is not None:
-            self.forecaster.reset(generation)
-
-    def decide(self, ctx: CallContext) -> Action:
-        c = self.config
-        if cadence_computes(ctx, c.warmup_steps, c.interval, c.cutoff_steps):
-            return Action.COMPUTE
-        return Action.FORECAST if c.forecast_order > 0 or self.forecaster is not None else Action.REUSE
-
-    def plan_extras(self) -> dict:
-        return forecaster_extras(self.forecaster)
-
-    def config_dict(self) -> dict:
-        return self.config.to_dict()

@@ -46,8 +46,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob
-from dcache import register_method
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, Signal
+from dcache import knob, register_method
 from dcache.parallel import token_group
 from dcache.signal_providers import ProviderView, SignalProvider, register_signal
 
@@ -155,13 +155,12 @@ class FlowCachePolicy:
         return sum(s.votes_reuse for s in self.chunks.values()) / active if active else 0.0
 
 
-class FlowCacheSchedule(Schedule):
+class FlowCacheSchedule(MethodSchedule):
     granularity = Granularity.STACK
     signals = frozenset({Signal.INPUT_DELTA, Signal.OUTPUT_DELTA, Signal.INPUT_DELTA_COMPUTED, Signal.OUTPUT_MEAN})
 
     def __init__(self, config: FlowCacheConfig):
-        self.config = config
-        self.name = config.method
+        super().__init__(config)
         self.policy = FlowCachePolicy(config)
         self.chunked = config.frames_per_chunk > 0
         if self.chunked:  # the per-chunk providers instead of the whole-call signals
@@ -221,9 +220,6 @@ class FlowCacheSchedule(Schedule):
         return {"flowcache": {"chunk_reuse_ratio": ratios[-1] if ratios else 0.0,
                               "call_reuse_ratio": self.calls_reused / self.calls_total if self.calls_total else 0.0,
                               "chunked": self.chunked}}
-
-    def config_dict(self) -> dict:
-        return self.config.to_dict()
 
 
 # ----------------------------------------------------------------------------------------------------------------

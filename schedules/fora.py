@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dcache import Action, CallContext, Granularity, MethodConfig, Schedule, knob, register_method, register_preset
+from dcache import MethodConfig, Schedule, knob, register_method, register_preset
 
-from .cadence import cadence_computes
+from .cadence import CadenceSchedule
 
 
 @register_method
@@ -51,20 +51,8 @@ class FORAConfig(MethodConfig):
         return FORASchedule(self)
 
 
-class FORASchedule(Schedule):
-    signals = frozenset()
-
-    def __init__(self, config: FORAConfig):
-        self.config = config
-        self.granularity = Granularity(config.granularity)
-        self.name = "fora"
-
-    def decide(self, ctx: CallContext) -> Action:
-        c = self.config
-        return Action.COMPUTE if cadence_computes(ctx, c.warmup_steps, c.interval, c.cutoff_steps) else Action.REUSE
-
-    def config_dict(self) -> dict:
-        return self.config.to_dict()
+class FORASchedule(CadenceSchedule):
+    """Its granularity comes from the knob; no forecast order: the steps between full steps reuse."""
 
 
 register_preset("fora-7", "fora", "aggressive FORA: N=7 (5.55x FLOPs on FLUX.1-dev, visible quality loss)", interval=7)

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, knob
 from dcache import register_method, register_preset
 
-from .forecasters import config_forecaster, forecaster_extras, forecaster_knob
+from .forecasters import config_forecaster, forecaster_knob
 
 UNCOND = "uncond"  # the branch name diffusers' cache_context gives split CFG's unconditional call
 
@@ -123,16 +123,13 @@ class KeyframeConfig(MethodConfig):
         return KeyframeSchedule(self)
 
 
-class KeyframeSchedule(Schedule):
+class KeyframeSchedule(MethodSchedule):
     granularity = Granularity.STACK
     signals = frozenset()
 
     def __init__(self, config: KeyframeConfig):
-        self.config = config
-        self.forecast_order = config.order
-        self.cfg_difference = config.cfg_difference  # dcache.cfg_difference (call scope)
+        super().__init__(config)  # forecast_order and cfg_difference (dcache.cfg_difference) from the knobs
         self.forecaster = config_forecaster(config)  # None: the Taylor table of `order`
-        self.name = "keyframe"
         self._steps: dict[bool, frozenset[int]] = {}  # is the uncond branch -> computed steps of this generation
 
     def reset(self, generation: GenerationInfo) -> None:
@@ -142,22 +139,14 @@ class KeyframeSchedule(Schedule):
                              "step count: pass dcache.apply(transformer, 'keyframe', num_steps=N) when the "
                              "transformer is used without a pipeline's scheduler.")
         c = self.config
-        if self.forecaster is not None:
-            self.forecaster.reset(generation)
+        super().reset(generation)
         self._steps = {False: keyframe_steps(c.keyframes, n),
                        True: keyframe_steps(c.uncond_keyframes if c.uncond_keyframes is not None else c.keyframes, n)}
 
     def decide(self, ctx: CallContext) -> Action:
         if ctx.step in self._steps[ctx.branch == UNCOND]:
             return Action.COMPUTE
-        return Action.FORECAST if self.config.order > 0 or self.forecaster is not None else Action.REUSE
-
-    def plan_extras(self) -> dict:
-        """The forecaster rides in the exported plan, which then replays this run's forecasts."""
-        return forecaster_extras(self.forecaster)
-
-    def config_dict(self) -> dict:
-        return self.config.to_dict()
+        return self.served
 
 
 # Searched by `python benchmarks/frontier.py --search --only cfg1.5` on the tuning batch (labels 0-9, seed 0, 28 steps,

@@ -23,8 +23,8 @@ from typing import Any
 
 from torch import nn
 
-from dcache import (Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob,
-                    register_method)
+from dcache import (Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, Signal,
+                    knob, register_method)
 from dcache.checks import is_number
 from dcache.plan import nearest_interp
 
@@ -137,14 +137,14 @@ class MagCacheSelfCalibration(UserWarning):
     """MagCache found no calibration for the model and measures its magnitude ratios on the first generation."""
 
 
-class MagCacheSchedule(Schedule):
+class MagCacheSchedule(MethodSchedule):
     granularity = Granularity.STACK
 
     def __init__(self, config: MagCacheConfig, ratios: tuple | None, ratios_uncond: tuple | None,
                  by_steps: dict | None = None):
         """ratios None: no calibration; the first complete generation computes every step and measures gamma per
         branch (the engine's RESIDUAL_NORM_RATIO signal, delivered with each branch's next call), then caches."""
-        self.config = config
+        super().__init__(config)  # probe / tail blocks and forecast_order from the knobs
         self.ratios, self.ratios_uncond = ratios, ratios_uncond
         self.measured: dict[str, tuple[float, ...]] = {}  # branch -> gamma per step, once self-calibrated
         self._measuring: dict[str, dict[int, float]] = {}  # branch -> {step: gamma} of the running generation
@@ -153,9 +153,6 @@ class MagCacheSchedule(Schedule):
         self.signals = frozenset({Signal.RESIDUAL_NORM_RATIO}) if self.calibrating else frozenset()
         self._by_steps = by_steps or {}  # calibrated step count -> (ratios, ratios_uncond), from a calibration file
         self._default = (ratios, ratios_uncond)
-        self.probe_blocks, self.tail_blocks = config.probe_blocks, config.tail_blocks
-        self.forecast_order = config.order
-        self.name = "magcache"
         self._state: dict[str, list[float]] = {}
         self._curves: dict[str, list[float]] = {}
         self._num_steps: int | None = None
@@ -231,9 +228,6 @@ class MagCacheSchedule(Schedule):
         acc[1] += 1
         acc[2] += abs(1.0 - acc[0])
         if acc[2] <= self.config.threshold and acc[1] <= self.config.max_skip_steps:
-            return Action.FORECAST if self.config.order else Action.REUSE
+            return self.served
         acc[:] = [1.0, 0.0, 0.0]
         return Action.COMPUTE
-
-    def config_dict(self) -> dict:
-        return self.config.to_dict()

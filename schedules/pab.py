@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
-from dcache import register_preset
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, knob
+from dcache import register_method, register_preset
 from dcache.families import adapter_for
 
 CROSS_NAMES = ("attn2", "cross_attn", "cross_attention")
@@ -99,14 +99,13 @@ class PABConfig(MethodConfig):
         return PABSchedule(self, unit_kinds(model))
 
 
-class PABSchedule(Schedule):
+class PABSchedule(MethodSchedule):
     granularity = Granularity.MODULE
     signals = frozenset()
 
     def __init__(self, config: PABConfig, kinds: dict[str, str]):
-        self.config = config
+        super().__init__(config)
         self.kinds = kinds
-        self.name = "pab"
         self._ranges: list[int] = []
 
     def _range(self, kind: str) -> int:
@@ -131,10 +130,6 @@ class PABSchedule(Schedule):
 
     def may_reuse(self, branch: str, unit: int) -> bool:
         return unit < len(self._ranges) and self._ranges[unit] > 1
-
-    def config_dict(self) -> dict:
-        return self.config.to_dict()
-
 
 register_preset("pab-fast", "pab", "broadcast every attention 3 / 5 / 8 steps and MLPs every 2, window (100, 900)",
                 spatial_range=3, temporal_range=5, cross_range=8, mlp_range=2, window_high=900.0)

@@ -45,11 +45,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, ProviderView, Schedule, knob
-from dcache import SignalProvider, register_method, register_preset, register_signal
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, ProviderView
+from dcache import Schedule, knob, SignalProvider, register_method, register_preset, register_signal
 from dcache.latents import call_latents
 
-from .forecasters import config_forecaster, forecaster_extras, forecaster_knob
+from .forecasters import config_forecaster, forecaster_knob
 
 _EPS = 1e-16
 
@@ -162,24 +162,21 @@ class SeaCacheConfig(MethodConfig):
         return SeaCacheSchedule(self)
 
 
-class SeaCacheSchedule(Schedule):
+class SeaCacheSchedule(MethodSchedule):
     granularity = Granularity.STACK
     signals = frozenset({SPECTRAL_REL_L1})
 
     def __init__(self, config: SeaCacheConfig):
-        self.config = config
-        self.forecast_order = config.order
+        super().__init__(config)
         self.spectral_power = config.power  # read by the SPECTRAL_REL_L1 provider's filter
         self.forecaster = config_forecaster(config)  # None: the Taylor table of `order`
-        self.name = "seacache"
         if not config.gate:
             self.signals = frozenset()  # the engine then measures nothing
         self._state: dict[str, list[float]] = {}  # branch -> [accumulated distance, skipped calls in a row]
 
     def reset(self, generation: GenerationInfo) -> None:
         self._state = {}
-        if self.forecaster is not None:
-            self.forecaster.reset(generation)
+        super().reset(generation)
 
     def decide(self, ctx: CallContext) -> Action:
         c = self.config
@@ -192,15 +189,9 @@ class SeaCacheSchedule(Schedule):
         if not forced and acc[0] + d < c.threshold:
             acc[0] += d
             acc[1] += 1
-            return Action.FORECAST if c.order > 0 or self.forecaster is not None else Action.REUSE
+            return self.served
         acc[0], acc[1] = 0.0, 0
         return Action.COMPUTE
-
-    def plan_extras(self) -> dict:
-        return forecaster_extras(self.forecaster)
-
-    def config_dict(self) -> dict:
-        return self.config.to_dict()
 
 
 register_preset("seacache-cadence", "seacache", "no gate: the cap decides (1 compute, 2 linear forecasts, the first "

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, knob, register_method
-from dcache import register_preset
+from dcache import MethodConfig, Schedule, knob, register_method, register_preset
 
-from .cadence import cadence_computes
-from .forecasters import config_forecaster, forecaster_extras, forecaster_knob
+from .cadence import CadenceSchedule
+from .forecasters import config_forecaster, forecaster_knob
 
 
 @register_method
@@ -70,32 +69,10 @@ class TaylorSeerConfig(MethodConfig):
         return TaylorSeerSchedule(self)
 
 
-class TaylorSeerSchedule(Schedule):
-    signals = frozenset()
-
+class TaylorSeerSchedule(CadenceSchedule):
     def __init__(self, config: TaylorSeerConfig):
-        self.config = config
-        self.granularity = Granularity(config.granularity)
-        self.forecast_order = config.order
+        super().__init__(config)  # granularity and forecast_order from the knobs of the same meaning
         self.forecaster = config_forecaster(config)  # None: the Taylor table of `order`
-        self.name = "taylorseer"
-
-    def reset(self, generation: GenerationInfo) -> None:
-        if self.forecaster is not None:
-            self.forecaster.reset(generation)
-
-    def decide(self, ctx: CallContext) -> Action:
-        c = self.config
-        if cadence_computes(ctx, c.warmup_steps, c.interval, c.cutoff_steps):
-            return Action.COMPUTE
-        return Action.FORECAST if c.order > 0 or self.forecaster is not None else Action.REUSE
-
-    def plan_extras(self) -> dict:
-        """The forecaster rides in the exported plan, which then replays this run's forecasts."""
-        return forecaster_extras(self.forecaster)
-
-    def config_dict(self) -> dict:
-        return self.config.to_dict()
 
 
 register_preset("taylorseer-flux", "taylorseer", "FLUX reference setting: N=6, order 1, 3 warm-up steps (50 steps)",

@@ -32,8 +32,8 @@ from typing import Any, Callable
 
 from torch import nn
 
-from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, Schedule, Signal, knob
-from dcache import register_method, register_preset
+from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, Signal
+from dcache import knob, register_method, register_preset
 from dcache.checks import is_count, is_number
 
 from .tables import identity_from_config, known_identities, known_variants, lookup_table, model_identity, \
@@ -189,12 +189,12 @@ def resolve_entry(config: TeaCacheConfig, model: nn.Module) -> dict:
     return entry
 
 
-class TeaCacheSchedule(Schedule):
+class TeaCacheSchedule(MethodSchedule):
     granularity = Granularity.STACK
     signals = frozenset({Signal.MODULATED_REL_L1})
 
     def __init__(self, config: TeaCacheConfig, entry: dict):
-        self.config = config
+        super().__init__(config)
         self.coefficients: tuple[float, ...] = entry["coefficients"]
         # knob given > calibrated value > default; a null in the file means "not calibrated", like a missing key
         pick = lambda knob_value, key, default: next(v for v in (knob_value, entry.get(key), default) if v is not None)
@@ -205,7 +205,6 @@ class TeaCacheSchedule(Schedule):
         self.source = entry.get("source", "")
         x_range = entry.get("x_range")  # calibrated entries: the x interval the polynomial was fitted on
         self.x_range = (float(x_range[0]), float(x_range[1])) if x_range and 0 < x_range[0] < x_range[1] else None
-        self.name = "teacache"
         self._acc: dict[str, list[float]] = {}
 
     def reset(self, generation: GenerationInfo) -> None:
@@ -246,7 +245,7 @@ class TeaCacheSchedule(Schedule):
         return max(y, 0.0)
 
     def config_dict(self) -> dict:
-        return {**self.config.to_dict(), "effective": {
+        return {**super().config_dict(), "effective": {
             "coefficients": list(self.coefficients), "threshold": self.threshold, "ret_steps": self.ret_steps,
             "ret_ratio": self.ret_ratio, "cutoff_steps": self.cutoff_steps, "source": self.source,
             "x_range": list(self.x_range) if self.x_range else None}}

@@ -83,9 +83,8 @@ def _load(spec: dict, plan: Any) -> Forecaster:
 for _name in FORECASTERS:
     register_forecaster(_name, _load)
 
-__all__ = ["FORECASTERS", "KNOB_DOC", "TAYLOR", "build_forecaster", "config_forecaster", "forecaster_extras",
-           "forecaster_knob", "known", "DMDForecaster", "FoCaForecaster", "HyCaForecaster", "L2PForecaster",
-           "SpectrumForecaster"]
+__all__ = ["FORECASTERS", "KNOB_DOC", "TAYLOR", "build_forecaster", "config_forecaster", "forecaster_knob",
+           "known", "DMDForecaster", "FoCaForecaster", "HyCaForecaster", "L2PForecaster", "SpectrumForecaster"]
 
 
 def forecaster_knob() -> Any:
@@ -93,11 +92,6 @@ def forecaster_knob() -> Any:
     from dcache import knob
 
     return knob(TAYLOR, types=(str, dict), doc=KNOB_DOC)
-
-
-def forecaster_extras(forecaster: Forecaster | None) -> dict:
-    """A schedule's plan_extras(): its forecaster, so that the plan a run exports replays with it (dcache.forecast)."""
-    return {} if forecaster is None else {"forecaster": forecaster.to_extras()}
 
 
 def config_forecaster(config: Any, field: str = "forecaster") -> Forecaster | None:
