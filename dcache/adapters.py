@@ -137,16 +137,22 @@ def composed_indices(adapter: Adapter, units: Sequence[str]) -> list[tuple[int, 
     return pairs
 
 
-def reuse_composed_inputs(row: str, composed: Sequence[tuple[int, tuple[int, ...]]]) -> str:
+def reuse_composed_inputs(row: str, composed: Sequence[tuple[int, tuple[int, ...]]],
+                          servable: Callable[[int], bool] = lambda unit: True) -> str:
     """A MODULE action row in which the inputs of every reused / forecast composed unit are reused: their outputs
-    are not used, so computing (or forecasting) them would be wasted. What the engine executes for such a row."""
+    are not used, so computing (or forecasting) them would be wasted. What the engine executes for such a row.
+
+    servable(i): whether input unit i has an output cached to reuse; an input without one keeps its action. The
+    module executor passes its branch's cache (`ModuleExecutor.feasible`); plans and searches, which shape rows
+    before any run, take every input as servable."""
     chars = list(row)
     for unit, inputs in composed:
-        if unit >= len(chars) or max(inputs) >= len(chars):
+        if any(i >= len(chars) for i in (unit, *inputs)):
             continue  # a row of another layout: the plan's own checks report it
         if chars[unit] != "C":
             for i in inputs:
-                chars[i] = "R"
+                if servable(i):
+                    chars[i] = "R"
     return "".join(chars)
 
 

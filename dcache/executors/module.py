@@ -15,12 +15,12 @@ from diffusers.hooks import HookRegistry
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..adapters import composed_indices, submodule
+from ..adapters import composed_indices, reuse_composed_inputs, submodule
 from ..call_state import CallState
 from ..hooks import HOOK_NAME, NOT_DECIDED, Entries, UnitHook
 from ..state import BranchState
 from ..unit_store import read_cached
-from .base import COMPUTE, REUSE
+from .base import COMPUTE
 from .hooked_blocks import HookedBlocks
 
 
@@ -49,14 +49,8 @@ class ModuleExecutor(HookedBlocks):
         compute, no Taylor evaluation) where they have something cached."""
         if COMPUTE * len(row) == row:
             return row
-        chars = list(super().feasible(row, bstate))
-        for unit, inputs in self.composed_units:
-            if chars[unit] != COMPUTE:
-                for i in inputs:
-                    hist = bstate.units.get(i)
-                    if hist is not None and hist.tables is not None:
-                        chars[i] = REUSE
-        return "".join(chars)
+        return reuse_composed_inputs(super().feasible(row, bstate), self.composed_units,
+                                     lambda unit: self.servable(bstate, unit))
 
     # ------------------------------------------------------------------------------------------------ hooks
     def install(self) -> None:
