@@ -17,7 +17,7 @@ from .experts import check_expert_names, expert_method, extra_experts
 from .handle import Handle
 from .hooks import refuse_other_cache
 from .memory import parse_bytes
-from .methods import target_resolver
+from .methods import preset_scope, target_resolver
 from .plan import Plan
 from .schedule import Schedule
 from .setup_file import Setup, setup_file, setup_of
@@ -39,8 +39,8 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
     num_steps: transformer-only use: the number of denoising steps (a pipeline's scheduler tells it otherwise).
     memoize:   compute step-invariant work outside the blocks (RoPE tables) once instead of every call
                (dcache.memo; exact: keyed on the same input tensors). False leaves those modules alone.
-    scope:     "blocks" (default; a plan recorded in call scope replays in it): cache the block stack, recompute the
-               embedders and output head every call.
+    scope:     "blocks" (default; a plan recorded in call scope replays in it, a preset that names a scope runs
+               in it): cache the block stack, recompute the embedders and output head every call.
                "call": cache the whole transformer map x -> v (EasyCache's Delta = v - x, dcache.call_scope); a
                reused call then skips everything, which matters on small models and batch 1, but the output head
                is reused too. Only for schedules that decide before the call runs (no probe blocks).
@@ -107,6 +107,8 @@ def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLik
             raise RuntimeError(f"dcache is already applied to this {type(module).__name__}; call handle.remove() "
                                f"on the first handle before applying another method.")
         refuse_other_cache(module, "so dcache.apply is refused")
+    if scope is None:
+        scope = preset_scope(method)  # e.g. a call-scope preset; None: the schedule's own (a plan's, else blocks)
     chosen = None
     if speed is not None or quality is not None:
         method, chosen = target_resolver()(target, method, speed=speed, quality=quality,

@@ -27,6 +27,8 @@ class Preset:
     method: str
     overrides: dict[str, Any] = field(default_factory=dict)
     doc: str = ""
+    scope: str | None = None  # the scope dcache.apply uses for it when given none ("call": whole calls reused)
+    main_knob: tuple[str, tuple] | None = None  # (knob, sweep grid) for speed= / quality=; None: the method's
 
 
 def register_method(config_cls: type[MethodConfig]) -> type[MethodConfig]:
@@ -37,9 +39,21 @@ def register_method(config_cls: type[MethodConfig]) -> type[MethodConfig]:
     return with_args_section(config_cls)  # the docstring gains the knobs' defaults and ranges
 
 
-def register_preset(name: str, method: str, doc: str = "", **overrides: Any) -> Preset:
-    preset = _PRESETS[name] = Preset(name, method, dict(overrides), doc)
+def register_preset(name: str, method: str, doc: str = "", *, scope: str | None = None,
+                    main_knob: tuple[str, tuple] | None = None, **overrides: Any) -> Preset:
+    """A named setting of `method`: its knob `overrides`, and optionally the scope it runs in and its own main knob
+    (a preset that fixes the method's main knob sweeps another one for speed= / quality=)."""
+    preset = _PRESETS[name] = Preset(name, method, dict(overrides), doc, scope, main_knob)
     return preset
+
+
+def preset_scope(name: Any) -> str | None:
+    """The scope a preset name declares (None for a method name, anything else, or a preset without one)."""
+    if not isinstance(name, str):
+        return None
+    _load_builtins()
+    preset = _PRESETS.get(name)
+    return None if preset is None else preset.scope
 
 
 def register_target_resolver(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -58,9 +72,13 @@ def method_class(name: str) -> type[MethodConfig] | None:
 
 
 def knob_sweep(method: str) -> tuple[str, tuple] | None:
-    """(main knob, its default sweep grid) of a method or preset name (a preset: its method's), as the method's
-    config class declares it (`MethodConfig.main_knob`); None when it declares none or the name is unknown."""
-    config_cls = method_class(method)
+    """(main knob, its default sweep grid) of a method or preset name, as the method's config class declares it
+    (`MethodConfig.main_knob`; a preset: its own `main_knob` if it declares one, else its method's); None when none
+    is declared or the name is unknown."""
+    config_cls = method_class(method)  # loads the built-in methods and presets
+    preset = _PRESETS.get(method)
+    if preset is not None and preset.main_knob is not None:
+        return preset.main_knob
     return None if config_cls is None else config_cls.main_knob
 
 

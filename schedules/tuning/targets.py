@@ -21,7 +21,7 @@ from torch import nn
 
 import dcache
 from dcache.health import quiet
-from dcache.methods import knob_sweep, register_target_resolver
+from dcache.methods import knob_sweep, preset_scope, register_target_resolver
 from dcache.quality import psnr
 
 RunFn = Callable[[], Any]
@@ -100,9 +100,9 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
     progress: a bar over the runs on stderr (True), a callable given one line per run, or nothing (False).
     """
     kind, goal = _parse_target(speed, quality)
-    preset = dcache.presets().get(method)
-    base = preset.method if preset is not None else method
-    declared = knob_sweep(base)
+    declared = knob_sweep(method)  # a preset's own main knob, else its method's
+    if scope is None:
+        scope = preset_scope(method)  # a preset that runs in call scope sweeps there too
     if declared is None and (knob is None or grid is None):
         known = sorted(name for name in dcache.methods() if knob_sweep(name) is not None)
         raise ValueError(f"no main knob known for {method!r} (known: {known}); pass knob='<field>' and "
