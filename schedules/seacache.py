@@ -196,3 +196,11 @@ class SeaCacheSchedule(MethodSchedule):
 
 register_preset("seacache-cadence", "seacache", "no gate: the cap decides (1 compute, 2 linear forecasts, the first "
                                               "and last steps computed)", gate=False, max_consecutive=2)
+
+# dcache's default method (dcache.apply(pipe), `dcache generate`): chosen on all three bundled models by
+# benchmarks/default_choice.py, where it is within 1 dB of the best tuned setting that computes no more on each.
+register_preset("cadence-2x", "seacache", "the default: every other step computed (the first and last too), a "
+                "parabola through the last three computed calls on the others, whole calls reused; its decisions "
+                "do not depend on the model or a calibration (compute ratio ~0.54, speed= sweeps max_consecutive)",
+                scope="call", main_knob=("max_consecutive", (1, 2, 3, 4, 5, 6, 8)), gate=False, max_consecutive=1,
+                order=2)
