@@ -28,8 +28,9 @@ from typing import Callable, Sequence
 
 from torch import nn
 
-from dcache import MethodConfig, Plan, Schedule, knob, register_method
-from dcache.plan import PlanSchedule
+from dcache import MethodConfig, Schedule, knob, register_method
+
+from .calibrated_plans import CalibratedPlanSchedule, calibrated_plan
 
 
 @register_method
@@ -73,18 +74,11 @@ class BACConfig(MethodConfig):
                                "how many downstream units receive the union")
 
     def build(self, model: nn.Module) -> Schedule:
-        from .calibrated_plans import calibrated_plan
-
         return BACSchedule(calibrated_plan("bac", model, plan=self.plan, calibration=self.calibration))
 
 
-class BACSchedule(PlanSchedule):
-    def __init__(self, plan: Plan):
-        super().__init__(plan)
-        self.name = "bac"
-
-    def plan_extras(self) -> dict:
-        return dict(self.plan.extras)
+class BACSchedule(CalibratedPlanSchedule):
+    method = "bac"
 
 
 # ----------------------------------------------------------------------------------------------------------------

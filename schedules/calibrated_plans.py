@@ -10,6 +10,7 @@ Where a method finds its plan (`calibrated_plan`, called by each method's config
   2. `calibration=FILE`: a plan file, or a calibration file (format "dcache.calibration", e.g. the bundled
      pipelines/assets/calibration.json) holding an entry of that method for the model's identity (tables.py);
   3. the plan registered for the model's identity (the bundled model's are registered from that file).
+`CalibratedPlanSchedule` is what each of those methods' configs builds from the plan.
 Plans replay at any step count: a generation of M steps takes at step i the planned row round(i (N-1) / (M-1)) of
 the N calibrated ones (Plan.interpolate_steps, nearest step), as MagCache maps its ratio table.
 """
@@ -26,7 +27,7 @@ from torch import nn
 
 import dcache.io
 from dcache.methods import calibrated_methods, method_title
-from dcache.plan import MAX_PLAN_BYTES, PLAN_FORMAT, Plan
+from dcache.plan import MAX_PLAN_BYTES, PLAN_FORMAT, Plan, PlanSchedule
 
 from .calibration_file import CALIBRATION_FORMAT, CalibrationFile
 from .tables import known_identities, lookup_table, model_identity
@@ -56,6 +57,20 @@ def read_json(path: Path, what: str) -> Any:
     """The JSON value in `path` (a plan or a calibration file: at most MAX_PLAN_BYTES, checked before reading); a
     ValueError naming `what` and the file when it is larger or not valid JSON."""
     return dcache.io.read_json(path, MAX_PLAN_BYTES, what, "calibrate again (dcache calibrate)")
+
+
+class CalibratedPlanSchedule(PlanSchedule):
+    """The schedule of a profiled method: replays its calibrated plan under the method's name; the plans a run
+    exports keep the calibrated plan's extras (per-step coefficients, a step action), so they replay the same."""
+
+    method = ""  # the method's name: each subclass sets it
+
+    def __init__(self, plan: Plan):
+        super().__init__(plan)
+        self.name = self.method
+
+    def plan_extras(self) -> dict:
+        return dict(self.plan.extras)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -146,5 +161,5 @@ def calibrate_command(method: str, model: nn.Module, out: str | None = None) -> 
     return " ".join(args)
 
 
-__all__ = ["CalibrationMissing", "plan_method_title", "read_json", "calibrated_plan",
+__all__ = ["CalibrationMissing", "CalibratedPlanSchedule", "plan_method_title", "read_json", "calibrated_plan",
            "calibrate_command", "model_source"]

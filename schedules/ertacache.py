@@ -51,9 +51,11 @@ import torch
 from torch import nn
 
 from dcache import Action, MethodConfig, Plan, Schedule, knob, register_method
-from dcache.plan import PlanError, PlanSchedule, nearest_interp
+from dcache.plan import PlanError, nearest_interp
 from dcache.schedule import GenerationInfo
 from dcache.step_actions import SchedulerStep, StepAction, register_step_action
+
+from .calibrated_plans import CalibratedPlanSchedule, calibrated_plan
 
 @register_method
 @dataclass(frozen=True)
@@ -97,20 +99,13 @@ class ERTACacheConfig(MethodConfig):
                                    " a plan, or a calibration file holding this method's plan for the model")
 
     def build(self, model: nn.Module) -> Schedule:
-        from .calibrated_plans import calibrated_plan
-
         return ERTACacheSchedule(calibrated_plan("ertacache", model, plan=self.plan, calibration=self.calibration))
 
 
-class ERTACacheSchedule(PlanSchedule):
+class ERTACacheSchedule(CalibratedPlanSchedule):
     """Replays an ERTACache plan (REUSE / rectified FORECAST rows); keeps its coefficients in exported plans."""
 
-    def __init__(self, plan: Plan):
-        super().__init__(plan)
-        self.name = "ertacache"
-
-    def plan_extras(self) -> dict:
-        return dict(self.plan.extras)
+    method = "ertacache"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -30,8 +30,9 @@ from typing import Callable, Sequence
 
 from torch import nn
 
-from dcache import Action, MethodConfig, Plan, Schedule, knob, register_method
-from dcache.plan import PlanSchedule
+from dcache import Action, MethodConfig, Schedule, knob, register_method
+
+from .calibrated_plans import CalibratedPlanSchedule, calibrated_plan
 
 
 @register_method
@@ -85,18 +86,11 @@ class InvarDiffConfig(MethodConfig):
         return float(self.module_quantiles.get(module, self.module_quantile))
 
     def build(self, model: nn.Module) -> Schedule:
-        from .calibrated_plans import calibrated_plan
-
         return InvarDiffSchedule(calibrated_plan("invardiff", model, plan=self.plan, calibration=self.calibration))
 
 
-class InvarDiffSchedule(PlanSchedule):
-    def __init__(self, plan: Plan):
-        super().__init__(plan)
-        self.name = "invardiff"
-
-    def plan_extras(self) -> dict:
-        return dict(self.plan.extras)
+class InvarDiffSchedule(CalibratedPlanSchedule):
+    method = "invardiff"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -30,8 +30,9 @@ from typing import Sequence
 
 from torch import nn
 
-from dcache import Action, MethodConfig, Plan, Schedule, knob, register_method
-from dcache.plan import PlanSchedule
+from dcache import Action, MethodConfig, Schedule, knob, register_method
+
+from .calibrated_plans import CalibratedPlanSchedule, calibrated_plan
 
 
 @register_method
@@ -82,19 +83,12 @@ class ProfilingDiTConfig(MethodConfig):
                                "explicit background block indices")
 
     def build(self, model: nn.Module) -> Schedule:
-        from .calibrated_plans import calibrated_plan
-
         return ProfilingDiTSchedule(calibrated_plan("profilingdit", model, plan=self.plan,
                                                     calibration=self.calibration))
 
 
-class ProfilingDiTSchedule(PlanSchedule):
-    def __init__(self, plan: Plan):
-        super().__init__(plan)
-        self.name = "profilingdit"
-
-    def plan_extras(self) -> dict:
-        return dict(self.plan.extras)
+class ProfilingDiTSchedule(CalibratedPlanSchedule):
+    method = "profilingdit"
 
 
 # ----------------------------------------------------------------------------------------------------------------
