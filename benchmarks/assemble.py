@@ -36,6 +36,7 @@ RERUN = {
     "search": "python benchmarks/search.py --out benchmarks/out/search   # then copy search.{md,json} to "
               "benchmarks/results",
     "frontier": "python benchmarks/frontier.py --out benchmarks/results",
+    "default_choice": "python benchmarks/default_choice.py --repeats 3 --out benchmarks/results",
     "frontier_motion": "python benchmarks/frontier.py --model motion --heldout-seeds 10 --repeats 5 --out "
                        "benchmarks/results",
     "frontier_shapes": "python benchmarks/frontier.py --model shapes --heldout-seeds 5 --repeats 5 --out "
@@ -483,6 +484,38 @@ def script_part(name: str, stem: str, intro: str) -> str:
         f"Rerun: `{RERUN[name]}`."])
 
 
+def default_part() -> str:
+    """The default method: each candidate's worst gap over the models, the chosen one's row per model, the reading."""
+    data = _load("default_choice.json")
+    if data is None:
+        return f"Not recorded yet: run `{RERUN['default_choice']}`, then `python benchmarks/assemble.py`."
+    meta, choice = data["meta"], data["choice"]
+    lines = [
+        "`dcache.apply(pipe)` must hold on models nobody tuned it on. Each candidate runs at its defaults on every "
+        "bundled model, on the held-out seeds of that model's methods sweep; its **gap** is the best tuned dcache "
+        "row of the sweep that computes no more (x 1.02) minus its PSNR. Tuned on: nothing; measured on: each "
+        f"model's held-out seeds. Last command: `{meta['command']}` (commit {meta['git_commit']}, "
+        f"{meta['date']}).", "",
+        "| candidate | " + " | ".join(f"{m['title'].split(' (')[0]}: ratio, PSNR, gap" for m in data["models"])
+        + " | worst gap |", "|" + "---|" * (len(data["models"]) + 2)]
+    ranked = sorted(choice["per_candidate"].items(), key=lambda kv: kv[1].get("worst_gap", float("inf")))
+    for name, summary in ranked:
+        cells = []
+        for m in data["models"]:
+            row = next((r for r in m["rows"] if r["method"] == name), None)
+            cells.append("—" if row is None or "error" in row else
+                         f"{row['ratio']:.3f}, {row['psnr_heldout']:.2f} dB, {row['gap']:+.2f}")
+        worst = f"{summary['worst_gap']:+.2f}" if "worst_gap" in summary else "—"
+        mark = " (**chosen**)" if name == choice["chosen"] else ("" if summary["eligible"] else " (computes > 0.65)")
+        lines.append(f"| {name}{mark} | " + " | ".join(cells) + f" | {worst} |")
+    notes = RESULTS / "default_choice_notes.md"
+    if notes.is_file():
+        lines += ["", notes.read_text().split("## Reading", 1)[-1].strip()]
+    lines += ["", f"Every row and its reference row: {_link('default_choice.md')}. Rerun: `{RERUN['default_choice']}` "
+                  "(`--rerun REGEX` measures some candidates again and keeps the rest)."]
+    return "\n".join(lines)
+
+
 CFG_CHECK_INTRO = (
     "`cfg_difference=True` must never make a generation worse than the same setting without it. It now serves the "
     "unconditional calls through the difference only while that measures better than the branches' own caches at "
@@ -526,6 +559,7 @@ def build() -> str:
     parts.append("## Methods vs diffusers and cache-dit\n\n" + PEERS_NOTE + f"\n\n### {DIGITS}\n\n"
                  + (methods_part(methods) if methods else missing.format(RERUN["methods"]))
                  + "\n\n" + other_models_part(methods_part))
+    parts.append("## The default method\n\n" + default_part())
     parts.append("## Batch-1 efficiency\n\n" + (batch1_part(methods) if methods else missing.format(RERUN["methods"])))
     parts.append("## Plan search vs dynamic schedules\n\n" + (search_part(search) if search else
                                                                missing.format(RERUN["search"])))

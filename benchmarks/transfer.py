@@ -102,7 +102,9 @@ def contenders(quick: bool) -> list[Contender]:
     from diffusers import FirstBlockCacheConfig
 
     rows = [
-        dcache_contender("magcache (the default method)", None, "shipped curve: tiny-digits; else this model's "
+        dcache_contender("cadence-2x (the default method)", None, "all three bundled models "
+                         "(benchmarks/default_choice.py)"),
+        dcache_contender("magcache at its defaults", "magcache", "shipped curve: tiny-digits; else this model's "
                          "tuning generation (self-calibration)"),
         dcache_contender("fbcache (default threshold 0.08)", "fbcache", "FLUX.1-dev literature default"),
     ]

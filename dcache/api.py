@@ -17,12 +17,11 @@ from .experts import check_expert_names, expert_method, extra_experts
 from .handle import Handle
 from .hooks import refuse_other_cache
 from .memory import parse_bytes
-from .methods import preset_scope, target_resolver
+from .methods import DEFAULT_METHOD, preset_scope, target_resolver
 from .plan import Plan
 from .schedule import Schedule
 from .setup_file import Setup, setup_file, setup_of
 
-DEFAULT_METHOD = "magcache"
 
 
 def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLike = DEFAULT_METHOD, *,

@@ -32,6 +32,7 @@ from .actions import Signal
 from .attach import attach
 from .cache_codec import cache_codec
 from .memory import MemoryReport
+from .methods import DEFAULT_METHOD, preset_scope
 from .schedule import CallContext, GenerationInfo, Schedule, normalize_actions
 from .setup_file import setup_file
 from .signal_providers import provider, resolve_signal
@@ -128,7 +129,7 @@ class CacheEstimate:
                 "ratio_sweep": self.ratio_sweep, "notes": self.notes}
 
 
-def estimate(model: nn.Module, method: Any = "magcache", inputs: dict | None = None, *,
+def estimate(model: nn.Module, method: Any = DEFAULT_METHOD, inputs: dict | None = None, *,
              branches: Sequence[str | None] = ("cond", "uncond"), num_steps: int = 28, scope: str | None = None,
              sweep: tuple[str, Sequence[Any]] | None = None, cache_dtype: Any = None, cache_scale: Any = None,
              cache_device: Any = None, memory_only: bool = False, **overrides: Any) -> CacheEstimate:
@@ -156,6 +157,8 @@ def estimate(model: nn.Module, method: Any = "magcache", inputs: dict | None = N
     setup = setup_file(method)
     if setup is not None:  # a setup file: its method, knobs and scope, under the ones given here
         method, overrides, scope = setup.method, {**setup.knobs, **overrides}, scope or setup.scope
+    if scope is None:
+        scope = preset_scope(method)  # a preset that names its scope (the default runs whole calls)
     # meta tensors cannot be copied to the host: count the bytes on the meta device, report them where they will live
     handle = attach(pipe, meta, method, overrides, decisions="batch", scope=scope,
                     cache_codec=cache_codec(cache_dtype, cache_scale, None), count_flops=not memory_only)

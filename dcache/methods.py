@@ -16,6 +16,11 @@ from .config import MethodConfig
 from .method_docs import with_args_section
 from .plugins import load_method_packages, no_methods_hint
 
+# What dcache.apply(pipe), `dcache generate` and `dcache estimate` run when no method is named: chosen on every
+# bundled model (benchmarks/default_choice.py), where it is within 1 dB of the best tuned setting that computes no
+# more; its decisions need no calibration (a preset of SeaCache, registered by schedules/seacache.py).
+DEFAULT_METHOD = "cadence-2x"
+
 _METHODS: dict[str, type[MethodConfig]] = {}
 _PRESETS: dict[str, "Preset"] = {}
 _TARGET_RESOLVER: list[Callable[..., Any]] = []  # dcache.apply(speed= / quality=), registered by a method package

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dcache.methods import DEFAULT_METHOD
 from dcache.io import atomic_write_text, atomic_write_with, prepare_out_dir
 
 from .batch_markers import image_names, read_marker, write_marker
@@ -44,7 +45,7 @@ class BatchResult:
 
 
 def generate_batch(*, model: str | None = None, prompts: str = "builtin", num_prompts: int | None = None,
-                   seeds: int = 1, seed_offset: int = 0, cache: str | None = "magcache",
+                   seeds: int = 1, seed_offset: int = 0, cache: str | None = DEFAULT_METHOD,
                    overrides: dict | None = None, steps: int | None = None, guidance: float | None = None,
                    batch_size: int | None = None, height: int | None = None, width: int | None = None,
                    pipeline_kwargs: dict | None = None, device: str = "cpu", dtype: str = "float32",

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from dcache.methods import DEFAULT_METHOD
 from dcache.extras import explain_missing
 from .devices import AUTO, DEVICE_HELP, DTYPE_HELP, describe, resolve_device
 from .progress import Progress
@@ -55,7 +56,8 @@ def _fail(exc: Exception) -> None:
 def generate(
     model: Optional[str] = typer.Option(None, help="hub id or local pipeline folder; default: the bundled tiny model"),
     prompt: Optional[str] = typer.Option(None, help="prompt; for the tiny model, class labels like '3' or '0,1,2'"),
-    cache: str = typer.Option("magcache", help="method name, preset, or plan/config JSON file"),
+    cache: str = typer.Option(DEFAULT_METHOD, help="method name, preset, or plan/config JSON file (default: dcache's "
+                                                   "default method)"),
     scope: Optional[str] = typer.Option(None, help="'blocks' (default) caches the block stack; 'call' the whole "
                                                   "transformer call x -> v (skips embedders and head too; for "
                                                   "methods that decide before the call, e.g. magcache, seacache, "
@@ -296,7 +298,7 @@ def estimate(
     model: Optional[str] = typer.Option(None, help="shipped config name (--list), folder with transformer/config.json "
                                                   "or config.json, a config.json, or a hub id (config only); default: "
                                                   "the bundled tiny model"),
-    cache: str = typer.Option("magcache", help="method name, preset, or 'all'"),
+    cache: str = typer.Option(DEFAULT_METHOD, help="method name, preset, or 'all'"),
     set_: list[str] = typer.Option([], "--set", help="method config override key=value (repeatable)"),
     height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),
     frames: Optional[int] = typer.Option(None, help="video frames (pixel space)"),

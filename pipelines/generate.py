@@ -10,6 +10,7 @@ from typing import Any
 
 
 import dcache
+from dcache.methods import DEFAULT_METHOD
 from dcache.memory import format_bytes
 from dcache.io import atomic_write_text, prepare_out_dir
 
@@ -31,7 +32,7 @@ class GenerateResult:
     summary: dict[str, Any]
 
 
-def generate(*, model: str | None = None, prompts: list[str] | None = None, cache: str = "magcache",
+def generate(*, model: str | None = None, prompts: list[str] | None = None, cache: str = DEFAULT_METHOD,
              steps: int | None = None, seed: int = 0, guidance: float | None = None, out: str = "dcache-out",
              repeats: int = 3, device: str = "auto", dtype: str = "auto", height: int | None = None,
              width: int | None = None, overrides: dict[str, Any] | None = None,

@@ -26,7 +26,8 @@ def test_quick_transfer_rows_on_the_video_model(tmp_path, monkeypatch):
         torch.set_num_threads(threads)  # the script pins its thread count
 
     rows = {r["contender"]: r for r in result["rows"]}
-    assert set(rows) == {"magcache (the default method)", "fbcache (default threshold 0.08)"}
+    assert set(rows) == {"cadence-2x (the default method)", "magcache at its defaults",
+                         "fbcache (default threshold 0.08)"}
     for row in rows.values():
         assert "error" not in row, row
         assert 0.0 < row["compute_ratio"] <= 1.0 + 1e-9 and 0.0 <= row["accuracy"] <= 1.0
@@ -34,6 +35,8 @@ def test_quick_transfer_rows_on_the_video_model(tmp_path, monkeypatch):
     # fbcache at its default threshold reuses nothing in 4 steps on this model: every block ran, output unchanged
     fb = rows["fbcache (default threshold 0.08)"]
     assert fb["compute_ratio"] == pytest.approx(1.0) and math.isinf(fb["psnr"])
+    # the default computes steps 0, 2 and the last of 4 on both branches, whatever the model
+    assert rows["cadence-2x (the default method)"]["compute_ratio"] == pytest.approx(0.75)
     assert json.loads((tmp_path / "transfer.json").read_text())["rows"] == result["rows"]
     table = (tmp_path / "transfer.md").read_text()
     assert table.startswith("`python benchmarks/transfer.py --quick --models motion --steps 4")

@@ -1,8 +1,11 @@
-"""The default method works on any supported model: MagCache without a calibrated table measures its magnitude
-ratios on the first generation (computing every step, so that generation is the uncached one), then caches.
+"""The default method works on any supported model from its first generation: `dcache.apply(pipe)` runs the
+preset `cadence-2x` (every other step computed, a parabola through the last three computed calls on the others,
+whole calls), whose decisions need no calibration. MagCache, named explicitly, calibrates itself on a model without a
+shipped curve: its first generation computes every step and measures the magnitude ratios.
 
-References: the uncached pipeline (first generation, bit for bit), the offline calibration `calibrate_magcache` on the
-same pipeline (the measured curve), and MagCache given that curve explicitly (second generation, bit for bit).
+References: the uncached pipeline (bit for bit where every call computes), SeaCache applied by hand with the
+preset's knobs and scope (bit for bit), the offline calibration `calibrate_magcache` on the same pipeline (the
+measured curve), and MagCache given that curve explicitly (second generation, bit for bit).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch
 from compat_kit import make_pipeline
 
 import dcache
+from dcache.methods import DEFAULT_METHOD
 from dcache.schedules.tuning.calibrate import calibrate_magcache
 from dcache.schedules.magcache import MagCacheSelfCalibration
 
@@ -25,11 +29,30 @@ def run(pipe, seed: int = 0, **kw):
                 generator=torch.Generator().manual_seed(seed), **kw)
 
 
-def test_default_method_on_an_uncalibrated_model_says_so_once_and_first_generation_is_uncached():
+def test_default_method_caches_from_the_first_generation_of_an_uncalibrated_model():
+    pipe = make_pipeline()
+    reference = run(pipe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to calibrate, nothing to say
+        handle = dcache.apply(pipe)  # no method: the default
+        first = run(pipe)
+    assert handle.method == DEFAULT_METHOD == "cadence-2x" and handle.engine.scope == "call"
+    # steps 0, 2, 4, 6, 8 and the last (9) computed on both branches: 6 of 10 calls each
+    assert handle.stats().compute_ratio == pytest.approx(0.6)
+    rows = {"".join(row) for row in handle.plan().actions.values()}
+    assert rows == {"CFCFCFCFCC"}
+    assert float((first - reference).norm() / reference.norm()) < 0.05
+    handle.remove()
+    with dcache.apply(pipe, "seacache", gate=False, max_consecutive=1, order=2, scope="call"):
+        assert torch.equal(run(pipe), first)  # the preset is these knobs in call scope, nothing more
+    assert torch.equal(run(pipe), reference)
+
+
+def test_magcache_on_an_uncalibrated_model_says_so_once_and_first_generation_is_uncached():
     pipe = make_pipeline()
     reference = run(pipe)
     with pytest.warns(MagCacheSelfCalibration, match="dcache calibrate --model <model> --method magcache"):
-        handle = dcache.apply(pipe)  # no method: the default
+        handle = dcache.apply(pipe, "magcache")
     assert handle.method == "magcache"
     with warnings.catch_warnings():
         warnings.simplefilter("error", MagCacheSelfCalibration)  # no second notice during the generations

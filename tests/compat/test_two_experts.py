@@ -101,10 +101,20 @@ def test_per_expert_settings_and_an_uncached_expert(pipe):
     assert torch.equal(run(pipe), reference)
 
 
-def test_default_method_calibrates_each_expert_on_the_first_generation(pipe):
+def test_default_method_caches_both_experts_from_the_first_generation(pipe):
+    reference = run(pipe, steps=10)
+    with dcache.apply(pipe) as handle:  # cadence-2x: whole calls, no calibration
+        first = run(pipe, steps=10)
+        assert handle.stats().units_forecast > 0 and handle.stats().compute_ratio < 0.8
+        assert handle.stats(expert="transformer_2").units_forecast > 0
+    assert float((first - reference).norm() / reference.norm()) < 0.05
+    assert torch.equal(run(pipe, steps=10), reference)
+
+
+def test_magcache_calibrates_each_expert_on_the_first_generation(pipe):
     reference = run(pipe, steps=10)
     with pytest.warns(UserWarning, match="calibrate"):
-        handle = dcache.apply(pipe)
+        handle = dcache.apply(pipe, "magcache")
     assert torch.equal(run(pipe, steps=10), reference)
     run(pipe, steps=10)
     assert set(handle.engine.schedule.measured) and set(handle.experts["transformer_2"].engine.schedule.measured)

@@ -39,8 +39,8 @@ def test_a_missing_calibration_file_gets_the_calibrate_command_before_loading(tm
         raise AssertionError("loaded")
 
     monkeypatch.setattr(generate_module, "load_pipeline", refuse)
-    result = runner.invoke(app, ["generate", "--set", "calibration=missing.json", "--out", str(tmp_path / "o"),
-                                 *FAST])
+    result = runner.invoke(app, ["generate", "--cache", "magcache", "--set", "calibration=missing.json",
+                                 "--out", str(tmp_path / "o"), *FAST])
     assert result.exit_code != 0
     assert "dcache calibrate --method magcache --out missing.json" in result.output
     assert "calibrate_magcache(" not in result.output
