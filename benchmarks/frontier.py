@@ -212,7 +212,7 @@ def keyframe_contender(plans: dict[str, dict], scope: str, name: str | None = No
     import dcache
 
     def enable(pipe, s):
-        return _applied(dcache.apply(pipe, "keyframe", scope=scope, **plans[s["plan"]]))
+        return _applied(dcache.apply(pipe, "keyframe", scope=scope, decisions=methods.DECISIONS, **plans[s["plan"]]))
 
     return Contender("dcache", name or f"keyframe {scope}", Search("plan", "values", values=tuple(plans)), enable,
                      note=note, quick={"plan": next(iter(plans))})
@@ -255,7 +255,7 @@ def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_di
     spec = methods.models.MODELS[model]
 
     def plain(method: str, **fixed):
-        return lambda pipe, s: _applied(dcache.apply(pipe, method, **fixed, **s))
+        return lambda pipe, s: _applied(dcache.apply(pipe, method, decisions=methods.DECISIONS, **fixed, **s))
 
     searched_on = f"{spec.asset}'s tuning batch (seed 0)"
     tuned_note = ("keyframes searched on the tuning batch (benchmarks/frontier.py KEYFRAMES)" if model == "digits"

@@ -80,7 +80,15 @@ class Contender:
     note: str = ""
 
 
+# one decision per batched call, as the methods sweep (benchmarks/methods.py DECISIONS) and the committed tables
+# measured it: every row here runs a batch of labels, and per-sample decisions have their own benchmark
+# (benchmarks/per_sample.py)
+DECISIONS = "batch"
+
+
 def dcache_contender(name: str, spec: str | None, tuned_on: str, note: str = "", **settings) -> Contender:
+    settings = {"decisions": DECISIONS, **settings}
+
     def enable(pipe):
         handle = dcache.apply(pipe, spec, **settings) if spec is not None else dcache.apply(pipe, **settings)
         return handle.remove
