@@ -562,11 +562,12 @@ def aggregate(cfg: EvalConfig, variants: list[Variant], records: dict[str, list[
         row["latency"] = _spread(latency)
         row["latency_per_call"] = _spread([s for r in recs for s in r["seconds"]])
         ref_med = ref_latency and median(ref_latency)
-        row["measured_speedup"] = (ref_med / median(latency)) if latency and ref_med else None
+        # a median time of 0 (a record with zero seconds) measures nothing: no speed-up rather than a division by 0
+        row["measured_speedup"] = (ref_med / median(latency)) if latency and ref_med and median(latency) > 0 else None
         cpu = _per_image_latency(recs, "cpu_seconds")
         if cpu and ref_cpu:  # process CPU time: robust to other jobs on a shared CPU (records of older runs lack it)
             row["cpu_latency"] = _spread(cpu)
-            row["cpu_speedup"] = median(ref_cpu) / median(cpu)
+            row["cpu_speedup"] = median(ref_cpu) / median(cpu) if median(cpu) > 0 else None
         if v.method is None:
             row["compute_ratio"], row["ideal_speedup"] = 1.0, 1.0
             row["cache_bytes"] = 0
