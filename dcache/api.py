@@ -23,7 +23,6 @@ from .schedule import Schedule
 from .setup_file import Setup, setup_file, setup_of
 
 
-
 def apply(target: Any, method: str | MethodConfig | Plan | Schedule | os.PathLike = DEFAULT_METHOD, *,
           num_steps: int | None = None, count_flops: bool = True, memoize: bool = True, scope: str | None = None,
           speed: str | float | None = None, quality: str | None = None, calibration_run: Any = None,
