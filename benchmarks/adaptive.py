@@ -44,7 +44,7 @@ import _peers  # noqa: E402
 import transfer  # noqa: E402  (the held-out protocol)
 
 from dcache.eval.runner import _git_commit  # noqa: E402
-from dcache.io import atomic_write_text  # noqa: E402
+from dcache.files.atomic import atomic_write_text  # noqa: E402
 
 
 def uniform_keyframes(k: int) -> tuple[float, ...]:

@@ -233,7 +233,7 @@ def batch1_part(methods: dict) -> str:
         "", f"Rerun: `{RERUN['overhead']}`; the table above comes with the methods sweep.",
     ]
     per_sample = RESULTS / "per_sample.md"
-    if per_sample.is_file():  # what per-sample decisions cost (dcache.lanes, docs/serving.md)
+    if per_sample.is_file():  # what per-sample decisions cost (dcache.runtime.lanes, docs/serving.md)
         lines += ["", "### Per-sample decisions", "", PER_SAMPLE_TEXT, "", per_sample.read_text().strip(), "",
                   f"Rerun: `{RERUN['per_sample']}`."]
     return "\n".join(lines)
@@ -519,9 +519,10 @@ def default_part() -> str:
 CFG_CHECK_INTRO = (
     "`cfg_difference=True` must never make a generation worse than the same setting without it. It now serves the "
     "unconditional calls through the difference only while that measures better than the branches' own caches at "
-    "the steps both computed (docs/methods.md, keyframe; `dcache/cfg_difference.py`), and says when it fell back, "
-    "could not check, or had no split CFG to act on (the health notes column). The keyframe presets were searched on "
-    "tiny-digits at CFG 1.5; every guidance here is one they were not tuned at, and tiny-motion was never tuned on.")
+    "the steps both computed (docs/methods.md, keyframe; `dcache/runtime/cfg_difference.py`), and says when it fell "
+    "back, could not check, or had no split CFG to act on (the health notes column). The keyframe presets were "
+    "searched on tiny-digits at CFG 1.5; every guidance here is one they were not tuned at, and tiny-motion was never "
+    "tuned on.")
 ADAPTIVE_INTRO = (
     "Placement without a search: `adaptive_keyframe` places its computed steps at run time from the forecast error "
     "it measures at each computed step, for a compute ratio (a hard budget) or an error tolerance. Beside it, uniform "

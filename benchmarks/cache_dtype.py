@@ -35,7 +35,7 @@ def main() -> None:
 
     import dcache
     from dcache.eval.metrics import psnr_per_image
-    from dcache.io import atomic_write_text
+    from dcache.files.atomic import atomic_write_text
     from dcache.pipelines.bundled import load_tiny_pipeline
 
     torch.set_num_threads(1)

@@ -44,7 +44,7 @@ import transfer  # noqa: E402  (the held-out protocol: load_model, uncached, mea
 
 import dcache  # noqa: E402
 from dcache.eval.runner import _git_commit  # noqa: E402
-from dcache.io import atomic_write_text  # noqa: E402
+from dcache.files.atomic import atomic_write_text  # noqa: E402
 
 PRESETS = ("keyframe-5x", "keyframe-8x")
 

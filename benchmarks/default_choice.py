@@ -193,7 +193,7 @@ def choose(data: dict) -> dict:
 
 
 def write_report(data: dict, out: Path) -> Path:
-    from dcache.io import atomic_write_text
+    from dcache.files.atomic import atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
     meta = data["meta"]

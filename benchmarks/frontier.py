@@ -126,8 +126,8 @@ KEYFRAMES: dict[str, dict[str, dict]] = {
 }
 
 
-# Uneven CFG budgets with cfg_difference=True (dcache.cfg_difference): the uncond keyframes are the cond ones minus
-# one (the CFG difference is known only where both branches computed). Searched on the tuning batch by `--search`
+# Uneven CFG budgets with cfg_difference=True (dcache.runtime.cfg_difference): the uncond keyframes are the cond ones
+# minus one (the CFG difference is known only where both branches computed). Searched on the tuning batch by `--search`
 # (search_cfg_difference); scenarios without an entry derive them from KEYFRAMES.
 CFG_DIFFERENCE: dict[str, dict[str, dict]] = {}
 

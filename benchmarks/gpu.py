@@ -70,7 +70,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 import dcache  # noqa: E402
-from dcache.estimate import estimate  # noqa: E402
+from dcache.memory.estimate import estimate  # noqa: E402
 from dcache.pipelines.estimate import model_inputs, resolve_model, with_overrides  # noqa: E402
 
 # (label, method, settings, scope): cadence-decided methods at compute ratios ~0.5 and ~0.25 (stack reuse, TaylorSeer's
@@ -270,7 +270,7 @@ def part_speed(ctx: dict) -> dict:
 
 
 def part_memory(ctx: dict) -> dict:
-    """Peak device memory of a cached generation over the uncached one vs handle.memory() vs dcache.estimate."""
+    """Peak device memory of a cached generation over the uncached one vs handle.memory() vs dcache.memory.estimate."""
     transformer, inputs, branches, steps, device = (ctx[k] for k in ("transformer", "inputs", "branches", "steps",
                                                                      "device"))
     cuda = device.type == "cuda"
@@ -456,7 +456,7 @@ def environment(device: torch.device) -> dict:
 
 def save(path: Path, data) -> None:
     """Write one JSON atomically (a reader never sees half a file)."""
-    from dcache.io import atomic_write_text
+    from dcache.files.atomic import atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(data, indent=1) + "\n")

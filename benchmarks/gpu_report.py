@@ -45,7 +45,7 @@ def speed_table(r: dict) -> str:
 
 def memory_table(r: dict) -> str:
     lines = [_header(r), "", f"Uncached generation peak: {_mib(r['uncached_peak_bytes'])} MiB.", "",
-             "| method | scope | measured extra peak MiB | handle.memory() MiB | dcache.estimate MiB |",
+             "| method | scope | measured extra peak MiB | handle.memory() MiB | dcache.memory.estimate MiB |",
              "|---|---|---:|---:|---:|"]
     for row in r["rows"]:
         lines.append(f"| {row['method']} | {row['scope']} | {_mib(row['measured_extra_bytes'])} "

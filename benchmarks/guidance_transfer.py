@@ -74,7 +74,7 @@ def run(args: argparse.Namespace, log) -> dict:
     import dcache
     from dcache.pipelines.runner import load_pipeline
     from dcache.pipelines.search_cli import run_search
-    from dcache.plan import Plan
+    from dcache.plans.plan import Plan
     from dcache.quality import psnr
 
     pipe, _ = load_pipeline(None, device="cpu", dtype="float32")
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace, log) -> dict:
 
 
 def write_report(data: dict, out: Path) -> tuple[Path, Path]:
-    from dcache.io import atomic_write_text
+    from dcache.files.atomic import atomic_write_text
 
     meta, rows = data["meta"], data["rows"]
     scales = [f"{g:g}" for g in data["heldout_guidance"]]
@@ -174,7 +174,7 @@ def _plot(data: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dcache.io import atomic_write_with
+    from dcache.files.atomic import atomic_write_with
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100, sharey=True)
     groups = sorted({r["computed"] for r in data["rows"].values()}, reverse=True)

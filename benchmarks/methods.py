@@ -383,8 +383,8 @@ def dcache_contenders(bench: Bench) -> list[Contender]:
     contenders.append(Contender(
         "dcache", "taylorseer stack", Search("interval", "values", values=(2, 3, 4, 5, 6, 8)),
         lambda p, s: plain("taylorseer")(p, {**s, "granularity": "stack"}), note="taylorseer granularity=stack"))
-    # Call scope (dcache.call_scope): the same schedules replacing the whole transformer call by x + Delta, so a
-    # reused call also skips the embedders and the output head (the batch-1 regime where the cache path shows).
+    # Call scope (dcache.runtime.call_scope): the same schedules replacing the whole transformer call by x + Delta, so
+    # a reused call also skips the embedders and the output head (the batch-1 regime where the cache path shows).
     call = {"scope": "call"}
     contenders.append(Contender(
         "dcache", "magcache forecast call", Search("threshold", "log", 0.005, 2.0), calibrated("magcache"),

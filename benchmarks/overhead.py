@@ -12,11 +12,11 @@ call is spent outside the blocks (embedders, RoPE, norms, Python dispatch, the p
 and reports, for dcache, diffusers' FirstBlockCache and cache-dit's DBCache at equal settings (one probe block, no
 warm-up, thresholds from 0 = cache on but nothing reused, to heavy reuse), and for MagCache with one shared ratio
 table (diffusers' own calibration) in dcache's block scope, dcache's call scope (`scope="call"`: a reused call is
-x + Delta of the whole transformer, dcache.call_scope) and diffusers, at identical decisions: the compute ratio (block
-FLOPs, counted by an outside meter), measured speed-up, ideal (1 / r), achievable (T_bare / T(r)), measured/ideal
-and measured/achievable. T_pipe, the generation with the transformer call itself replaced by an identity, is the
-floor of call scope: what the pipeline does per step around the transformer (label encoder, scheduler step).
-Timings are thread CPU time (the machine is shared; CPU time does not count waiting), rounds interleave every
+x + Delta of the whole transformer, dcache.runtime.call_scope) and diffusers, at identical decisions: the compute ratio
+(block FLOPs, counted by an outside meter), measured speed-up, ideal (1 / r), achievable (T_bare / T(r)),
+measured/ideal and measured/achievable. T_pipe, the generation with the transformer call itself replaced by an
+identity, is the floor of call scope: what the pipeline does per step around the transformer (label encoder, scheduler
+step). Timings are thread CPU time (the machine is shared; CPU time does not count waiting), rounds interleave every
 contender with the bare and floor runs so that drift cancels, and each figure is the median.
 
     python benchmarks/overhead.py                   # ~6 min on an idle 2-core machine
@@ -73,10 +73,10 @@ import torch  # noqa: E402
 sys.path.insert(0, str(BENCH))
 
 import dcache  # noqa: E402
-from dcache.families import adapter_for  # noqa: E402
-from dcache.memo import install_memos  # noqa: E402
+from dcache.model.families import adapter_for  # noqa: E402
+from dcache.runtime.step_invariant import install_memos  # noqa: E402
 from dcache.pipelines.bundled import load_tiny_pipeline  # noqa: E402
-from dcache.streams import StreamSlots  # noqa: E402
+from dcache.runtime.block_io import StreamSlots  # noqa: E402
 
 from _peers import BlockMeter, cache_dit_unavailable, enable_cache_dit, transformer_blocks  # noqa: E402
 
@@ -310,8 +310,8 @@ def report(meta: dict, rows: list[Row]) -> list[str]:
     if "t_floor_memo" in meta:
         tm = meta["t_floor_memo"]
         lines.append(
-            f"- with dcache's step-invariant memo (RoPE tables computed once, `dcache.memo`) that work is "
-            f"**{tm * per_call:.2f} ms** per call ({tm / tb:.0%}); dcache's own cap at ratio 0.3 is then "
+            f"- with dcache's step-invariant memo (RoPE tables computed once, `dcache.runtime.step_invariant`) that "
+            f"work is **{tm * per_call:.2f} ms** per call ({tm / tb:.0%}); dcache's own cap at ratio 0.3 is then "
             f"{1 / (tm / tb + 0.3 * (1 - tf / tb)):.2f}x (measured/ideal <= "
             f"{0.3 / (tm / tb + 0.3 * (1 - tf / tb)):.2f}). The columns below use the plain floor, the same for "
             f"every library, so dcache's measured/achievable can exceed 1")

@@ -1,4 +1,4 @@
-"""What per-sample decisions cost (dcache.lanes): the same batch with decisions="sample" and decisions="batch".
+"""What per-sample decisions cost (dcache.runtime.lanes): the same batch with decisions="sample" and decisions="batch".
 
 With per-sample decisions a batched call of a schedule that reads signals first runs each row up to its decision at
 batch 1 (the embedders; a probe block for FBCache-style methods), then runs the rows that decided alike as one call
@@ -59,9 +59,9 @@ def _gather_scatter(pipe, batch: int, device: str, repeats: int = 200) -> float:
     arguments gathered, its lanes' caches stacked and cut back after a store, its outputs scattered into one batch."""
     import torch
 
-    from dcache.lane_merge import merge_branches, split_branch
-    from dcache.lanes import concat_rows, output_row, take_rows
-    from dcache.state import BranchState
+    from dcache.runtime.lane_merge import merge_branches, split_branch
+    from dcache.runtime.lanes import concat_rows, output_row, take_rows
+    from dcache.runtime.cache_state import BranchState
 
     width = pipe.transformer.x_embedder.out_features
     x = torch.randn(batch, 64, 4, device=device)
@@ -103,7 +103,7 @@ def main() -> None:
     import torch  # after --help: the scripts answer it before torch loads
 
     import dcache
-    from dcache.health import DCacheHealthWarning
+    from dcache.generations.health import DCacheHealthWarning
     from dcache.pipelines.bundled import load_tiny_pipeline
 
     if args.device == "cpu":

@@ -93,7 +93,7 @@ import dcache  # noqa: E402
 from dcache.actions import Granularity  # noqa: E402
 from dcache.pipelines.runner import GenerationJob  # noqa: E402
 from dcache.pipelines.search_cli import FORECAST_SEEDS, REUSE_SEEDS, dynamic_seed_plans, make_calibration  # noqa: E402
-from dcache.plan import Plan  # noqa: E402
+from dcache.plans.plan import Plan  # noqa: E402
 from dcache.quality import psnr  # noqa: E402
 from dcache.schedules.tuning import search  # noqa: E402
 
@@ -337,7 +337,8 @@ def main(argv=None) -> str:
         timings["disca"] = time.time() - t
         print(f"[{time.time() - t0:.0f}s] disca trained", flush=True)
 
-    if args.call_scope:  # call-scope twins of the step-level plans (dcache.call_scope: x + Delta of the whole call)
+    # call-scope twins of the step-level plans (dcache.runtime.call_scope: x + Delta of the whole call)
+    if args.call_scope:
         for method in [m for m in plans if not m.endswith("+disca")]:
             for name, plan in plans[method]:
                 if Granularity(plan.granularity) is Granularity.STACK and not (plan.probe_blocks or plan.tail_blocks) \
@@ -465,7 +466,7 @@ def main(argv=None) -> str:
                "disca": disca_summary and {k: v for k, v in disca_summary.items() if k != "rows"}}
     (out / "benchmark.json").write_text(json.dumps(payload, indent=1, default=str))
     if not args.no_write:
-        from dcache.plan import atomic_write_text
+        from dcache.plans.plan import atomic_write_text
 
         notes = RESULTS / "search_notes.md"  # hand-written reading of the numbers, kept across reruns
         head, _, rest = text.partition("\n\n")

@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict:
               "steps": steps, "threads": args.threads, "torch": torch.__version__, "platform": platform.platform(),
               "seconds": round(time.time() - started), "uncached_accuracy": uncached_accuracy, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
-    from dcache.io import atomic_write_text
+    from dcache.files.atomic import atomic_write_text
 
     atomic_write_text(args.out / "transfer.json", json.dumps(result, indent=1) + "\n")
     atomic_write_text(args.out / "transfer.md", f"`{result['command']}`\n\n" + table(rows, models, uncached_accuracy))

@@ -17,26 +17,26 @@ from .schedule import CallContext, GenerationInfo, MethodSchedule, Schedule
 # The other public names -> the module that defines them, imported on first use (PEP 562): `import dcache` stays
 # light, so the `dcache` command starts without torch / diffusers where it needs neither (`dcache --help`).
 _LAZY = {
-    "adapters": ("Adapter", "BlockList", "UnsupportedModelError", "register_adapter"),
-    "families": ("adapter_for",),
-    "api": ("apply",),
-    "concurrency": ("ConcurrentGenerationError",),
-    "handle": ("Handle",),
-    "plan": ("Plan", "PlanError", "PlanSchedule"),
-    "signal_providers": ("ProviderView", "SignalProvider", "register_signal"),
-    "stats": ("Stats",),
+    "model.adapters": ("Adapter", "BlockList", "UnsupportedModelError", "register_adapter"),
+    "model.families": ("adapter_for",),
+    "api.apply_cache": ("apply",),
+    "runtime.concurrency": ("ConcurrentGenerationError",),
+    "api.handle": ("Handle",),
+    "plans.plan": ("Plan", "PlanError", "PlanSchedule"),
+    "runtime.signal_providers": ("ProviderView", "SignalProvider", "register_signal"),
+    "generations.stats": ("Stats",),
 }
 _HOME = {name: module for module, names in _LAZY.items() for name in names}
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from .adapters import Adapter, BlockList, UnsupportedModelError, register_adapter
-    from .families import adapter_for
-    from .api import apply
-    from .concurrency import ConcurrentGenerationError
-    from .handle import Handle
-    from .plan import Plan, PlanError, PlanSchedule
-    from .signal_providers import ProviderView, SignalProvider, register_signal
-    from .stats import Stats
+    from .model.adapters import Adapter, BlockList, UnsupportedModelError, register_adapter
+    from .model.families import adapter_for
+    from .api.apply_cache import apply
+    from .runtime.concurrency import ConcurrentGenerationError
+    from .api.handle import Handle
+    from .plans.plan import Plan, PlanError, PlanSchedule
+    from .runtime.signal_providers import ProviderView, SignalProvider, register_signal
+    from .generations.stats import Stats
 
 
 def __getattr__(name: str):

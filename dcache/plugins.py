@@ -1,7 +1,7 @@
 """Method packages: how methods, presets, forecasters and the target resolver reach the core.
 
 The core names no method and imports nothing above it. A method package registers its configs (register_method),
-presets (register_preset), plan forecasters (dcache.forecast.register_forecaster) and target resolver
+presets (register_preset), plan forecasters (dcache.runtime.forecast.register_forecaster) and target resolver
 (register_target_resolver) when it is imported, and declares itself under the `dcache.methods` entry point of its
 distribution, e.g. in its pyproject.toml:
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from .config import MethodConfig
-    from .step_actions import SchedulerStep
+    from .runtime.step_actions import SchedulerStep
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ class Schedule:
       probe_blocks:   STACK granularity: front blocks that always compute (Fn); their residual is PROBE_REL_L1.
       tail_blocks:    STACK granularity: back blocks that always compute (Bn).
       forecast_order: Taylor order kept for FORECAST (0 = plain reuse history only).
-      forecaster:     None (FORECAST = Taylor extrapolation) or a `dcache.forecast.Forecaster` that the engine asks
+      forecaster:     None (FORECAST = Taylor extrapolation) or a `dcache.runtime.forecast.Forecaster` that the engine
+      asks
                       for every forecast unit instead (its `depth`: computed values kept per unit for it).
       segment_runs:   STACK granularity: the middle segments of consecutive block lists are one unit ("run") where
                       the transformer passes one list's output straight to the next (Flux: double -> single blocks),
@@ -60,8 +61,9 @@ class Schedule:
                       by default a schedule with one (not `any_history`) keeps the lists apart (and so must the
                       recordings that train it).
       cfg_difference: call scope, split CFG: serve the "uncond" branch's reused / forecast calls as the "cond"
-                      branch's Delta of the step minus a forecast of the CFG difference (dcache.cfg_difference).
-      acts_on_steps:  True if `after_step` may change the scheduler's update (dcache.step_actions); the engine
+                      branch's Delta of the step minus a forecast of the CFG difference
+                      (dcache.runtime.cfg_difference).
+      acts_on_steps:  True if `after_step` may change the scheduler's update (dcache.runtime.step_actions); the engine
                       reads the step's latents only for such schedules.
     """
 
@@ -151,7 +153,8 @@ class MethodSchedule(Schedule):
             self.forecaster.reset(generation)
 
     def plan_extras(self) -> dict:
-        """The forecaster rides in the exported plan, which then replays this run's forecasts (dcache.forecast)."""
+        """The forecaster rides in the exported plan, which then replays this run's forecasts
+        (dcache.runtime.forecast)."""
         return {} if self.forecaster is None else {"forecaster": self.forecaster.to_extras()}
 
     def config_dict(self) -> dict:

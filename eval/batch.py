@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dcache.methods import DEFAULT_METHOD
-from dcache.io import atomic_write_text, atomic_write_with, prepare_out_dir
+from dcache.files.atomic import atomic_write_text, atomic_write_with, prepare_out_dir
 
 from .batch_markers import image_names, read_marker, write_marker
 

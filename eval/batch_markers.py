@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dcache.checks import is_count, is_number, same
-from dcache.io import check_inside, read_json
+from dcache.files.checks import is_count, is_number, same
+from dcache.files.atomic import check_inside, read_json
 
 MAX_MARKER_BYTES = 16 << 20  # one entry per image of an item (a few hundred bytes each)
 
@@ -29,7 +29,7 @@ def image_names(item: Any) -> list[str]:
 
 
 def write_marker(marker: Path, fingerprint: str, entries: list[dict]) -> None:
-    from dcache.io import atomic_write_text
+    from dcache.files.atomic import atomic_write_text
 
     atomic_write_text(marker, json.dumps({"fingerprint": fingerprint, "entries": entries}))
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from dcache.extras import explain_missing
+from dcache.optional_deps import explain_missing
 
 ERRORS = (ValueError, FileNotFoundError, ImportError, RuntimeError, TypeError)
 THREADS_HELP = "torch CPU threads (default: 1 for the bundled model on the CPU, as dcache generate; else torch's)"

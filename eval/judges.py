@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .metrics import (METRICS, DigitFeatures, FeatureExtractor, MissingExtraError, check_available, resolve_metrics)
+from .metrics import METRICS, DigitFeatures, FeatureExtractor, MissingExtraError, check_available, resolve_metrics
 from .networks import (DEFAULT_CLIP, DEFAULT_IMAGE_REWARD, ClipScorer, ImageRewardScorer, InceptionFeatures,
                        LpipsScorer, MetricWeightsError)
 

@@ -25,8 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dcache.quality import (check_image_pair, feature_stats, frechet_distance, psnr_per_image,
-                            ssim_per_image)
+from dcache.quality import check_image_pair, feature_stats, frechet_distance, psnr_per_image, ssim_per_image
 
 # ------------------------------------------------------------------------------------------------------------------
 # Registry

@@ -19,8 +19,8 @@ import PIL.ImageDraw
 import PIL.ImageFont
 import torch
 
-from dcache.extras import require
-from dcache.io import atomic_write_with
+from dcache.optional_deps import require
+from dcache.files.atomic import atomic_write_with
 
 
 def _pyplot():

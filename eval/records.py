@@ -4,7 +4,7 @@
 A record is trusted only where it is found: it must name the variant of its folder and the item of its file name
 (a record copied from another item, or a cached variant's record put in `uncached/`, would silently replace other
 images and numbers in the report), and every field the report reads must have its type and size. Anything else is a
-StateFileError naming the file and the fix; nothing is read back through pickle (dcache.state_file).
+StateFileError naming the file and the fix; nothing is read back through pickle (dcache.files.state_file).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from dcache.checks import is_count, is_number, same
-from dcache.io import check_inside, read_json
-from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
+from dcache.files.checks import is_count, is_number, same
+from dcache.files.atomic import check_inside, read_json
+from dcache.files.state_file import StateFileError, load_state, refuse_legacy, save_state
 
 RECORD = "eval record"
-RECORD_SUFFIX = ".safetensors"  # dcache.state_file: JSON + tensors, never a pickle
+RECORD_SUFFIX = ".safetensors"  # dcache.files.state_file: JSON + tensors, never a pickle
 MAX_COST_BYTES = 1 << 16  # cost.json holds two numbers; anything larger is not one dcache wrote
 MAX_FRAMES = 100_000
 

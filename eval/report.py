@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from dcache.io import atomic_write_text
+from dcache.files.atomic import atomic_write_text
 
 from .plots import ParetoPoint, heatmap, image_grid, pareto_plot
 
@@ -518,7 +518,7 @@ def render_html(results: dict, figs: dict[str, Path]) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    atomic_write_text(path, text)  # dcache.io: the usual permissions (umask), reports are for sharing
+    atomic_write_text(path, text)  # dcache.files.atomic: the usual permissions (umask), reports are for sharing
 
 
 def write_report(out: str | Path, results: dict, records: dict[str, list[dict]]) -> list[str]:

@@ -8,7 +8,7 @@ Work is split into *items*: (seed, a batch of prompts). An item is generated wit
 seed)`, so its images do not depend on which process runs it or in what order.
 
 Resumable: every finished (variant, item) is a record file in `<out>/.work/<variant>/<item>.safetensors`
-(dcache.state_file: JSON + tensors, never a pickle), written atomically (temporary file + rename); a new run with
+(dcache.files.state_file: JSON + tensors, never a pickle), written atomically (temporary file + rename); a new run with
 the same settings skips what exists, so an interrupted eval continues where it stopped, and adding a method to the
 list computes only that method. A run with different settings (model, prompts, seeds, steps, ...) in the same folder
 is refused with the fix; a record or cost file that is not what dcache wrote is refused naming the file. The
@@ -38,8 +38,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dcache.io import (atomic_write_text, check_inside, prepare_out_dir, read_limited,
-                       remove_stale_temporaries)
+from dcache.files.atomic import (atomic_write_text, check_inside, prepare_out_dir, read_limited,
+                                 remove_stale_temporaries)
 from dcache.pipelines.runner import check_threads, parse_setting, use_threads
 
 from .judges import Judges, is_auto, resolve_eval_metrics

@@ -24,7 +24,7 @@ def check_steps(steps: int | None, flag: str = "--steps") -> None:
 
 def is_file_spec(method: str) -> bool:
     """A --cache / --methods value that names a file (as dcache.apply reads it) rather than a method or preset."""
-    from dcache.setup_file import names_a_file
+    from dcache.api.setup_file import names_a_file
 
     return names_a_file(method)
 
@@ -36,7 +36,7 @@ def check_method(method: str, overrides: dict[str, Any], flag: str = "--cache", 
     (--set calibration=FILE) must exist; the error gives the `dcache calibrate` command for `model` that writes it."""
     import dcache
 
-    from dcache.setup_file import Setup, setup_file
+    from dcache.api.setup_file import Setup, setup_file
 
     setup = setup_file(method)  # a setup file: read and validated (SetupError names the file, field and fix)
     if setup is not None:
@@ -55,8 +55,8 @@ def check_method(method: str, overrides: dict[str, Any], flag: str = "--cache", 
                 f"{config.method} --out {shlex.quote(calibration)}` (it prints how to use it), or leave "
                 f"calibration out (the calibration dcache ships for the model, if any).")
         return
-    from dcache.io import read_json
-    from dcache.plan import MAX_PLAN_BYTES, PLAN_FORMAT, Plan, PlanError
+    from dcache.files.atomic import read_json
+    from dcache.plans.plan import MAX_PLAN_BYTES, PLAN_FORMAT, Plan, PlanError
 
     path = Path(method)
     if not path.is_file():

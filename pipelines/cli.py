@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from dcache.methods import DEFAULT_METHOD
-from dcache.extras import explain_missing
+from dcache.optional_deps import explain_missing
 from .devices import AUTO, DEVICE_HELP, DTYPE_HELP, describe, resolve_device
 from .progress import Progress
 from .search_cli import search_command
@@ -384,7 +384,7 @@ def methods(name: Optional[str] = typer.Argument(None, help="a method or preset:
 @app.command()
 def support() -> None:
     """Print which diffusers transformer classes dcache supports."""
-    from dcache.support_matrix import render_markdown
+    from dcache.model.support_matrix import render_markdown
 
     typer.echo(render_markdown())
 

@@ -3,7 +3,7 @@
 The model is a transformer config (no weights): a shipped name (`dcache estimate --list`), a folder holding
 `transformer/config.json` (and `transformer_2/config.json` for two-expert pipelines such as Wan2.2-A14B) or a
 `config.json`, a config.json file, or a hub id (only its config files are downloaded). The transformer is rebuilt
-on the meta device and the method runs on meta tensors of the real shapes (dcache.estimate).
+on the meta device and the method runs on meta tensors of the real shapes (dcache.memory.estimate).
 
 Call shapes per family (latent geometry as the diffusers pipelines build it; B = batch, x2 with batched CFG):
     Flux / Qwen-Image:  tokens = (H / vae / 2) x (W / vae / 2)  packed 2x2 latents [B, L, C]
@@ -21,8 +21,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dcache.estimate import CacheEstimate, estimate, meta_model
-from dcache.memory import format_bytes
+from dcache.memory.estimate import CacheEstimate, estimate, meta_model
+from dcache.memory.report import format_bytes
 from dcache.schedules.calibrated_plans import CalibrationMissing
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -205,8 +205,8 @@ def model_inputs(config: dict, setting: Setting, batch: int, dtype: torch.dtype)
     builder = _INPUTS.get(cls)
     if builder is None:
         raise ValueError(f"dcache estimate has no call shapes for {cls}; supported: {', '.join(sorted(_INPUTS))}. "
-                         f"In Python, call dcache.estimate.estimate(model, method, inputs) with the forward kwargs "
-                         f"of one call.")
+                         f"In Python, call dcache.memory.estimate.estimate(model, method, inputs) with the forward "
+                         f"kwargs of one call.")
     t_scale, s_scale = setting.vae_scale
     if setting.height % (s_scale * setting.pack) or setting.width % (s_scale * setting.pack):
         raise ValueError(f"--height {setting.height} / --width {setting.width} must be multiples of "

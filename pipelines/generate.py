@@ -11,8 +11,8 @@ from typing import Any
 
 import dcache
 from dcache.methods import DEFAULT_METHOD
-from dcache.memory import format_bytes
-from dcache.io import atomic_write_text, prepare_out_dir
+from dcache.memory.report import format_bytes
+from dcache.files.atomic import atomic_write_text, prepare_out_dir
 
 from .devices import describe, resolve_device
 from .images import DIFF_VMAX, heat, save_grid, save_video
@@ -140,7 +140,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         "max_abs_error": float((reference - cached).abs().max()),
         "repeats": repeats,
         "cache_bytes": stats.cache_bytes,
-        "memory": handles[-1].memory().to_dict(),  # dcache.memory.MemoryReport: peak, by kind and branch
+        "memory": handles[-1].memory().to_dict(),  # dcache.memory.report.MemoryReport: peak, by kind and branch
         "stats": stats.to_dict(),
     }
     summary["measured_over_ideal"] = summary["measured_speedup"] / summary["ideal_speedup"]

@@ -9,7 +9,7 @@ import PIL.Image
 import PIL.ImageDraw
 import torch
 
-from dcache.io import atomic_write_with
+from dcache.files.atomic import atomic_write_with
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:

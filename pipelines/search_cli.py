@@ -320,7 +320,7 @@ def check_search_arguments(method: str, *, model: str | None, steps: int, budget
                            pop_size: int, generations: int, granularity: str, forecast_order: int, max_span: int,
                            base_plans: str, train_seeds: int, seed: int) -> None:
     """Everything `dcache search` can check before the model loads (typer.BadParameter naming the option)."""
-    from dcache.plan import Plan
+    from dcache.plans.plan import Plan
     from dcache.schedules.tuning import search
 
     from .arguments import check_steps
@@ -473,7 +473,7 @@ def _run_method(method: str, pipe: Any, is_tiny: bool, calib, template, *, budge
 def _run_disca(pipe: Any, is_tiny: bool, calib, template, *, out: str, steps: int, prompts: list[str], seed: int,
                scales: list[float], counts: tuple[int, ...], base_plans: str, train_seeds: int, iterations: int | None,
                online_iterations: int | None, resume: bool, progress: bool) -> dict:
-    from dcache.plan import Plan
+    from dcache.plans.plan import Plan
     from dcache.schedules.tuning import search
     from dcache.schedules.tuning.search import disca
 

@@ -9,7 +9,7 @@ first: its names are what plans' extras["forecaster"] and the methods' `forecast
 import importlib
 import pkgutil
 
-from . import forecasters  # noqa: F401 - registers the plan forecasters (dcache.forecast)
+from . import forecasters  # noqa: F401 - registers the plan forecasters (dcache.runtime.forecast)
 
 for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
     if not _info.name.startswith("_") and not _info.ispkg:

@@ -39,8 +39,8 @@ from torch import nn
 
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, knob
 from dcache import register_method
-from dcache.signal_providers import ProviderView, SignalProvider, register_signal
-from dcache.state import UnitHistory
+from dcache.runtime.signal_providers import ProviderView, SignalProvider, register_signal
+from dcache.runtime.cache_state import UnitHistory
 
 from .forecasters import config_forecaster, forecaster_knob
 

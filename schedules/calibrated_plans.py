@@ -25,9 +25,9 @@ from typing import Any
 
 from torch import nn
 
-import dcache.io
+import dcache.files.atomic
 from dcache.methods import calibrated_methods, method_title
-from dcache.plan import MAX_PLAN_BYTES, PLAN_FORMAT, Plan, PlanSchedule
+from dcache.plans.plan import MAX_PLAN_BYTES, PLAN_FORMAT, Plan, PlanSchedule
 
 from .calibration_file import CALIBRATION_FORMAT, CalibrationFile
 from .tables import known_identities, lookup_table, model_identity
@@ -56,7 +56,7 @@ def plan_method_title(method: str) -> str:
 def read_json(path: Path, what: str) -> Any:
     """The JSON value in `path` (a plan or a calibration file: at most MAX_PLAN_BYTES, checked before reading); a
     ValueError naming `what` and the file when it is larger or not valid JSON."""
-    return dcache.io.read_json(path, MAX_PLAN_BYTES, what, "calibrate again (dcache calibrate)")
+    return dcache.files.atomic.read_json(path, MAX_PLAN_BYTES, what, "calibrate again (dcache calibrate)")
 
 
 class CalibratedPlanSchedule(PlanSchedule):

@@ -24,10 +24,10 @@ from typing import Any, Sequence
 
 from torch import nn
 
-from dcache.checks import is_count
-from dcache.io import read_json
+from dcache.files.checks import is_count
+from dcache.files.atomic import read_json
 from dcache.methods import calibrated_methods, method_class
-from dcache.plan import PLAN_FORMAT, Plan, PlanError, atomic_write_text
+from dcache.plans.plan import PLAN_FORMAT, Plan, PlanError, atomic_write_text
 
 from .tables import model_identity, register_table
 

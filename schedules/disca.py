@@ -2,8 +2,8 @@
 that forecasts a skipped unit's cached output (a stack/block residual or a module output) from its cached history.
 
 It is used through a Plan: the FORECAST cells of the plan are served by the predictor instead of the Taylor
-extrapolation (`dcache.forecast`), so a DisCa plan and its Taylor twin differ only in how F cells are filled and
-cost the same block FLOPs (plus the predictor's own, reported by `DisCaPredictor.flops_per_token`). Training lives
+extrapolation (`dcache.runtime.forecast`), so a DisCa plan and its Taylor twin differ only in how F cells are filled
+and cost the same block FLOPs (plus the predictor's own, reported by `DisCaPredictor.flops_per_token`). Training lives
 in `dcache.schedules.tuning.search.disca`; this file holds the network, its plan serialisation and the runtime
 forecaster.
 
@@ -36,8 +36,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from dcache.forecast import Forecaster, register_forecaster
-from dcache.plan import Plan, PlanError
+from dcache.runtime.forecast import Forecaster, register_forecaster
+from dcache.plans.plan import Plan, PlanError
 
 FORMAT_VERSION = 1
 N_TIME_FEATURES = 5
@@ -219,8 +219,8 @@ def _check_sizes(spec: dict, blob: bytes, fix: str) -> None:
     """Every size in the spec, bounded before any allocation: order in 1..MAX_FORECAST_ORDER, positive ints, and
     the network they describe (built on the meta device: shapes only, no memory) has exactly the tensors of the
     weights blob, so what `from_extras` then allocates is the size of the weights the plan file carries."""
-    from dcache.state import MAX_FORECAST_ORDER
-    from dcache.state_file import safetensors_header
+    from dcache.runtime.cache_state import MAX_FORECAST_ORDER
+    from dcache.files.state_file import safetensors_header
 
     def size(v: Any) -> bool:
         return type(v) is int and v >= 1  # noqa: E721 - bool is not a size

@@ -31,8 +31,8 @@ residual rectification and timestep adjustment, exported as a Plan.
        phi_i = <Delta x_i, Delta x~_i> / |Delta x~_i|^2     on steps where a branch reuses (1 elsewhere),
    i.e. the spec's least squares for x_i + phi_i Delta t_i v~ ~ x^ref_{i+1}, with v~ the output the cached run
    really produces (the engine re-runs norm_out/proj_out on h_in(i) + cached residual, so v~ != v_j). The plan
-   carries phi as its step action (`extras["step_action"]`, dcache.step_actions): after every scheduler step the
-   engine sets x_{i+1} <- x_i + phi_i (x_{i+1} - x_i), which for a first-order solver
+   carries phi as its step action (`extras["step_action"]`, dcache.runtime.step_actions): after every scheduler step
+   the engine sets x_{i+1} <- x_i + phi_i (x_{i+1} - x_i), which for a first-order solver
    (FlowMatchEulerDiscreteScheduler) is the update with Delta t_i' = phi_i Delta t_i. With a higher-order
    scheduler the adjustment is skipped with a warning (TimestepAdjustmentSkipped).
 
@@ -51,9 +51,9 @@ import torch
 from torch import nn
 
 from dcache import Action, MethodConfig, Plan, Schedule, knob, register_method
-from dcache.plan import PlanError, nearest_interp
+from dcache.plans.plan import PlanError, nearest_interp
 from dcache.schedule import GenerationInfo
-from dcache.step_actions import SchedulerStep, StepAction, register_step_action
+from dcache.runtime.step_actions import SchedulerStep, StepAction, register_step_action
 
 from .calibrated_plans import CalibratedPlanSchedule, calibrated_plan
 
@@ -208,7 +208,7 @@ def rows_from_schedule(num_steps: int, computed: Sequence[int], forecast: set[in
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Timestep adjustment at run time: the plan's step action (dcache.step_actions)
+# Timestep adjustment at run time: the plan's step action (dcache.runtime.step_actions)
 # ----------------------------------------------------------------------------------------------------------------
 
 class TimestepAdjustmentSkipped(UserWarning):

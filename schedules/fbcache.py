@@ -17,7 +17,7 @@ from torch import nn
 
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, Signal
 from dcache import knob, register_method
-from dcache.families import adapter_for
+from dcache.model.families import adapter_for
 
 
 def fit_probe_tail(probe_blocks: int, tail_blocks: int, num_blocks: int) -> tuple[int, int]:

@@ -24,7 +24,7 @@ every active chunk votes REUSE; on every computed call all chunks are refreshed.
 with token-range execution, next to the whole-call reuse actually achieved (`call_reuse_ratio`).
 
 Signals: with `frames_per_chunk > 0` the engine measures the per-chunk statistics through two signal providers of
-this file (dcache.signal_providers): `flowcache_chunk_input` at the stack input before the decision (per chunk
+this file (dcache.runtime.signal_providers): `flowcache_chunk_input` at the stack input before the decision (per chunk
 mean|x_c - x_c,prev call| and active) and `flowcache_chunk_computed` after every computed call (per chunk the output
 and input changes since the previous compute, and mean|v_c|), one vector each in the call's single host transfer.
 Chunks are frame ranges of the frame-major tokens: frames = the latent's frames after temporal patching (the
@@ -48,8 +48,8 @@ from torch import nn
 
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, Signal
 from dcache import knob, register_method
-from dcache.parallel import token_group
-from dcache.signal_providers import ProviderView, SignalProvider, register_signal
+from dcache.runtime.parallel import token_group
+from dcache.runtime.signal_providers import ProviderView, SignalProvider, register_signal
 
 @register_method
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ class FlowCacheSchedule(MethodSchedule):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Per-chunk signals: two providers the engine measures (dcache.signal_providers)
+# Per-chunk signals: two providers the engine measures (dcache.runtime.signal_providers)
 # ----------------------------------------------------------------------------------------------------------------
 
 def _temporal_patch(view: ProviderView) -> int:

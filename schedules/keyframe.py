@@ -22,7 +22,7 @@ results.
 With real guidance (CFG 3) the two branches' forecast errors reach the sample as g e_c - (g - 1) e_u, so an
 unconditional branch one keyframe short of the conditional one costs several dB; `cfg_difference=True` (call scope)
 serves the unconditional calls between its keyframes as the conditional output minus a forecast of the CFG
-difference over the steps both computed (dcache.cfg_difference), which keeps the errors cancelling. Its uncond
+difference over the steps both computed (dcache.runtime.cfg_difference), which keeps the errors cancelling. Its uncond
 keyframes should be a subset of the cond ones (the difference is only known where both computed).
 
 Memory: (order + 1) tensors per cached unit and branch (stack granularity: one residual per stream, or one Delta
@@ -128,7 +128,7 @@ class KeyframeSchedule(MethodSchedule):
     signals = frozenset()
 
     def __init__(self, config: KeyframeConfig):
-        super().__init__(config)  # forecast_order and cfg_difference (dcache.cfg_difference) from the knobs
+        super().__init__(config)  # forecast_order and cfg_difference (dcache.runtime.cfg_difference) from the knobs
         self.forecaster = config_forecaster(config)  # None: the Taylor table of `order`
         self._steps: dict[bool, frozenset[int]] = {}  # is the uncond branch -> computed steps of this generation
 

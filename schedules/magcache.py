@@ -25,8 +25,8 @@ from torch import nn
 
 from dcache import (Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, Signal,
                     knob, register_method)
-from dcache.checks import is_number
-from dcache.plan import nearest_interp
+from dcache.files.checks import is_number
+from dcache.plans.plan import nearest_interp
 
 from .calibration_file import MAX_TABLE_STEPS
 from .tables import known_identities, lookup_table, model_identity

@@ -24,7 +24,7 @@ from torch import nn
 
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, knob
 from dcache import register_method, register_preset
-from dcache.families import adapter_for
+from dcache.model.families import adapter_for
 
 CROSS_NAMES = ("attn2", "cross_attn", "cross_attention")
 SELF_NAMES = ("attn", "attn1", "self_attn", "attention", "self_attention")

@@ -12,7 +12,7 @@ observed in white noise of level sigma:
 
 normalised to unit mean over the frequency grid so that indicators of different steps are comparable (SeaCache
 Eq. 7). At high noise it keeps the low frequencies that carry the emerging image; at low noise it is nearly flat.
-The latents come as [B, C, T, H, W] (dcache.latents).
+The latents come as [B, C, T, H, W] (dcache.runtime.latents).
 
 The stack computes at the first `retention_steps` and last `cache_end_steps` steps, on the first call of a branch,
 after `max_consecutive` skipped calls in a row, and when the accumulated distance reaches the threshold:
@@ -47,7 +47,7 @@ from torch import nn
 
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, ProviderView
 from dcache import Schedule, knob, SignalProvider, register_method, register_preset, register_signal
-from dcache.latents import call_latents
+from dcache.runtime.latents import call_latents
 
 from .forecasters import config_forecaster, forecaster_knob
 
@@ -122,9 +122,9 @@ class SeaCacheConfig(MethodConfig):
 
     Paper: "SeaCache", spectral-evolution-aware caching, https://arxiv.org/abs/2602.18993.
 
-    Use it where the latents have a known spatial layout (dcache.latents). Its gate-less cadence with a quadratic
-    forecast in call scope (`seacache-cadence`, order=2, scope="call") has the best held-out PSNR of the dynamic
-    schedules at compute ratios ~0.5 and ~0.25 on the bundled model (BENCHMARKS.md).
+    Use it where the latents have a known spatial layout (dcache.runtime.latents). Its gate-less cadence with a
+    quadratic forecast in call scope (`seacache-cadence`, order=2, scope="call") has the best held-out PSNR of the
+    dynamic schedules at compute ratios ~0.5 and ~0.25 on the bundled model (BENCHMARKS.md).
 
     Example (the bundled tiny model):
         >>> import dcache

@@ -15,9 +15,9 @@ coefficients or a dict {"coefficients": [...], "threshold": t, "ret_steps": n, "
 checkpoints with different coefficient sets, the entry is a list of such dicts with a "match" dict of extra config
 values (e.g. CogVideoX 1.0 vs 1.5: {"patch_size_t": None} / {"patch_size_t": 2}).
 
-Modulated input per family (dcache.families): FLUX / HunyuanVideo / LTX / Lumina / Mochi: the AdaLN-modulated input of
-the first block, as in TeaCache. CogVideoX: the time embedding `emb`. Wan2.1: the block's `temb` = timestep_proj,
-TeaCache's `e0`, so the Wan tables are the `use_ret_steps` sets (5 warm-up steps, last step not forced).
+Modulated input per family (dcache.model.families): FLUX / HunyuanVideo / LTX / Lumina / Mochi: the AdaLN-modulated
+input of the first block, as in TeaCache. CogVideoX: the time embedding `emb`. Wan2.1: the block's `temb` =
+timestep_proj, TeaCache's `e0`, so the Wan tables are the `use_ret_steps` sets (5 warm-up steps, last step not forced).
 HiDream: the block's `temb` (timestep + pooled-text embedding; TeaCache used the timestep embedding alone).
 The coefficients are fitted for one step count and resolution; thresholds do not transfer across step counts.
 Entries written by calibrate_teacache carry the fitted x interval ("x_range"); outside it the estimate is extended
@@ -34,10 +34,10 @@ from torch import nn
 
 from dcache import Action, CallContext, GenerationInfo, Granularity, MethodConfig, MethodSchedule, Schedule, Signal
 from dcache import knob, register_method, register_preset
-from dcache.checks import is_count, is_number
+from dcache.files.checks import is_count, is_number
 
-from .tables import identity_from_config, known_identities, known_variants, lookup_table, model_identity, \
-    register_table
+from .tables import (identity_from_config, known_identities, known_variants, lookup_table, model_identity,
+                     register_table)
 
 FALLBACK_THRESHOLD = 0.25  # used when neither the knob nor the model's table gives one
 
@@ -47,7 +47,8 @@ FALLBACK_THRESHOLD = 0.25  # used when neither the knob nor the model's table gi
 class TeaCacheConfig(MethodConfig):
     """TeaCache: reuse the step residual while the rescaled change of the modulated input stays small.
 
-    Paper: Liu et al., "Timestep Embedding Tells: It's Time to Cache for Video Diffusion Model", https://arxiv.org/abs/2411.19108.
+    Paper: Liu et al., "Timestep Embedding Tells: It's Time to Cache for Video Diffusion Model",
+    https://arxiv.org/abs/2411.19108.
 
     Use it on a model with published or calibrated polynomial coefficients (`dcache calibrate --method teacache`);
     the signal needs the first block's modulated input, which the model family's adapter provides.

@@ -1,4 +1,4 @@
-"""Every family adapter in dcache/families/, checked against a real forward of its tiny zoo model.
+"""Every family adapter in dcache/model/families/, checked against a real forward of its tiny zoo model.
 
 Plain forward hooks on every block record what the block is really called with and what it returns; the adapter's
 data (argument names, returned slot order, block order, module units, modulated input) must agree with that record.
@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from dcache.adapters import ENCODER, HIDDEN
-from dcache.families import adapter_for, registered_adapters
+from dcache.model.adapters import ENCODER, HIDDEN
+from dcache.model.families import adapter_for, registered_adapters
 
 
 def _load_zoo():
@@ -137,7 +137,7 @@ def test_every_builtin_family_has_a_zoo_entry():
     builtin = {cls for cls in registered_adapters() if hasattr(transformers, cls)}
     zoo_classes = {entry.model_class for entry in zoo.ZOO.values()}
     assert builtin - zoo_classes == set(), f"families without a tiny model in tests/zoo.py: {builtin - zoo_classes}"
-    assert zoo_classes - builtin == set(), (f"zoo entries without an adapter in dcache/families/: "
+    assert zoo_classes - builtin == set(), (f"zoo entries without an adapter in dcache/model/families/: "
                                             f"{zoo_classes - builtin}")
     assert len(zoo_classes) >= 22
 
@@ -279,7 +279,7 @@ def test_modulated_input_is_finite_batched_and_tracks_the_step(name):
 # ---- the support table ----------------------------------------------------------------------------------------------
 
 def test_support_table_covers_every_transformer_class_and_matches_support_md():
-    from dcache import support_matrix
+    from dcache.model import support_matrix
 
     rows = support_matrix.support_table()
     classes = support_matrix.transformer_classes()
@@ -291,7 +291,7 @@ def test_support_table_covers_every_transformer_class_and_matches_support_md():
         "every non-supported row needs a reason"
     support_md = pathlib.Path(__file__).resolve().parents[1] / "SUPPORT.md"
     assert support_md.read_text() == support_matrix.render_markdown(), \
-        "SUPPORT.md is stale: regenerate it with `python -m dcache.support_matrix > SUPPORT.md`"
+        "SUPPORT.md is stale: regenerate it with `python -m dcache.model.support_matrix > SUPPORT.md`"
 
 
 # ---- module units: what they cover, and what a composed unit reads ----------------------------------------------
@@ -409,15 +409,15 @@ def test_composed_unit_reads_only_its_input_units(name, unit, inputs):
 
 # ---- latents for SeaCache's spectral indicator ------------------------------------------------------------------
 
-NO_LATENT_GRID = {  # compared unfiltered (dcache.latents): no [B, C, T, H, W] layout of the input is known
+NO_LATENT_GRID = {  # compared unfiltered (dcache.runtime.latents): no [B, C, T, H, W] layout of the input is known
     "StableAudioDiTModel": "1-D audio latents",
 }
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_call_latents_are_a_5d_relayout_of_the_input(name):
-    from dcache import latents as layouts
-    from dcache.streams import bind_arguments
+    from dcache.runtime import latents as layouts
+    from dcache.runtime.block_io import bind_arguments
 
     model, adapter = _model(name), adapter_for(_model(name))
     arguments = bind_arguments(model, (), zoo.ZOO[name].make_inputs(0, batch=BATCH))

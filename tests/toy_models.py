@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from dcache.adapters import ENCODER, HIDDEN, Adapter, BlockList, register_adapter
+from dcache.model.adapters import ENCODER, HIDDEN, Adapter, BlockList, register_adapter
 
 
 def _real(t: torch.Tensor) -> int:

@@ -16,7 +16,8 @@ A schedule with a `forecaster` knob (taylorseer, keyframe, fixed_interval, seaca
     dcache.apply(pipe, "taylorseer", forecaster={"name": "foca", "calibration": 0.5})
 
 and a plan takes the same dict in its extras: plan.extras["forecaster"] = {"name": "dmd", "window": 5} (a plan
-replays FORECAST cells with it; dcache.forecast). Every forecaster serves stacks, blocks, modules and the call scope.
+replays FORECAST cells with it; dcache.runtime.forecast). Every forecaster serves stacks, blocks, modules and the call
+scope.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from dcache.forecast import Forecaster, register_forecaster
+from dcache.runtime.forecast import Forecaster, register_forecaster
 
 from .base import HistoryForecaster
 from .dmd import DMDForecaster
@@ -68,8 +69,8 @@ def known() -> str:
 
 
 def _load(spec: dict, plan: Any) -> Forecaster:
-    """A plan's extras["forecaster"] (dcache.forecast): a bad setting is a PlanError that names the field."""
-    from dcache.plan import PlanError
+    """A plan's extras["forecaster"] (dcache.runtime.forecast): a bad setting is a PlanError that names the field."""
+    from dcache.plans.plan import PlanError
 
     try:
         forecaster = build_forecaster(spec, "plan field 'extras.forecaster'")

@@ -3,7 +3,8 @@ short, and serving each cached stream of a unit.
 
 A forecaster of this package extrapolates one unit's own computed values, so it serves any unit (`any_history`):
 a stack segment's residual, a block's residual, a module's output, the call scope's Delta = v - x. For each cached
-stream (hidden, encoder) it is given the unit's last computed values and their steps (dcache.state: hist.samples)
+stream (hidden, encoder) it is given the unit's last computed values and their steps (dcache.runtime.cache_state:
+hist.samples)
 
     steps   = [s_1, ..., s_K]                 increasing step indices of the computed values (K <= depth)
     values  = [F(s_1), ..., F(s_K)]           tensors of one shape, e.g. [B, T, C] or [B, C, H, W]
@@ -22,7 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dcache.forecast import Forecaster
+from dcache.runtime.forecast import Forecaster
 
 
 @dataclass(frozen=True)

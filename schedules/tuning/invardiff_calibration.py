@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from dcache import Action, Granularity, Plan
-from dcache.adapters import composed_indices, reuse_composed_inputs
+from dcache.model.adapters import composed_indices, reuse_composed_inputs
 
 from ..invardiff import InvarDiffConfig, invariance_rows
 from . import profiling as prof

@@ -27,7 +27,7 @@ import torch
 
 import dcache
 from dcache import Action, Schedule
-from dcache.signal_providers import ProviderView, SignalProvider, register_signal
+from dcache.runtime.signal_providers import ProviderView, SignalProvider, register_signal
 from dcache.schedules.forecasters.l2p import table_key
 from dcache.schedules.forecasters.polynomial import lagrange_weights
 

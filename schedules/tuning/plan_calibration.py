@@ -18,7 +18,7 @@ from torch import nn
 
 import dcache
 from dcache.methods import calibrator
-from dcache.plan import PLAN_FORMAT, Plan
+from dcache.plans.plan import PLAN_FORMAT, Plan
 
 from ..calibrated_plans import plan_method_title, read_json
 from ..calibration_file import CALIBRATION_FORMAT, CalibrationEntry, save_calibration

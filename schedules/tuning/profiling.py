@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 
 import dcache
 from dcache import Action, Granularity, Plan, Schedule
-from dcache.adapters import composed_indices, reuse_composed_inputs
+from dcache.model.adapters import composed_indices, reuse_composed_inputs
 from dcache.schedule import CallContext
 
 RunFn = Callable[[], Any]

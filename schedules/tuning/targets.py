@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import dcache
-from dcache.health import quiet
+from dcache.generations.health import quiet
 from dcache.methods import knob_sweep, preset_scope, register_target_resolver
 from dcache.quality import psnr
 

@@ -1,7 +1,7 @@
 """benchmarks/gpu.py --dry-run: the GPU benchmark's code path, on tiny configs of the same families, on the CPU.
 
 Every part runs for FLUX (the speed part for Wan and Qwen-Image too) and writes its JSON; the figures are checked for
-what holds on any device: compute ratios of the cadences, handle.memory() == dcache.estimate, an offloaded cache
+what holds on any device: compute ratios of the cadences, handle.memory() == dcache.memory.estimate, an offloaded cache
 bit-identical to the on-device one, a compiled generation that still reuses.
 """
 

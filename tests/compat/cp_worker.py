@@ -4,7 +4,7 @@ Each rank builds the same CompatPipeline (same seed), turns on diffusers' Ulysse
 (2 CPU processes), applies a dcache method, generates, and saves what it saw to `<out>/rank<r>.pt`:
   * the output latents (gathered by diffusers' proj_out hook: every rank holds the full output),
   * the decisions (handle.plan().actions) and the per-call signals of the generation record,
-  * what went into and came out of dcache.parallel.sync_signals (rank-local vs global signal vectors).
+  * what went into and came out of dcache.runtime.parallel.sync_signals (rank-local vs global signal vectors).
 Rank 0 also runs each method single-process (no context parallel) as the reference.
 
 diffusers 0.42.1 on a CPU-only machine: `enable_parallelism` stops in `_resolve_parallel_config` at
@@ -60,14 +60,14 @@ def _generate(rank: int) -> dict:
     from diffusers import ContextParallelConfig
 
     import dcache
-    import dcache.signal_meter
+    import dcache.runtime.signal_meter
 
     patched = torch.accelerator.device_count() == 0
     if patched:
         torch.accelerator.device_count = lambda: 1  # see the module docstring: the CPU is the one device
 
     exchanged: list[tuple[torch.Tensor, torch.Tensor]] = []
-    real_sync = dcache.signal_meter.sync_signals
+    real_sync = dcache.runtime.signal_meter.sync_signals
 
     def recording_sync(flat, tensors, transformer):
         local = flat.clone()
@@ -75,7 +75,7 @@ def _generate(rank: int) -> dict:
         exchanged.append((local, synced.clone()))
         return synced
 
-    dcache.signal_meter.sync_signals = recording_sync
+    dcache.runtime.signal_meter.sync_signals = recording_sync
     result: dict = {"patched": patched, "runs": {}}
     for method, overrides in RUNS:
         for order in ("cp-then-apply", "apply-then-cp") if method == "fbcache" else ("cp-then-apply",):

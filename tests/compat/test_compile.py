@@ -40,7 +40,7 @@ def block_plan() -> Plan:
 
 
 def call_plan() -> Plan:
-    """A stack plan without probe blocks, replayed in call scope (dcache.call_scope)."""
+    """A stack plan without probe blocks, replayed in call scope (dcache.runtime.call_scope)."""
     return Plan(model_class="FluxTransformer2DModel", block_layout=BLOCK_LAYOUT, granularity="stack",
                 units=["stack"], num_steps=STEPS, actions={"cond": ["C", "C", "F", "C"]}, forecast_order=1)
 

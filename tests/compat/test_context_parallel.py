@@ -2,8 +2,8 @@
 decision, and the decisions, signals and outputs are those of the single-process run.
 
 Under context parallel each rank holds half of the tokens, so signals measured on hidden states are rank-local;
-`dcache.parallel.sync_signals` all-reduces them. The ranks run in `cp_worker.py` (forked once for all checks, a few
-seconds); this file asserts on what they saved. See cp_worker.py for the one CPU-only workaround (diffusers
+`dcache.runtime.parallel.sync_signals` all-reduces them. The ranks run in `cp_worker.py` (forked once for all checks, a
+few seconds); this file asserts on what they saved. See cp_worker.py for the one CPU-only workaround (diffusers
 divides by the accelerator count, which is 0 here).
 """
 
@@ -101,7 +101,7 @@ def test_rank_local_signals_differ_and_the_synced_ones_agree(ranks, method):
 
 def test_end_of_generation_signals_agree_across_ranks(ranks):
     """Engine._sync_post (the end-of-generation flush of a branch's last computed call's post signals, which
-    calibration reads) goes through dcache.parallel too."""
+    calibration reads) goes through dcache.runtime.parallel too."""
     a, b = (r["runs"][("easycache", "cp-then-apply")] for r in ranks)
     assert a["calls"] == b["calls"]
 

@@ -1,4 +1,5 @@
-"""dcache.apply(pipe, method, controlnet=...): the ControlNet model cached too, with its own state (dcache.controlnet).
+"""dcache.apply(pipe, method, controlnet=...): the ControlNet model cached too, with its own state
+(dcache.api.controlnet).
 
 Tiny real FluxControlNetPipeline (one ControlNet call per step, embedded guidance) and QwenImageControlNetPipeline
 (one ControlNet call per step shared by the cond and uncond transformer calls) from tests/real_pipelines.py, their
@@ -16,7 +17,7 @@ import torch
 from real_pipelines import REAL_PIPELINES, STEPS, wake_controlnet
 
 import dcache
-from dcache.controlnet import ControlNetNotFollowed
+from dcache.api.controlnet import ControlNetNotFollowed
 
 PIPELINES = ["flux_controlnet", "qwen_image_controlnet"]
 

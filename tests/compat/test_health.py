@@ -1,5 +1,5 @@
-"""A cache that says what it did (dcache.health): each warning fires when its case happens, once per handle, and
-not otherwise; handle.stats().health holds the same facts."""
+"""A cache that says what it did (dcache.generations.health): each warning fires when its case happens, once per
+handle, and not otherwise; handle.stats().health holds the same facts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from compat_kit import make_pipeline, seeded
 
 import dcache
-from dcache.health import DCacheHealthWarning
+from dcache.generations.health import DCacheHealthWarning
 
 
 def generate(pipe, guidance=2.0, steps=8):

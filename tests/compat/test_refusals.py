@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 import dcache
-from dcache.adapters import UnsupportedModelError
-from dcache.families.source_analysis import NOT_YET, discovery_refusal
-from dcache.support_matrix import support_table
+from dcache.model.adapters import UnsupportedModelError
+from dcache.model.families.source_analysis import NOT_YET, discovery_refusal
+from dcache.model.support_matrix import support_table
 
 
 def test_latte_is_refused_at_apply_with_the_reason():
@@ -95,8 +95,8 @@ def test_a_discovered_block_that_returns_something_else_is_refused_on_the_first_
         model(x, context, torch.tensor([1000.0]))
     assert not any(state.units for state in handle.engine.branches.values())  # nothing was cached
     handle.remove()
-    dcache.adapters.register_adapter(dcache.adapters.Adapter(
-        "_CustomDiT", block_lists=(dcache.adapters.BlockList("blocks", encoder=None),)))
+    dcache.model.adapters.register_adapter(dcache.model.adapters.Adapter(
+        "_CustomDiT", block_lists=(dcache.model.adapters.BlockList("blocks", encoder=None),)))
     reference = [model(x, context, torch.tensor([1000.0 - t])) for t in range(4)]
     with dcache.apply(model, "fixed_interval", num_steps=4, interval=1):  # the fix the message names works
         assert all(torch.equal(model(x, context, torch.tensor([1000.0 - t])), r) for t, r in enumerate(reference))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dcache import Plan
-from dcache.io import atomic_write_bytes, atomic_write_text, atomic_write_with
+from dcache.files.atomic import atomic_write_bytes, atomic_write_text, atomic_write_with
 
 
 def plan() -> Plan:
@@ -26,7 +26,7 @@ def write_everything(out) -> list:
     from dcache.pipelines.images import save_grid, save_video
     from dcache.schedules.calibration_file import CalibrationEntry, save_calibration
     from dcache.schedules.tuning.search.core import FrontPoint, Measured, write_front
-    from dcache.state_file import save_state
+    from dcache.files.state_file import save_state
 
     files = [plan().save(out / "plan.json"), atomic_write_text(out / "stats.json", "{}"),
              atomic_write_bytes(out / "blob.bin", b"\x00\x01"),

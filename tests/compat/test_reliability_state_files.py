@@ -1,4 +1,4 @@
-"""Resume state files (dcache.state_file) and the JSON files dcache reads: genuine files are never mistaken for
+"""Resume state files (dcache.files.state_file) and the JSON files dcache reads: genuine files are never mistaken for
 pickles, and oversized files are refused from their size, before they are read."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from compat_kit import make_transformer
 
 import dcache
-from dcache.state_file import MAX_STATE_BYTES, StateFileError, is_pickle, load_state, save_state
+from dcache.files.state_file import MAX_STATE_BYTES, StateFileError, is_pickle, load_state, save_state
 
 
 def test_every_header_size_loads_back(tmp_path):
@@ -63,7 +63,7 @@ def test_an_oversized_state_file_is_refused_before_it_is_read(tmp_path):
 
 
 def test_an_oversized_plan_is_refused_before_it_is_read(tmp_path):
-    from dcache.plan import MAX_PLAN_BYTES, Plan, PlanError
+    from dcache.plans.plan import MAX_PLAN_BYTES, Plan, PlanError
 
     path = sparse(tmp_path / "big.plan.json", MAX_PLAN_BYTES + 1)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -78,7 +78,7 @@ def test_an_oversized_plan_is_refused_before_it_is_read(tmp_path):
 def test_apply_wraps_deep_nesting_and_huge_integers_in_a_plan_error(tmp_path, content):
     """dcache.apply reads plan and config files itself: nesting too deep for the parser and integers too long to
     convert are a PlanError naming the file, as Plan.load gives."""
-    from dcache.plan import PlanError
+    from dcache.plans.plan import PlanError
 
     path = tmp_path / "deep.json"
     path.write_text(content)

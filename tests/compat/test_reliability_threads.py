@@ -1,4 +1,4 @@
-"""Concurrent generations on one hooked transformer are refused, never mixed (dcache.concurrency).
+"""Concurrent generations on one hooked transformer are refused, never mixed (dcache.runtime.concurrency).
 
 Two pipelines built from the same components (each with its own scheduler), dcache applied to one of them, called
 from two threads. The interleavings are forced with hooks so each case is deterministic:

@@ -7,7 +7,7 @@ import torch
 from diffusers import UNet2DConditionModel
 
 import dcache
-from dcache.adapters import UnsupportedModelError
+from dcache.model.adapters import UnsupportedModelError
 from dcache.schedules.tuning.calibrate import calibrate_magcache
 
 from .compat_kit import make_pipeline, seeded

@@ -3,8 +3,9 @@ Wan VACE hints) under every unit kind.
 
 A stack unit's cached residual is the blocks' own contribution: on a reused call the forward loop adds this call's
 control samples after every pass-through block again, so additions made between middle blocks are kept out of the
-residual (dcache.executors.stack `_note_between`). References: the uncached model (bit for bit where all compute),
-and the same model without control samples (a reused step's error must be of the same size with constant samples).
+residual (dcache.runtime.executors.stack `_note_between`). References: the uncached model (bit for bit where all
+compute), and the same model without control samples (a reused step's error must be of the same size with constant
+samples).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Call scope (dcache.call_scope): the whole transformer call x -> v is computed or replaced by x + Delta.
+"""Call scope (dcache.runtime.call_scope): the whole transformer call x -> v is computed or replaced by x + Delta.
 
 References: the uncached model itself (an all-compute generation is bit-identical), and the closed form of a
 replaced call, v_t = x_t + (v_c - x_c) for REUSE and the Taylor forecast of Delta for FORECAST, built here from the

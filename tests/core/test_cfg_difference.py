@@ -1,4 +1,4 @@
-"""Forecasting the CFG difference (dcache.cfg_difference) against an analytic toy in call scope.
+"""Forecasting the CFG difference (dcache.runtime.cfg_difference) against an analytic toy in call scope.
 
 The toy's output is v = x + t^3 + e t with e = mean(encoder_hidden_states): the cond branch (e = 1) and the uncond
 branch (e = 0) share x, so Delta = v - x = t^3 + e t and the CFG difference D = Delta_c - Delta_u = t is linear in
@@ -15,8 +15,8 @@ from torch import nn
 
 import dcache
 from dcache import Plan
-from dcache.adapters import HIDDEN, Adapter, BlockList, register_adapter
-from dcache.health import DCacheHealthWarning
+from dcache.model.adapters import HIDDEN, Adapter, BlockList, register_adapter
+from dcache.generations.health import DCacheHealthWarning
 
 N = 8
 

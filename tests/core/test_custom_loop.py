@@ -1,5 +1,5 @@
-"""Custom denoising loops (`handle.loop`, dcache.custom_loop): hand-written loops shaped like SGLang's (split CFG, one
-call per branch) and vLLM-Omni's (batched CFG, one call on [uncond; cond]) around the bundled model's transformer.
+"""Custom denoising loops (`handle.loop`, dcache.api.custom_loop): hand-written loops shaped like SGLang's (split CFG,
+one call per branch) and vLLM-Omni's (batched CFG, one call on [uncond; cond]) around the bundled model's transformer.
 
 References: the uncached loop (all-compute is bit-identical), the same loop tracked by dcache from its timesteps
 (where that works, the explicit signals give the same decisions and outputs bit for bit), a fresh handle per step
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import dcache
-from dcache.concurrency import ConcurrentGenerationError
-from dcache.health import DCacheHealthWarning
+from dcache.runtime.concurrency import ConcurrentGenerationError
+from dcache.generations.health import DCacheHealthWarning
 from dcache.pipelines.bundled import load_tiny_pipeline
 from dcache.pipelines.tiny_pipeline import image_ids, text_ids
 
@@ -136,13 +136,13 @@ def test_repeated_timesteps_keep_their_steps(parts):
 
 def test_no_timestep_is_read_on_the_host_inside_a_loop(parts, monkeypatch):
     transformer, encoder = parts
-    import dcache.generation
+    import dcache.generations.records
 
     def refuse(timestep):
         raise AssertionError("a timestep was read on the host inside a custom loop")
 
     with dcache.apply(transformer, "fixed_interval", interval=2) as handle:
-        monkeypatch.setattr(dcache.generation, "timestep_value", refuse)
+        monkeypatch.setattr(dcache.generations.records, "timestep_value", refuse)
         with handle.loop(num_steps=4) as loop:
             denoise(transformer, encoder, [0], 4, loop=loop)
 

@@ -45,7 +45,7 @@ def test_a_forward_that_cannot_run_on_fake_tensors_warns_once_and_is_not_retried
     and the unit is not counted again on later calls with the same shape."""
     import warnings
 
-    from dcache.flops import FlopBook, FlopsUncounted
+    from dcache.runtime.flops import FlopBook, FlopsUncounted
 
     calls = []
 

@@ -1,6 +1,6 @@
 """Step-invariant modules outside the blocks (RoPE tables, `Adapter.invariants`) are computed once and replayed
-(dcache.memo): the transformer's output must stay bit-identical to the uncached forward, a hit needs the very same
-input tensors, and an in-place change of those tensors must be seen."""
+(dcache.runtime.step_invariant): the transformer's output must stay bit-identical to the uncached forward, a hit needs
+the very same input tensors, and an in-place change of those tensors must be seen."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 import dcache
 from dcache import Action, Schedule
-from dcache.families import adapter_for
+from dcache.model.families import adapter_for
 
 
 def _load_zoo():
@@ -114,7 +114,7 @@ def test_memoize_false_installs_nothing(tmp_path):
 
 
 def test_bad_invariant_key_names_the_choices():
-    from dcache.adapters import Invariant
+    from dcache.model.adapters import Invariant
 
     with pytest.raises(ValueError, match="'inputs' or 'shapes'"):
         Invariant("pos_embed", key="values")

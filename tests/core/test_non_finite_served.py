@@ -1,5 +1,6 @@
-"""A cached value holding NaN or infinity is never served: the call computes that unit instead (dcache.decision),
-`handle.stats().health.non_finite_served` names it and one DCacheHealthWarning says so per handle.
+"""A cached value holding NaN or infinity is never served: the call computes that unit instead
+(dcache.runtime.decision), `handle.stats().health.non_finite_served` names it and one DCacheHealthWarning says so per
+handle.
 
 The NaN is injected into the stored tensors after every transformer call (a forward hook on the transformer, which
 runs after dcache stored the call's results). References: the uncached pipeline (every served unit is recomputed,
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import dcache
-from dcache.health import DCacheHealthWarning
+from dcache.generations.health import DCacheHealthWarning
 from dcache.pipelines.bundled import load_tiny_pipeline
 
 STEPS = 12

@@ -1,4 +1,4 @@
-"""Per-sample decisions (dcache.lanes, the default): a sample's output does not depend on its batch.
+"""Per-sample decisions (dcache.runtime.lanes, the default): a sample's output does not depend on its batch.
 
 Reference: the same sample run alone (batch 1, the engine's ordinary path). Every sample of a batched generation,
 and each CFG half of a batched-CFG one, takes the decisions it takes alone (the same action per step and unit); the
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import dcache
-from dcache.health import DCacheHealthWarning
-from dcache.lanes import BatchDecisionsWarning
+from dcache.generations.health import DCacheHealthWarning
+from dcache.runtime.lanes import BatchDecisionsWarning
 from dcache.methods import methods
 from dcache.pipelines.bundled import load_tiny_pipeline
 

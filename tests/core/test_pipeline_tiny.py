@@ -60,7 +60,7 @@ def test_batched_cfg_is_one_branch_over_the_whole_batch(pipe):
 
 
 def test_dynamic_plan_replays_bit_exactly_and_state_does_not_leak(pipe, tmp_path):
-    # one plan holds one set of decisions: a batch's (per-sample decisions keep one per sample, dcache.lanes)
+    # one plan holds one set of decisions: a batch's (per-sample decisions keep one per sample, dcache.runtime.lanes)
     with dcache.apply(pipe, "fbcache", threshold=0.2, decisions="batch") as handle:
         first = generate(pipe)
         second = generate(pipe)  # identical call: identical output (no state leaks between generations)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dcache import Plan, PlanError
-from dcache.plan import atomic_write_text, nearest_interp
+from dcache.plans.plan import atomic_write_text, nearest_interp
 
 
 def plan(**kw):

@@ -1,5 +1,5 @@
 """Plans replayed at other step counts with interpolate_steps="keyframes": each computed step once, at its place in
-normalised time (dcache.plan.keyframe_interp), against the keyframe schedule that places the same steps."""
+normalised time (dcache.plans.plan.keyframe_interp), against the keyframe schedule that places the same steps."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import dcache
 from dcache import Plan, PlanError
 from dcache.pipelines.bundled import load_tiny_pipeline
-from dcache.plan import keyframe_interp, nearest_interp
+from dcache.plans.plan import keyframe_interp, nearest_interp
 
 KEYFRAME_STEPS = (0, 8, 15, 23)  # of 28: at 10 and 50 steps round(s (n - 1) / 27) has no ties
 

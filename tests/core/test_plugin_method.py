@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import dcache
 from dcache import Action, Granularity, MethodConfig, Schedule, knob, register_method
-from dcache.plan import PlanSchedule
+from dcache.plans.plan import PlanSchedule
 
 
 @register_method

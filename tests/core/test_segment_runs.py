@@ -31,7 +31,7 @@ def taylor(hist, step):  # the engine's own Taylor read, as a schedule-supplied 
 @pytest.mark.parametrize("method, config", [("fbcache", {"threshold": 0.3, "warmup_steps": 0}),
                                             ("magcache", {"threshold": 0.1, "order": 1, "max_skip_steps": 4})])
 def test_merged_run_equals_per_list_segments(pipe, method, config):
-    config = dict(config, decisions="batch")  # the branch states read below are the batch's (dcache.lanes)
+    config = dict(config, decisions="batch")  # the branch states read below are the batch's (dcache.runtime.lanes)
     with dcache.apply(pipe, method, **config) as merged:
         images = generate(pipe)
         engine = merged.engine

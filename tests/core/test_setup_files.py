@@ -1,6 +1,6 @@
-"""Cache setups as files (dcache.setup_file): a setup applies exactly as the arguments it holds, round-trips through
-JSON and YAML and through handle.setup(), takes per-request overrides, and refuses bad fields naming the file, the
-field and the fix before anything is hooked."""
+"""Cache setups as files (dcache.api.setup_file): a setup applies exactly as the arguments it holds, round-trips
+through JSON and YAML and through handle.setup(), takes per-request overrides, and refuses bad fields naming the file,
+the field and the fix before anything is hooked."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import dcache
 from dcache.pipelines.bundled import load_tiny_pipeline
 from dcache.pipelines.cli import app
-from dcache.setup_file import Setup, SetupError, load_setup
+from dcache.api.setup_file import Setup, SetupError, load_setup
 
 LABELS = [0, 3]
 STEPS = 10

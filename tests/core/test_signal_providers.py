@@ -1,5 +1,5 @@
-"""Signal providers (dcache.signal_providers): a signal a method brings with it, measured by the engine at every
-call of a schedule that lists it, without the core naming it. Reference: the same quantity computed directly from
+"""Signal providers (dcache.runtime.signal_providers): a signal a method brings with it, measured by the engine at
+every call of a schedule that lists it, without the core naming it. Reference: the same quantity computed directly from
 the inputs the test passed."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import toy_models as toy
 import torch
 
 import dcache
-from dcache import Action, Schedule, SignalProvider, register_signal, signal_providers
+from dcache import Action, Schedule, SignalProvider, register_signal
+from dcache.runtime import signal_providers
 
 STEPS = 4
 

@@ -1,4 +1,4 @@
-"""SeaCache's SEA indicator (dcache.schedules.seacache), the latent layouts it reads (dcache.latents) and the
+"""SeaCache's SEA indicator (dcache.schedules.seacache), the latent layouts it reads (dcache.runtime.latents) and the
 SPECTRAL_REL_L1 signal its provider measures through the engine.
 
 Checked against diffusers' own SeaCache filter and Flux pipeline packing where diffusers has them, and against a
@@ -15,7 +15,7 @@ from diffusers import FluxTransformer2DModel
 
 import dcache
 from dcache import Action, Schedule
-from dcache import latents as layouts
+from dcache.runtime import latents as layouts
 from dcache.schedules import seacache
 from dcache.schedules.seacache import SPECTRAL_REL_L1
 
@@ -121,7 +121,7 @@ def test_engine_signal_equals_a_direct_computation():
 def test_flux2_and_z_image_latent_layouts_recover_the_vae_latents():
     from diffusers.pipelines.flux2.pipeline_flux2 import Flux2Pipeline
 
-    from dcache.families import registered_adapters
+    from dcache.model.families import registered_adapters
 
     adapters = registered_adapters()
     g = torch.Generator().manual_seed(0)

@@ -1,5 +1,6 @@
-"""Per-step actions through the engine (dcache.step_actions): a schedule with `acts_on_steps` sees every scheduler
-step of a generation (x_i, x_{i+1}, the step's actions) and may replace x_{i+1}; other schedules are never asked."""
+"""Per-step actions through the engine (dcache.runtime.step_actions): a schedule with `acts_on_steps` sees every
+scheduler step of a generation (x_i, x_{i+1}, the step's actions) and may replace x_{i+1}; other schedules are never
+asked."""
 
 from __future__ import annotations
 

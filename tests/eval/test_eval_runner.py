@@ -18,7 +18,7 @@ from eval_testkit import FAST, TINY_LABELS, HtmlChecker
 
 from dcache.eval.metrics import psnr_per_image
 from dcache.eval.runner import EvalConfig, make_variants, parse_method, run_eval
-from dcache.state_file import load_state
+from dcache.files.state_file import load_state
 
 METHODS = ["fora", "fixed_interval:interval=1", "fixed_interval:interval=2"]
 METRICS = "psnr,ssim,max_abs,mean_abs,fid,accuracy"

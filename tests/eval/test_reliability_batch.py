@@ -131,8 +131,8 @@ def test_fuzzed_markers(finished, tiny_dir, prompts, tmp_path_factory, data):
 
 
 def test_a_killed_runs_temporary_files_are_removed_on_resume(copy, tiny_dir, prompts):
-    """kill -9 while an image or a marker was being written leaves dcache.io's temporary file; the rerun removes
-    the ones whose writer is gone and writes no manifest entry for them."""
+    """kill -9 while an image or a marker was being written leaves dcache.files.atomic's temporary file; the rerun
+    removes the ones whose writer is gone and writes no manifest entry for them."""
     pid = dead_pid()
     stale = [copy / "images" / f".s0-p00000.{pid}.0123abcd.tmp.png",
              copy / ".work" / f".{ITEM}.{pid}.89abcdef.tmp.json"]

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from state_fuzz import FUZZ, dead_pid, mutate
 
 from dcache.eval.runner import EvalConfig, _fingerprint, run_eval
-from dcache.state_file import StateFileError
+from dcache.files.state_file import StateFileError
 
 ITEM = "s0-p0-1"  # seed 0, prompts 0..1 (one batch)
 
@@ -112,7 +112,7 @@ def _record(out: Path, variant: str = "fixed_interval") -> Path:
 
 
 def _edited(path: Path, edit) -> None:
-    from dcache.state_file import load_state, save_state
+    from dcache.files.state_file import load_state, save_state
 
     rec = load_state(path, "eval record", "fix")
     edit(rec)
@@ -218,7 +218,7 @@ def test_fuzzed_records(finished, tmp_path_factory, data):
     """Any field of a record (or of its stats, item, metrics) replaced or deleted: a StateFileError naming the file,
     or a whole report (every image counted once, compute ratios in [0, 1]). A number changed within its range (a
     PSNR value, a duration) cannot be told from a measured one: the check is on types, sizes and where it belongs."""
-    from dcache.state_file import load_state, save_state
+    from dcache.files.state_file import load_state, save_state
 
     out = tmp_path_factory.mktemp("fuzz") / "out"
     shutil.copytree(finished, out)

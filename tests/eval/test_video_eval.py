@@ -16,7 +16,7 @@ from tiny_video import CALL, HEIGHT, PROMPTS, WIDTH, save_tiny_wan
 from dcache.eval.metrics import psnr_per_image, ssim_per_image, temporal_error
 from dcache.eval.networks import ClipScorer, ImageRewardScorer, LpipsScorer
 from dcache.eval.runner import EvalConfig, run_eval
-from dcache.state_file import load_state
+from dcache.files.state_file import load_state
 
 FRAMES = CALL["num_frames"]
 SAME = "fixed_interval(interval=1)"  # computes every step: bit-identical to uncached

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import dcache
-from dcache.budget import Budget, CacheFitChoice, MemoryBudgetError
-from dcache.memory import parse_bytes
+from dcache.memory.budget import Budget, CacheFitChoice, MemoryBudgetError
+from dcache.memory.report import parse_bytes
 from dcache.pipelines.bundled import load_tiny_pipeline
 
 

@@ -1,4 +1,4 @@
-"""Low-precision caches (`cache_dtype`, dcache.cache_codec) on the zoo's tiny Flux, against the same run with a
+"""Low-precision caches (`cache_dtype`, dcache.memory.cache_codec) on the zoo's tiny Flux, against the same run with a
 full-precision (fp32) cache: for every unit kind (stack, block, module, call scope) and forecast order 0 / 1, the
 static schedules take the same decisions, the outputs stay within a measured bound, the reported memory is 1/2
 (bf16), 1/2 plus a scale per tensor (fp16) or 1/4 plus the fp32 scales (fp8) of the fp32 cache, and estimate ==
@@ -14,8 +14,8 @@ from zoo import STATIC_UNIT_SCHEDULES
 
 import dcache
 from dcache import Schedule
-from dcache.cache_codec import cache_codec
-from dcache.estimate import estimate
+from dcache.memory.cache_codec import cache_codec
+from dcache.memory.estimate import estimate
 
 STEPS = 8  # the step count of the `flux` inputs (tests/memory/conftest.py)
 WIDTH = 32  # hidden width of the zoo models: the per-token scale is 4 bytes per WIDTH fp8 bytes
@@ -122,7 +122,7 @@ def test_budget_counts_the_cache_dtype(flux):
                 if fits:
                     model(**inputs[0])
                 else:
-                    with pytest.raises(dcache.budget.MemoryBudgetError):
+                    with pytest.raises(dcache.memory.budget.MemoryBudgetError):
                         model(**inputs[0])
         finally:
             handle.remove()

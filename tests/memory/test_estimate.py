@@ -1,6 +1,6 @@
-"""dcache.estimate (meta-device accounting) against handle.memory() of real runs: equal bytes, kind by kind and branch
-by branch, on the bundled model (every unit kind, with / without / batched CFG, forecast orders, call scope) and on
-the zoo's families; the compute-ratio floor against the measured ratio of a schedule that reads no signal."""
+"""dcache.memory.estimate (meta-device accounting) against handle.memory() of real runs: equal bytes, kind by kind and
+branch by branch, on the bundled model (every unit kind, with / without / batched CFG, forecast orders, call scope) and
+on the zoo's families; the compute-ratio floor against the measured ratio of a schedule that reads no signal."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from zoo import ZOO
 
 import dcache
-from dcache.estimate import estimate
+from dcache.memory.estimate import estimate
 from dcache.pipelines.bundled import load_tiny_pipeline
 from dcache.pipelines.estimate import estimate_spec, resolve_model, with_overrides
 

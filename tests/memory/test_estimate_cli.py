@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dcache.estimate import meta_model
+from dcache.memory.estimate import meta_model
 from dcache.pipelines.cli import app
 from dcache.pipelines.estimate import resolve_model, shipped_models
 

@@ -1,6 +1,6 @@
-"""Offloaded caches (`cache_device="cpu"`, dcache.cache_codec): the stored tensors live in host memory and are copied
-back on use. On a CPU the same code path runs host to host: for every unit kind (stack, block, module, call scope)
-and forecast order 0 / 1, alone and with a low cache dtype, the outputs and the decisions equal the on-device
+"""Offloaded caches (`cache_device="cpu"`, dcache.memory.cache_codec): the stored tensors live in host memory and are
+copied back on use. On a CPU the same code path runs host to host: for every unit kind (stack, block, module, call
+scope) and forecast order 0 / 1, alone and with a low cache dtype, the outputs and the decisions equal the on-device
 cache's bit for bit, the stored tensors are copies (never the computed tensors themselves), and the memory report
 says where the bytes are."""
 
@@ -13,8 +13,8 @@ import torch
 from zoo import STATIC_UNIT_SCHEDULES
 
 import dcache
-from dcache.cache_codec import Stored, cache_codec
-from dcache.estimate import estimate
+from dcache.memory.cache_codec import Stored, cache_codec
+from dcache.memory.estimate import estimate
 
 STEPS = 8  # the step count of the `flux` inputs (tests/memory/conftest.py)
 UNITS = STATIC_UNIT_SCHEDULES
@@ -88,9 +88,9 @@ def test_a_kept_dtype_runs_the_plain_historys_taylor_math(flux, kind, storage, m
     """A bf16 model whose cache keeps bf16 (offloaded, or cache_dtype='bfloat16'): the Taylor kernels see the tables
     in the dtype the plain on-device history gives them, so the outputs match on every backend. (With fp32 copies of
     the tables, the result equalled the plain cache's on the torch backend but not on CUDA's Triton kernels.)"""
-    import dcache.cache_codec
-    import dcache.state
-    from dcache.cache_ops import ops_for
+    import dcache.memory.cache_codec
+    import dcache.runtime.cache_state
+    from dcache.runtime.cache_ops import ops_for
 
     seen: list[tuple[str, torch.dtype]] = []
 
@@ -108,7 +108,7 @@ def test_a_kept_dtype_runs_the_plain_historys_taylor_math(flux, kind, storage, m
                 return op(table, *args, **kwargs)
             return recorded
 
-    for module in (dcache.state, dcache.cache_codec):
+    for module in (dcache.runtime.cache_state, dcache.memory.cache_codec):
         monkeypatch.setattr(module, "ops_for", lambda t: Recording(ops_for(t)))
     model, inputs = flux
     bf16 = (model.to(torch.bfloat16), [{k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point()

@@ -6,7 +6,7 @@ calibration, plan search), pipelines/ (dcache.pipelines), eval/ (dcache.eval), a
 (pipelines/cli.py, dcache.pipelines.cli) on top of everything. A file may import its own layer and the layers below;
 nothing imports the command line. The layers below tuning import no optional plotting / launching / search package
 (matplotlib, accelerate, pymoo, torchmetrics). Imports are read from the syntax tree, including
-`importlib.import_module("dcache.x")` / `__import__("dcache.x")` / `require("x")` (dcache/extras.py) calls, so a
+`importlib.import_module("dcache.x")` / `__import__("dcache.x")` / `require("x")` (dcache/optional_deps.py) calls, so a
 dynamic import counts like a static one. The core reaches the method packages through the `dcache.methods` entry
 point (dcache/plugins.py), which names no package in code.
 """
@@ -28,7 +28,8 @@ PACKAGE_OF = {"kernels": "dcache.kernels", "dcache": "dcache", "schedules": "dca
               "cli": "dcache.pipelines.cli"}
 FOLDER_OF = {"tuning": Path("schedules/tuning")}  # a layer nested in another's folder; the others: their own name
 CLI_FILE = Path("pipelines/cli.py")
-# Optional packages of the eval / search extras (dcache/extras.py): only tuning and the layers above import them.
+# Optional packages of the eval / search extras (dcache/optional_deps.py): only tuning and the layers above import
+# them.
 OPTIONAL_ABOVE_TUNING = {"matplotlib", "accelerate", "pymoo", "torchmetrics"}
 SOURCE_NAMES = ["kernels", "schedules", "pipelines", "eval"]  # source folders, importable only under dcache.
 
@@ -72,7 +73,7 @@ def _module_name(path: Path) -> str:
 
 def _dynamic_target(call: ast.Call, module: str) -> str | None:
     """The module named by importlib.import_module("x") / import_module(f"{__name__}.y") / __import__("x") /
-    require("x") (dcache.extras: an optional dependency)."""
+    require("x") (dcache.optional_deps: an optional dependency)."""
     func = call.func
     name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
     if name not in {"import_module", "__import__", "require"} or not call.args:
@@ -237,7 +238,7 @@ def test_the_package_ships_its_type_marker_and_requires_no_extra():
     assert "py.typed" in project["tool"]["setuptools"]["package-data"]["dcache"]
     required = " ".join(project["project"]["dependencies"])
     for module in ["matplotlib", "torchmetrics", "accelerate", "pymoo", "triton"]:
-        assert module not in required, f"{module} is required; it belongs in an extra (dcache/extras.py)"
+        assert module not in required, f"{module} is required; it belongs in an extra (dcache/optional_deps.py)"
 
 
 def test_every_source_package_is_in_the_wheel():

@@ -47,7 +47,7 @@ def test_start_up_imports_only_what_the_command_needs_and_is_quiet(args, heavy):
 def test_names_of_the_package_resolve_on_first_use():
     import dcache
 
-    assert dcache.apply.__module__ == "dcache.api" and dcache.Plan.__name__ == "Plan"
+    assert dcache.apply.__module__ == "dcache.api.apply_cache" and dcache.Plan.__name__ == "Plan"
     assert {"apply", "Plan", "Handle", "methods", "MethodConfig"} <= set(dir(dcache))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         dcache.nope  # noqa: B018

@@ -11,7 +11,7 @@ from diffusers.models.cache_utils import CacheMixin
 from torch import nn
 
 import dcache
-from dcache.adapters import HIDDEN, Adapter, BlockList, register_adapter
+from dcache.model.adapters import HIDDEN, Adapter, BlockList, register_adapter
 from dcache.schedules.adaptive_keyframe import AdaptiveKeyframeConfig, growth
 
 N = 40

@@ -12,10 +12,10 @@ import toy_models as toy
 import torch
 
 import dcache
-from dcache.plan import PlanError
+from dcache.plans.plan import PlanError
 from dcache.schedules.forecasters import FORECASTERS, build_forecaster
 from dcache.schedules.forecasters.dmd import matrix_power
-from dcache.state import UnitHistory
+from dcache.runtime.cache_state import UnitHistory
 
 EXACT_ON_QUADRATICS = [{"name": "foca", "calibration": 1.0}, {"name": "spectrum", "ridge": 0.0, "window": 6},
                        {"name": "hyca", "max_order": 2}]
@@ -227,7 +227,7 @@ def test_the_forecaster_knob_names_the_field_and_the_fix():
 
 
 def test_plans_carry_a_forecaster_in_their_extras_and_refuse_bad_ones():
-    from dcache.forecast import forecaster_from_plan
+    from dcache.runtime.forecast import forecaster_from_plan
 
     class FakePlan:
         extras = {"forecaster": {"name": "hyca", "backtests": 3}}
@@ -275,7 +275,7 @@ def test_an_exported_run_replays_its_forecasts_bit_exactly(method, overrides):
 
 
 def test_cache_memory_counts_the_forecaster_window_from_the_first_step():
-    # dcache.estimate and the memory budget read the bytes after one call: the window's peak must show there
+    # dcache.memory.estimate and the memory budget read the bytes after one call: the window's peak must show there
     hist = UnitHistory(1, depth=4)
     x = torch.zeros(3, 5)
     hist.update([x], 0)
@@ -287,10 +287,10 @@ def test_cache_memory_counts_the_forecaster_window_from_the_first_step():
 
 
 def test_a_low_precision_cache_serves_the_forecaster_its_full_precision_window():
-    # cache_dtype stores the Taylor table in bfloat16 (dcache.cache_codec.CodedHistory); the forecaster's window
+    # cache_dtype stores the Taylor table in bfloat16 (dcache.memory.cache_codec.CodedHistory); the forecaster's window
     # stays in the compute dtype and reaches it through hist.plain()
-    from dcache.cache_codec import CacheCodec
-    from dcache.state import BranchState
+    from dcache.memory.cache_codec import CacheCodec
+    from dcache.runtime.cache_state import BranchState
 
     hist = BranchState(codec=CacheCodec(torch.bfloat16), depth=3).history("stack", 1)
     trend = _quadratic()

@@ -28,7 +28,7 @@ from schedule_testkit import (STEPS, call, denoise, denoise_two_branches, rel_l1
 import dcache
 from dcache import CallContext, GenerationInfo
 from dcache.schedule import normalize_actions
-from dcache.signal_providers import resolve_signal
+from dcache.runtime.signal_providers import resolve_signal
 from dcache.schedules import cadence, cg_taylor, delta_dit, easycache, fbcache, pab, seacache, taylorseer, teacache
 
 FLAT = (1.0,) * STEPS  # a flat MagCache curve: the skip budget is spent by max_skip_steps only

@@ -91,7 +91,7 @@ CASES = [
     QualityCase("seacache-cadence", "seacache-cadence", {}, 0.43, 42.0),
     # 0.357, 48.9 dB, 1.00 (the same with a quadratic forecast)
     QualityCase("seacache-order2", "seacache-cadence", dict(order=2), 0.43, 42.0),
-    # Call scope (dcache.call_scope): a reused call is x + Delta of the whole transformer, embedders and head
+    # Call scope (dcache.runtime.call_scope): a reused call is x + Delta of the whole transformer, embedders and head
     # included, so batch-1 speed-ups reach the ideal; measured in the same way:
     # 0.304, 43.3 dB, 1.00 (45.9 dB in block scope)
     QualityCase("magcache-forecast-call", "magcache", dict(threshold=0.3, max_skip_steps=4, retention_ratio=0.0,

@@ -10,7 +10,7 @@ import torch
 
 import dcache
 from dcache.actions import Granularity
-from dcache.plan import Plan, PlanError
+from dcache.plans.plan import Plan, PlanError
 from dcache.schedules.tuning.search import make_template, run_plan
 from dcache.schedules.tuning.search import disca as D
 

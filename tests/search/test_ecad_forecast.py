@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dcache.plan import Plan
+from dcache.plans.plan import Plan
 from dcache.schedules.tuning.search import ECADConfig, ecad_search, make_template, measure, run_plan
 from dcache.schedules.tuning.search.ecad import genome_plan, heuristic_seeds, rows_to_genome, seed_rows, shift_moves
 

@@ -9,7 +9,7 @@ from search_testkit import STEPS
 
 import dcache
 from dcache.pipelines.search_cli import make_calibration, parse_guidance, quality_psnr, run_search
-from dcache.plan import Plan
+from dcache.plans.plan import Plan
 
 SCALES = [1.5, 4.0]
 

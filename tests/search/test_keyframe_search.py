@@ -15,7 +15,7 @@ from dcache.pipelines.cli import app
 from dcache.schedules.tuning.search import KeyframeSearchConfig, keyframe_search
 from dcache.schedules.tuning.search.core import make_template
 from dcache.schedules.tuning.search.keyframe_search import SCORES_FILE, uniform
-from dcache.state_file import StateFileError
+from dcache.files.state_file import StateFileError
 
 STEPS = 8
 

@@ -23,7 +23,7 @@ from dcache.schedules.tuning.search import ecad as E
 from dcache.schedules.tuning.search import lemica as L
 from dcache.schedules.tuning.search import router as R
 from dcache.schedules.tuning.search.core import make_template
-from dcache.state_file import StateFileError
+from dcache.files.state_file import StateFileError
 
 
 class Payload:
@@ -115,7 +115,7 @@ def _ecad_checkpoint(calib, template, out: Path) -> Path:
 
 
 def _edit(path: Path, edit) -> None:
-    from dcache.state_file import load_state, save_state
+    from dcache.files.state_file import load_state, save_state
 
     data = load_state(path, E.STATE_KIND, "fix")
     edit(data)
@@ -150,7 +150,7 @@ def test_pop_size_is_bounded_in_the_config():
 
 
 def test_a_damaged_disca_checkpoint_names_the_file(tmp_path):
-    from dcache.state_file import load_state, save_state
+    from dcache.files.state_file import load_state, save_state
 
     cfg = D.DisCaConfig(iterations=2, hidden=4, online_iterations=1)
     D.train_predictor(_stream_data(), tmp_path, cfg, progress=False, stop_after=1)
@@ -180,8 +180,8 @@ RESUMES = {
 
 @pytest.mark.parametrize("method", sorted(RESUMES))
 def test_a_killed_runs_temporary_files_are_removed_on_resume(calib, template, tmp_path, method):
-    """kill -9 during a checkpoint write leaves dcache.io's temporary file; a resume removes it (its writer is
-    gone), and keeps a live process's file and files of other names."""
+    """kill -9 during a checkpoint write leaves dcache.files.atomic's temporary file; a resume removes it (its writer
+    is gone), and keeps a live process's file and files of other names."""
     pid = dead_pid()
     stale = tmp_path / f".checkpoint.{pid}.0123abcd.tmp.safetensors"
     live = tmp_path / f".checkpoint.{os.getpid()}.0123abcd.tmp.safetensors"
@@ -204,7 +204,7 @@ def _refused_or_done(call, folder: Path):
 @pytest.fixture(scope="module")
 def ecad_state(tiny_pipe, template, tmp_path_factory):
     import search_testkit
-    from dcache.state_file import load_state
+    from dcache.files.state_file import load_state
 
     ckpt = _ecad_checkpoint(search_testkit.make_calibration(tiny_pipe), template, tmp_path_factory.mktemp("ecad"))
     return load_state(ckpt, E.STATE_KIND, "fix")
@@ -213,7 +213,7 @@ def ecad_state(tiny_pipe, template, tmp_path_factory):
 @FUZZ
 @given(data=st.data())
 def test_fuzzed_ecad_checkpoints(calib, template, ecad_state, tmp_path_factory, data):
-    from dcache.state_file import save_state
+    from dcache.files.state_file import save_state
 
     out = tmp_path_factory.mktemp("fuzz")
     save_state(out / E.CHECKPOINT, mutate(data, ecad_state), E.STATE_KIND)
@@ -227,7 +227,7 @@ def test_fuzzed_ecad_checkpoints(calib, template, ecad_state, tmp_path_factory, 
 @pytest.fixture(scope="module")
 def router_state(tiny_pipe, template, tmp_path_factory):
     import search_testkit
-    from dcache.state_file import load_state
+    from dcache.files.state_file import load_state
 
     out = tmp_path_factory.mktemp("router")
     R.train_routers(search_testkit.make_calibration(tiny_pipe), out, R.RouterConfig(iterations=2), template=template,
@@ -238,7 +238,7 @@ def router_state(tiny_pipe, template, tmp_path_factory):
 @FUZZ
 @given(data=st.data())
 def test_fuzzed_router_checkpoints(calib, template, router_state, tmp_path_factory, data):
-    from dcache.state_file import save_state
+    from dcache.files.state_file import save_state
 
     out = tmp_path_factory.mktemp("fuzz")
     save_state(out / R.CHECKPOINT, mutate(data, router_state), R.STATE_KIND)
@@ -252,7 +252,7 @@ def test_fuzzed_router_checkpoints(calib, template, router_state, tmp_path_facto
 @FUZZ
 @given(data=st.data())
 def test_fuzzed_disca_checkpoints(tmp_path_factory, data):
-    from dcache.state_file import load_state, save_state
+    from dcache.files.state_file import load_state, save_state
 
     out = tmp_path_factory.mktemp("disca")
     cfg = D.DisCaConfig(iterations=2, hidden=4, online_iterations=1)

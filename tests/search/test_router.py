@@ -4,10 +4,10 @@ exported plan uses at inference, thresholded plans replay."""
 import pytest
 import torch
 
-from dcache.plan import Plan
+from dcache.plans.plan import Plan
 from dcache.schedules.tuning.search import make_template, run_plan
 from dcache.schedules.tuning.search.router import (RouterConfig, _Router, _train_generation, hard_rows, router_search,
-                                            threshold_for, train_routers)
+                                                   threshold_for, train_routers)
 
 
 @pytest.mark.parametrize("objective", ["harmonica", "l2c"])

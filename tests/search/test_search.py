@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import dcache
-from dcache.plan import Plan, PlanError
+from dcache.plans.plan import Plan, PlanError
 from dcache.schedules.tuning.search import (DPConfig, ECADConfig, LeMiCaConfig, convert_rows, dp_schedule, dp_search,
-                                     ecad_search, leximax_path, lemica_search, make_template, run_plan)
+                                            ecad_search, leximax_path, lemica_search, make_template, run_plan)
 from dcache.schedules.tuning.search.dp import group_costs
 
 from search_testkit import STEPS, make_calibration

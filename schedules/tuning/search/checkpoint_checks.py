@@ -1,9 +1,9 @@
 """What a search checkpoint must hold, checked before a resume builds anything from it.
 
-A checkpoint that parses (dcache.state_file) can still hold other data than the search wrote: edited by hand, written
-by another version, copied from another search. Every field is tested here for its type, its range and its shape
-against the running search, so a damaged file is a StateFileError naming it and the fix, before any allocation that
-its numbers size (a population of 10**7, 20,000 initial genomes) and never a raw KeyError / TypeError later.
+A checkpoint that parses (dcache.files.state_file) can still hold other data than the search wrote: edited by hand,
+written by another version, copied from another search. Every field is tested here for its type, its range and its
+shape against the running search, so a damaged file is a StateFileError naming it and the fix, before any allocation
+that its numbers size (a population of 10**7, 20,000 initial genomes) and never a raw KeyError / TypeError later.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from dcache.checks import is_count, is_number, same
-from dcache.state_file import StateFileError
+from dcache.files.checks import is_count, is_number, same
+from dcache.files.state_file import StateFileError
 
 FIX = "delete it to start over (or run without --resume), or pass a new --out"
 

@@ -28,10 +28,10 @@ import torch
 
 import dcache
 from dcache.actions import Action, Granularity
-from dcache.health import quiet
-from dcache.adapters import reuse_composed_inputs
-from dcache.io import atomic_write_text, atomic_write_with, check_inside
-from dcache.plan import KEYFRAMES, Plan
+from dcache.generations.health import quiet
+from dcache.model.adapters import reuse_composed_inputs
+from dcache.files.atomic import atomic_write_text, atomic_write_with, check_inside
+from dcache.plans.plan import KEYFRAMES, Plan
 
 from ..profiling import TrackSchedule
 

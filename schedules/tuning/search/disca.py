@@ -36,20 +36,20 @@ from typing import Any, Callable, Sequence
 import torch
 
 from dcache.actions import Action, Granularity
-from dcache.checks import is_count, same
-from dcache.io import remove_stale_temporaries
-from dcache.plan import Plan
-from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
+from dcache.files.checks import is_count, same
+from dcache.files.atomic import remove_stale_temporaries
+from dcache.plans.plan import Plan
+from dcache.files.state_file import StateFileError, load_state, refuse_legacy, save_state
 from dcache.schedule import CallContext, Schedule
-from dcache.state import UnitHistory
+from dcache.runtime.cache_state import UnitHistory
 
 from ..profiling import ProfileSession
 from ...disca import DisCaPredictor, as_tokens, stream_name, taylor_terms, time_features
 from .checkpoint_checks import FIX, check_adam, check_weights, damaged
-from .core import (Calibration, FrontPoint, Template, first_output, make_template, measure,
-                   replace_first_output, run_plan, write_front)
+from .core import (Calibration, FrontPoint, Template, first_output, make_template, measure, replace_first_output,
+                   run_plan, write_front)
 
-CHECKPOINT = "disca.ckpt.safetensors"  # dcache.state_file: JSON + tensors, never a pickle
+CHECKPOINT = "disca.ckpt.safetensors"  # dcache.files.state_file: JSON + tensors, never a pickle
 LEGACY_CHECKPOINT = "disca.ckpt.pt"  # what older versions pickled; refused, never opened
 STATE_KIND = "DisCa checkpoint"
 ROLLOUTS = {"taylor": None, "reuse": lambda hist, step: hist.reuse()}
@@ -167,7 +167,7 @@ def record_units(pipe: Any, runs: Sequence[Callable[[], Any]], base: Plan, *, st
 
 def _student_hooks(session: ProfileSession, student: Plan, replicas: dict, forecast, order: int) -> dict[Any, int]:
     """Torch hooks that replace unit outputs at the student's skipped cells; returns unit key -> action column."""
-    from dcache.cache_ops import ops_for
+    from dcache.runtime.cache_ops import ops_for
     from dcache.schedule import GenerationInfo
 
     g = Granularity(student.granularity)
@@ -555,7 +555,7 @@ def disca_search(calib: Calibration, out_dir: str | os.PathLike, base_plans: dic
                                 "rel_mse_taylor": summary["rel_mse_taylor"],
                                 "rel_mse_disca": summary["rel_mse_disca"]})
     if front:
-        from dcache.plan import atomic_write_text
+        from dcache.plans.plan import atomic_write_text
 
         lines = ["", f"Taylor twins (same plans, forecast_order {config.order}, no predictor; same block FLOPs):", "",
                  "| plan | compute ratio | quality | metrics |", "|---|---|---|---|"]
@@ -586,7 +586,7 @@ def online_loss(pipe: Any, plan: Plan, predictor: DisCaPredictor, run: Callable[
     Returns the loss with its graph (call .backward()).
     """
     import dcache
-    from dcache.plan import PlanSchedule
+    from dcache.plans.plan import PlanSchedule
 
     from ...disca import DisCaForecaster, sigma_of
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from dcache.actions import Granularity
-from dcache.plan import Plan
+from dcache.plans.plan import Plan
 
 from ..profiling import ProfileSession, stack_residual_tap
 from .core import Calibration, FrontPoint, Template, make_template, measure, write_front, write_json

@@ -36,16 +36,16 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dcache.actions import Action, Granularity
-from dcache.plan import Plan
-from dcache.checks import same
-from dcache.io import remove_stale_temporaries
-from dcache.state_file import StateFileError, load_state, refuse_legacy, save_state
+from dcache.plans.plan import Plan
+from dcache.files.checks import same
+from dcache.files.atomic import remove_stale_temporaries
+from dcache.files.state_file import StateFileError, load_state, refuse_legacy, save_state
 
 from .checkpoint_checks import FIX, check_ecad, damaged, field
 from .core import (Calibration, FrontPoint, Measured, Template, convert_rows, distributed_map, is_main_process,
                    make_template, measure, pareto_mask, write_front)
 
-CHECKPOINT = "checkpoint.safetensors"  # dcache.state_file: JSON + arrays, never a pickle
+CHECKPOINT = "checkpoint.safetensors"  # dcache.files.state_file: JSON + arrays, never a pickle
 LEGACY_CHECKPOINT = "checkpoint.pkl"  # what older versions pickled; refused, never opened
 # NSGA-II's non-dominated sort costs O(pop_size^2) per generation and every genome is a calibration generation:
 # populations beyond a few thousand are never searched; the bound also caps what a checkpoint may ask to allocate.

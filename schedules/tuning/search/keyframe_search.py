@@ -32,11 +32,11 @@ from typing import Any, Callable
 import torch
 
 import dcache
-from dcache.checks import is_number, same
-from dcache.health import quiet
-from dcache.io import read_json
-from dcache.setup_file import Setup
-from dcache.state_file import StateFileError
+from dcache.files.checks import is_number, same
+from dcache.generations.health import quiet
+from dcache.files.atomic import read_json
+from dcache.api.setup_file import Setup
+from dcache.files.state_file import StateFileError
 
 from .core import Calibration, FrontPoint, Template, is_main_process, make_template, measure, write_front, write_json
 

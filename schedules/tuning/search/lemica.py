@@ -24,10 +24,10 @@ from typing import Callable, Sequence
 import torch
 
 from dcache.actions import Granularity
-from dcache.checks import is_number, same
-from dcache.io import read_json
-from dcache.plan import Plan
-from dcache.state_file import StateFileError
+from dcache.files.checks import is_number, same
+from dcache.files.atomic import read_json
+from dcache.plans.plan import Plan
+from dcache.files.state_file import StateFileError
 
 from .core import (Calibration, FrontPoint, Template, distributed_map, is_main_process, make_template, measure,
                    run_plan, write_front, write_json)

@@ -57,18 +57,18 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dcache.actions import Granularity
-from dcache.adapters import reuse_composed_inputs, submodule
-from dcache.families import adapter_for
-from dcache.plan import Plan
-from dcache.checks import is_count, is_number, same
-from dcache.io import remove_stale_temporaries
-from dcache.state_file import load_state, refuse_legacy, save_state
+from dcache.model.adapters import reuse_composed_inputs, submodule
+from dcache.model.families import adapter_for
+from dcache.plans.plan import Plan
+from dcache.files.checks import is_count, is_number, same
+from dcache.files.atomic import remove_stale_temporaries
+from dcache.files.state_file import load_state, refuse_legacy, save_state
 
 from .checkpoint_checks import FIX, check_adam, check_tensor, damaged, field
 from .core import (Calibration, FrontPoint, Template, first_output, make_template, measure, replace_first_output,
                    run_plan, write_front)
 
-CHECKPOINT = "router.ckpt.safetensors"  # dcache.state_file: JSON + tensors, never a pickle
+CHECKPOINT = "router.ckpt.safetensors"  # dcache.files.state_file: JSON + tensors, never a pickle
 LEGACY_CHECKPOINT = "router.pt"  # what older versions pickled; refused, never opened
 STATE_KIND = "router checkpoint"
 

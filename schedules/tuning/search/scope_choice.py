@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dcache.actions import Granularity
-from dcache.plan import Plan
+from dcache.plans.plan import Plan
 
 from .core import Calibration, FrontPoint, Measured, Template, measure, write_front
 

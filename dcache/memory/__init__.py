@@ -1,0 +1,1 @@
+"""Cache memory: what a generation's cache holds, a budget, low-precision storage, estimates before the run."""

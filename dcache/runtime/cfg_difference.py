@@ -1,0 +1,156 @@
+"""Forecasting the CFG difference: the unconditional branch served as the conditional one minus a forecast of
+D = v_c - v_u, in call scope with split CFG (a schedule sets `cfg_difference = True`).
+
+Why. The pipeline combines the branches as v = v_u + g (v_c - v_u) = g v_c - (g - 1) v_u, so errors e_c, e_u of the
+two branches' cached outputs reach the sample as g e_c - (g - 1) e_u. Forecast from the same computed steps, the two
+errors are correlated and mostly cancel; when the branches compute on different steps (an unconditional branch
+with one keyframe fewer, the only way to reach odd call budgets) they stop cancelling, and at guidance 3 the
+difference is amplified by 3 and 2. Serving the unconditional call at step i as
+
+    Delta_u(i) = Delta_c(i) - D^(i)          Delta = v - x (call scope's cached quantity; both branches see one x)
+
+with Delta_c(i) what the conditional branch produced at step i (computed, reused or forecast) and D^ the Taylor
+forecast (the schedule's order) of D over the steps where *both* branches computed, gives the sample the error
+g e_c - (g - 1)(e_c - e_D) = e_c + (g - 1) e_D: the conditional error enters once, and D, the guidance direction,
+varies slowly over the steps.
+
+Where it applies: the branches named "cond" and "uncond" (diffusers' cache_context names; the conditional call
+runs first in every step). An unconditional call that is not computed uses the difference when the conditional
+branch ran at the same step and D has a history; otherwise (e.g. the first steps) it falls back to its own cache.
+Computed calls are untouched, so all-compute stays bit-identical. Memory: one D history ((order + 1) latent-sized
+tensors) in the unconditional branch, and a reference to the conditional Delta of the running step.
+
+Never worse than the branches' own caches. Whether D is smoother than the branches themselves depends on the model
+and the guidance: on a model it was not tuned on, a sparse keyframe placement forecasts D over gaps where it is
+not, and the difference then costs 7 dB where the branches' own forecasts cancel. So the difference is served only
+where this generation measured it better. At every step where both branches computed, each path's forecast is
+checked against the truth before the caches learn it: with e_c, e_u the own forecasts' errors of the two branches
+and e_D the error of D^, the sample errors would have been
+
+    own caches:   g e_c - (g - 1) e_u          difference:   e_c + (g - 1) e_D
+
+(g the pipeline's guidance scale, 3 where it does not say), and where the conditional call computed (e_c = 0)
+(g - 1) e_u and (g - 1) e_D. (When both branches computed on the same steps the first pair is equal: the
+difference pays only where the unconditional branch has fewer keyframes.) The squared norms of both cases are
+summed over the generation;
+the unconditional call is served through the difference only while its sum is the smaller one, else from its own
+cache, and the handle says once that it fell back. Without such a step (uncond keyframes that are not a subset
+of the cond ones) there is no evidence and the difference is not used either; that is said too. A pipeline
+without separate "cond" / "uncond" calls (batched CFG, or no guidance) gives the difference nothing to act on;
+that is said once too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .call_scope import CALL_UNIT
+from .cache_state import BranchState, UnitHistory
+
+REFERENCE, COUPLED = "cond", "uncond"
+
+
+# The guidance scale assumed when the pipeline does not expose one (transformer-only loops): typical CFG.
+ASSUMED_GUIDANCE = 3.0
+
+
+class CfgDifference:
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self._record: Any = None  # the generation the scores below belong to
+        self._own = self._difference = 0.0  # summed squared sample errors of each path at the checked steps
+        self._checks = 0
+
+    @staticmethod
+    def couples(branch: str) -> bool:
+        """Whether a branch's Delta is needed: the reference (cond) and the coupled (uncond) one."""
+        return branch in (REFERENCE, COUPLED)
+
+    def served(self, call: Any, forecast: bool) -> torch.Tensor | None:
+        """Delta_c(i) - D^(i) for an unconditional call that is not computed, or None (serve its own cache)."""
+        if call.branch != COUPLED:
+            return None
+        reference = self._reference(call.step)
+        history = call.bstate.cfg_difference
+        if reference is None or history is None or history.tables is None or not history.matches([reference[1]]):
+            return None
+        self._new_generation()
+        if self._checks == 0 or self._difference >= self._own:  # no evidence yet, or measured worse: own cache
+            steps = getattr(call.record, "num_steps", None) or 0
+            if not self._checks and steps and call.step >= steps // 2:
+                self._say("unchecked", "cfg_difference found no step after the first where both branches computed, "
+                          "so it could not check the difference against the branches' own caches and did not use "
+                          "it: give the 'uncond' branch keyframes that are a subset of the 'cond' ones (e.g. the cond "
+                          "keyframes minus one, as keyframe-5x does), or set cfg_difference=False.")
+            if self._checks:
+                self._say("fallback", f"cfg_difference measured worse than the branches' own caches in this "
+                          f"generation (squared sample error {self._difference:.3g} vs {self._own:.3g} over "
+                          f"{self._checks} step(s) where both branches computed): the unconditional calls are "
+                          f"served from their own cache instead. Set cfg_difference=False to skip the check.")
+            return None
+        return reference[1] - history.read(forecast, call.step)[0]
+
+    def note(self, call: Any, delta: torch.Tensor, computed: bool) -> None:
+        """After a call's Delta is known (before a computed one is cached): the conditional branch's becomes the
+        step's reference; a computed unconditional call at a step where the conditional one computed scores both
+        paths' forecasts of this step and adds D = Delta_c - Delta_u to the history."""
+        bstate: BranchState = call.bstate
+        if call.branch not in (REFERENCE, COUPLED):
+            self._say("no_branches", "cfg_difference=True has no effect here: the pipeline does not run guidance "
+                      "as separate 'cond' and 'uncond' transformer calls (batched CFG, or no guidance), so there "
+                      "is no unconditional call to serve through the difference. Use a pipeline with split CFG, "
+                      "or leave cfg_difference off.")
+            return
+        if call.branch == REFERENCE:
+            bstate.cfg_reference = (call.step, delta, computed, self._own_error(call, delta) if computed else None)
+            return
+        if not computed:
+            return
+        reference = self._reference(call.step)
+        if reference is None or not reference[2] or reference[1].shape != delta.shape:
+            return
+        if bstate.cfg_difference is None:
+            bstate.cfg_difference = UnitHistory(self.engine.order)
+        history = bstate.cfg_difference
+        e_c, e_u = reference[3], self._own_error(call, delta)
+        if e_c is not None and e_u is not None and history.tables is not None and history.matches([delta]):
+            e_d = history.read(self.engine.order > 0, call.step)[0] - (reference[1] - delta)
+            g = self._guidance()
+            self._new_generation()
+            norm = lambda e: float(e.float().square().sum())
+            # the conditional call served too, and the conditional call computed (its error 0)
+            self._own += norm(g * e_c - (g - 1) * e_u) + (g - 1) ** 2 * norm(e_u)
+            self._difference += norm(e_c + (g - 1) * e_d) + (g - 1) ** 2 * norm(e_d)
+            self._checks += 1
+        history.update([reference[1] - delta], call.step)
+
+    def _own_error(self, call: Any, delta: torch.Tensor) -> torch.Tensor | None:
+        """What the branch's own cache would have served at this step, minus the computed Delta (None: no cache)."""
+        own = call.bstate.units.get(CALL_UNIT)
+        if own is None or own.tables is None or not own.matches([delta]):
+            return None
+        return own.read(self.engine.order > 0, call.step)[0] - delta
+
+    def _guidance(self) -> float:
+        g = getattr(self.engine.pipeline, "guidance_scale", None)
+        return float(g) if isinstance(g, (int, float)) and not isinstance(g, bool) and g > 1 else ASSUMED_GUIDANCE
+
+    def _new_generation(self) -> None:
+        if self._record is not self.engine.record:
+            self._record = self.engine.record
+            self._own = self._difference = 0.0
+            self._checks = 0
+
+    def _say(self, kind: str, message: str) -> None:
+        self.engine.health.note(f"cfg_difference_{kind}", message)
+
+    def _reference(self, step: int) -> tuple | None:
+        """The conditional branch's (step, Delta, computed, own-forecast error) if it ran at `step`, else None."""
+        ref_state = self.engine.branches.get(REFERENCE)
+        ref = ref_state.cfg_reference if ref_state is not None else None
+        return ref if ref is not None and ref[0] == step else None
+
+
+__all__ = ["CfgDifference", "REFERENCE", "COUPLED"]

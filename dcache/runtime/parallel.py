@@ -1,0 +1,49 @@
+"""Context parallel: every rank takes the same caching decision.
+
+Under context parallelism (diffusers `transformer.enable_parallelism(config=ContextParallelConfig(...))`) each rank
+holds an equal shard of the tokens between the model's input split and its output gather, so every signal the engine
+measures on hidden states is rank-local. Decided on rank-local signals, one rank could reuse while another computes:
+the ranks' collectives inside attention then pair up wrongly (a hang) or mix stale and fresh shards (garbage).
+
+`sync_signals` makes the signals global with one all-reduce of the small signal vector per call, over the group that
+shards the tokens. How each signal combines follows from how it is formed (`SignalMeter.read`,
+dcache/runtime/signal_meter.py):
+  * 2-element [numerator, denominator] pairs are sums over the tokens (rel_l1_stats, residual_capture's
+    [sum|r - prev|, sum|prev|]): summed over the ranks, num / den is exactly the single-process ratio;
+  * 1-element values are means over the tokens (mean|x - x_prev|, mean|v|, mean token norm ratio): averaged over the
+    ranks, they are the single-process mean, because diffusers shards into equal parts (EquipartitionSharder asserts
+    the token count divides by the mesh size).
+Every rank then holds bit-identical values (the all-reduce result is the same on all ranks) and decides alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def token_group(transformer: Any) -> Any | None:
+    """The process group that shards this transformer's tokens (diffusers context parallel), else None."""
+    config = getattr(transformer, "_parallel_config", None)
+    cp = getattr(config, "context_parallel_config", None)
+    mesh = getattr(cp, "_flattened_mesh", None)  # ring x ulysses, flattened: every rank holding a token shard
+    if mesh is None or mesh.size() == 1 or not (dist.is_available() and dist.is_initialized()):
+        return None
+    return mesh.get_group()
+
+
+def sync_signals(flat: torch.Tensor, tensors: list[torch.Tensor], transformer: Any) -> torch.Tensor:
+    """flat = cat(tensors) made global over the token shards: pairs summed, single values averaged.
+
+    Returns `flat` untouched (no copy, no collective) when the transformer is not context parallel.
+    """
+    group = token_group(transformer)
+    if group is None:
+        return flat
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)  # flat is a fresh torch.cat: reducing in place is safe
+    world = dist.get_world_size(group)
+    # [N]: 1 for the entries of [numerator, denominator] pairs (sums), 1 / world for single means
+    scale = torch.cat([torch.full((t.numel(),), 1.0 if t.numel() == 2 else 1.0 / world) for t in tensors])
+    return flat * scale.to(flat.device)
