@@ -30,6 +30,8 @@ class CallRecord:
     branch: str
     actions: str  # one character per unit
     signals: dict[str, float] = field(default_factory=dict)  # filled when flushed (one host sync per call at most)
+    flops_total: float = 0.0  # what the call's units cost uncached (FlopBook; 0 when counting is off)
+    flops_computed: float = 0.0  # what it spent: computed units, and a signal's own compute (the modulated probe)
 
 
 @dataclass

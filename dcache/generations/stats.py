@@ -121,8 +121,8 @@ def stats_from_record(rec: GenerationRecord | None, *, method: str, granularity:
                       health: dict[str, Any] | None = None) -> Stats:
     calls = rec.calls if rec is not None else []
     cells = "".join(c.actions for c in calls)
-    total = sum(c.signals.get("flops_total", 0.0) for c in calls)
-    computed = sum(c.signals.get("flops_computed", 0.0) for c in calls)
+    total = sum(c.flops_total for c in calls)
+    computed = sum(c.flops_computed for c in calls)
     if total <= 0:  # FLOP counting disabled: fall back to unit counts
         total, computed = float(len(cells)), float(cells.count(Action.COMPUTE.value))
     ratio = computed / total if total > 0 else 1.0

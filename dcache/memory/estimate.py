@@ -183,7 +183,7 @@ def estimate(model: nn.Module, method: Any = DEFAULT_METHOD, inputs: dict | None
         if cache_device is not None:
             report = dataclasses.replace(report, cache_device=str(cache_device))
         calls = engine.record.calls if engine.record is not None else []
-        flops = {c.branch: float(c.signals.get("flops_total", 0.0)) for c in calls}
+        flops = {c.branch: float(c.flops_total) for c in calls}
         branch_names = [c.branch for c in calls]
         notes: list[str] = []
         floor = ceiling = None

@@ -278,15 +278,14 @@ class Engine:
         self.record_call(call)
 
     def record_call(self, call: CallState | None) -> None:
-        """A call's actions and signals go into its generation record; a computed call measures the post signals
-        (from `call.stack_input` / `stack_output` and the arguments in `_call_inputs`)."""
+        """A call's actions, signals and FLOPs go into its generation record; a computed call measures the post
+        signals (from `call.stack_input` / `stack_output` and the arguments in `_call_inputs`)."""
         if call is None or call.actions is None or call.shared:
             self._call_inputs = None
             return
-        rec = call.record
-        signals = dict(call.signal_values, flops_total=call.flops_total, flops_computed=call.flops_computed)
-        entry = CallRecord(call.step, call.branch, call.actions, signals)
-        rec.calls.append(entry)
+        entry = CallRecord(call.step, call.branch, call.actions, dict(call.signal_values),
+                           flops_total=call.flops_total, flops_computed=call.flops_computed)
+        call.record.calls.append(entry)
         if call.actions == _COMPUTE * len(call.actions):
             call.bstate.last_compute_step = call.step
             self.meter.measure_post(call)  # "computed" providers read the call's arguments: cleared after

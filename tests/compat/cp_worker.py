@@ -99,7 +99,7 @@ def _one(pipe, method, overrides, cp_before, exchanged, cp_after=None) -> dict:
         pipe.transformer.enable_parallelism(config=cp_after)
     exchanged.clear()
     out = pipe(**CALL, generator=seeded(0))
-    calls = [(c.step, c.branch, c.actions, {k: v for k, v in c.signals.items() if not k.startswith("flops")})
+    calls = [(c.step, c.branch, c.actions, dict(c.signals))
              for c in handle.engine.record.calls]
     run = {"out": out, "actions": handle.plan().actions, "calls": calls, "exchanged": list(exchanged),
            "compute_ratio": handle.stats().compute_ratio}

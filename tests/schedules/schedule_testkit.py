@@ -93,7 +93,7 @@ def true_compute_ratio(handle: dcache.Handle) -> float:
     if eng.granularity.value != "module":
         return handle.stats().compute_ratio
     calls = eng.record.calls
-    total = sum(c.signals.get("flops_total", 0.0) for c in calls)
+    total = sum(c.flops_total for c in calls)
     unit_cost = {key[1]: cost for key, cost in eng.flops.by_unit.items() if isinstance(key, tuple) and key[0] == "m"}
     skipped = sum(unit_cost.get(i, 0.0) for c in calls for i, a in enumerate(c.actions) if a != "C")
     return (total - skipped) / total
