@@ -13,7 +13,6 @@ Branch: the diffusers `cache_context` name when the pipeline sets one, else the 
 
 from __future__ import annotations
 
-import sys
 import copy
 import threading
 from dataclasses import dataclass, field
@@ -69,20 +68,6 @@ def timestep_value(timestep: Any) -> float | None:
         flat = timestep.detach().reshape(-1)
         # Per-sample / per-token timesteps (Wan 2.2 TI2V, diffusion forcing): their mean moves with the step.
         return float(flat.float().mean()) if flat.numel() else None
-    return None
-
-
-def calling_pipeline(transformer: Any, depth: int = 40) -> Any:
-    """The pipeline object whose method is calling `transformer` right now: the nearest caller frame whose `self`
-    has this `.transformer` and a `.scheduler`; None when there is none (transformer-only use). Walks at most
-    `depth` frames; the engine asks only at a call outside any open generation (once per generation)."""
-    frame = sys._getframe(1)
-    while frame is not None and depth > 0:
-        owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
-        if owner is not None and owner is not transformer and hasattr(owner, "scheduler") \
-                and getattr(owner, "transformer", None) is transformer:
-            return owner
-        frame, depth = frame.f_back, depth - 1
     return None
 
 
@@ -204,4 +189,4 @@ class StepTracker:
         return self.record
 
 
-__all__ = ["CallRecord", "GenerationRecord", "StepTracker", "timestep_value", "calling_pipeline", "Signal"]
+__all__ = ["CallRecord", "GenerationRecord", "StepTracker", "timestep_value", "Signal"]

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .records import calling_pipeline
+from ..compat.diffusers import calling_pipeline
 from ..runtime.step_actions import SchedulerStep, scheduler_step_sample, updated_sample, with_updated_sample
 
 

@@ -25,12 +25,11 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
-from diffusers.hooks.hooks import StateManager
 from torch import nn
-from torch._C._dynamo.eval_frame import get_eval_frame_callback
 
 from .call_state import CallDecided
-from ..generations.records import StepTracker
+from ..compat.diffusers import ContextHook, diffusers_cache, original_forward
+from ..compat.torch import eval_frame_callback
 
 HOOK_NAME = "dcache"
 # Engine bookkeeping never runs inside a compiled graph (it branches on Python state every step).
@@ -56,31 +55,15 @@ class Entries(NamedTuple):
     abort: Callable[..., None]
 
 
-class ContextListener(StateManager):
-    """Receives diffusers' `cache_context(name)` (set on every stateful hook's StateManager)."""
-
-    def __init__(self, tracker: StepTracker):
-        super().__init__(dict)
-        self._tracker = tracker
-
-    def set_context(self, context: Any) -> None:
-        self._tracker.context_name = None if context is None else getattr(context, "name", context)
-
-
-class TransformerHook(ModelHook):
-    """The transformer's hook: receives diffusers' `cache_context` (stateful) and holds the chain below dcache's
-    `transformer_call` (`chain`: the diffusers hook chain ending in the model's own forward)."""
-
-    _is_stateful = True
+class TransformerHook(ContextHook):
+    """The transformer's hook: hands diffusers' `cache_context` name to the engine's tracker and holds the chain
+    below dcache's `transformer_call` (`chain`: the diffusers hook chain ending in the model's own forward)."""
 
     def __init__(self, engine: Any):
-        super().__init__()
+        tracker = engine.tracker
+        super().__init__(lambda name: setattr(tracker, "context_name", name))
         self.engine = engine
-        self.context_listener = ContextListener(engine.tracker)
         self.chain: Callable | None = None
-
-    def reset_state(self, module: nn.Module) -> nn.Module:
-        return module
 
 
 @torch.compiler.disable(recursive=False)  # this frame stays eager; `hook.chain` below it is traced whole
@@ -89,7 +72,7 @@ def transformer_call(hook: TransformerHook, *args, **kwargs):
     own generation state, and the rows that decided alike run together; otherwise the whole batch is one call
     (`run_call`)."""
     engine = hook.engine
-    compiling = get_eval_frame_callback() is not None
+    compiling = eval_frame_callback() is not None
     lanes = engine.lanes
     rows = lanes.rows(args, kwargs, compiling) if lanes is not None and not lanes.swapped else 0
     if rows:
@@ -148,7 +131,7 @@ class UnitHook(ModelHook):
     def new_forward(self, module: nn.Module, *args, **kwargs):
         # is_compiling() is a constant True while dynamo traces and False in eager: the check costs nothing there
         if torch.compiler.is_compiling() and self.traced_path is not None:
-            out = self.traced_path(self.key, self.fn_ref.original_forward, args, kwargs)
+            out = self.traced_path(self.key, original_forward(self), args, kwargs)
             if out is not NOT_DECIDED:
                 return out
         return self.eager_forward(module, *args, **kwargs)
@@ -156,39 +139,25 @@ class UnitHook(ModelHook):
     @torch.compiler.disable(recursive=False)  # this frame stays eager; the original forward below is traced
     def eager_forward(self, module: nn.Module, *args, **kwargs):
         # Inline on purpose: a helper frame here would be traced by dynamo (only this frame is skipped).
-        compiling = get_eval_frame_callback() is not None
+        compiling = eval_frame_callback() is not None
+        forward = self.fn_ref.original_forward  # dcache.compat.diffusers.original_forward, inline (see above)
         enter, exit_, abort = self.traced if compiling else self.entries
-        run, state = enter(self.key, self.fn_ref.original_forward, args, kwargs, compiling)
+        run, state = enter(self.key, forward, args, kwargs, compiling)
         if not run:
             return state
         try:
-            out = self.fn_ref.original_forward(*args, **kwargs)
+            out = forward(*args, **kwargs)
         except BaseException:
             abort(state)
             raise
         return exit_(self.key, state, out)
 
 
-# diffusers' own caches (the hook modules of `transformer.enable_cache(...)` and of its apply_* functions). Two caches
-# on one transformer would each skip work on the other's outputs; dcache's stats would count its own calls as computed
-# while the image is the other cache's.
-_DIFFUSERS_CACHE_MODULES = ("first_block_cache", "mag_cache", "sea_cache", "faster_cache", "taylorseer_cache",
-                            "pyramid_attention_broadcast", "text_kv_cache")
-
-
 def other_cache(transformer: nn.Module) -> str | None:
     """A description of a feature cache other than dcache's on `transformer` (diffusers' enable_cache / apply_*
-    hooks on it or its submodules), or None. Costs one attribute read when there is none of enable_cache's."""
-    config = getattr(transformer, "_cache_config", None)
-    if config is not None:
-        return f"diffusers' {type(config).__name__} (transformer.enable_cache)"
-    for module in transformer.modules():
-        registry = getattr(module, "_diffusers_hook", None)
-        for hook in getattr(registry, "hooks", {}).values():
-            source = type(hook).__module__.rsplit(".", 1)[-1]
-            if source in _DIFFUSERS_CACHE_MODULES:
-                return f"diffusers' {source} hooks ({type(hook).__name__})"
-    return None
+    hooks on it or its submodules), or None. Two caches on one transformer would each skip work on the other's
+    outputs; dcache's stats would count its own calls as computed while the image is the other cache's."""
+    return diffusers_cache(transformer)
 
 
 def refuse_other_cache(transformer: nn.Module, when: str) -> None:

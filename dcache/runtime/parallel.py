@@ -23,12 +23,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..compat.diffusers import context_parallel_mesh
+
 
 def token_group(transformer: Any) -> Any | None:
     """The process group that shards this transformer's tokens (diffusers context parallel), else None."""
-    config = getattr(transformer, "_parallel_config", None)
-    cp = getattr(config, "context_parallel_config", None)
-    mesh = getattr(cp, "_flattened_mesh", None)  # ring x ulysses, flattened: every rank holding a token shard
+    mesh = context_parallel_mesh(transformer)  # ring x ulysses, flattened: every rank holding a token shard
     if mesh is None or mesh.size() == 1 or not (dist.is_available() and dist.is_initialized()):
         return None
     return mesh.get_group()

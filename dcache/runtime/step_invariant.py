@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 
+from ..compat.diffusers import original_forward
 from ..model.adapters import Invariant, submodule
 
 _SLOTS = 4  # distinct keys kept per module (e.g. image and text ids, CFG branches with other text lengths)
@@ -115,7 +116,7 @@ class _MemoHook(ModelHook):
         return tuple(key)
 
     def new_forward(self, module: torch.nn.Module, *args, **kwargs):
-        forward = self.fn_ref.original_forward
+        forward = original_forward(self)
         if torch.compiler.is_compiling() or torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return forward(*args, **kwargs)
         key = self._key(args, kwargs)

@@ -16,7 +16,6 @@ supports it fills in `decided_served` (the cache keys a reused call reads) and `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,12 +24,11 @@ from torch.utils._pytree import tree_flatten
 
 from ...model.adapters import HIDDEN, UnsupportedModelError
 from ..cache_ops import AUTOGRAD, TORCH_DIRECT, CacheOps, ops_for
-from ..call_runtime import CallRuntime
-from ..call_state import DECIDING, RESUMED, BlockSlot, CallDecided, CallState, DecidedCall, UnitState
+from ..call_state import DECIDING, RESUMED, BlockSlot, CallDecided, CallState, DecidedCall
 from ..decision import decide
 from ..hooks import HOOK_NAME, NOT_DECIDED, Entries, UnitHook
 from ..unit_store import keep_tensors, read_cached, residual_pairs
-from .base import UnitExecutor, UnitRun
+from .base import UnitExecutor
 
 _COUNTING = "counting"  # a block's enter state inside a whole-call counting pass (FlopBook.count_blocks)
 
@@ -45,21 +43,12 @@ def traced_residuals(outs: list, ins: list) -> list[torch.Tensor]:
     return [o - x for o, x in residual_pairs(outs, ins)]
 
 
-@dataclass(slots=True)
-class BlockRun(UnitRun):
-    """A running block's hook state."""
-
-    hidden: Any  # the block's hidden-states input
-    encoder: Any  # its encoder-states input (None for single-stream blocks)
-    cost: float | None  # its FLOPs on `shape` when known before it ran
-
-
-class HookedBlocks(UnitExecutor[UnitState]):
-    entry_points = ("enter", "exit", "abort_unit")
+class HookedBlocks(UnitExecutor):
+    entry_points = ("enter", "exit")
     traces_decided_calls = True
 
-    def __init__(self, runtime: CallRuntime):
-        super().__init__(runtime)
+    def __init__(self, engine: Any):
+        super().__init__(engine)
         self._verified_lists: set[int] = set()  # block lists whose output format was checked (first computed call)
         for s in self.blocks:
             s.exit_work = self.exit_work(s)
@@ -69,8 +58,9 @@ class HookedBlocks(UnitExecutor[UnitState]):
         return slot.index == self.last_block
 
     def install(self) -> None:
-        entries = Entries(self.enter, self.exit, self.abort_unit)
-        traced = Entries(self.enter_traced, self.exit_traced, self.abort_unit_traced)
+        engine = self.engine
+        entries = Entries(self.enter, self.exit, engine.abort)
+        traced = Entries(self.enter_traced, self.exit_traced, engine.abort_traced)
         path = self.traced_block if self.traces_decided_calls else None
         for slot in self.blocks:
             HookRegistry.check_if_exists_or_initialize(slot.block).register_hook(
@@ -94,9 +84,9 @@ class HookedBlocks(UnitExecutor[UnitState]):
     def enter(self, slot: BlockSlot, forward: Any, args: tuple, kwargs: dict,
               compiling: bool = False) -> tuple[bool, Any]:
         """(True, state) when the block must run, (False, output) when its result comes from the cache."""
-        runtime = self.runtime
-        call = runtime.call
-        flops = runtime.flops
+        engine = self.engine
+        call = engine.call
+        flops = engine.flops
         if flops.counting:  # inside a FLOP-counting pass: a whole-call one counts every block on its own
             if flops.counting_blocks:
                 hidden = slot.slots.read(args, kwargs)[0]
@@ -110,15 +100,15 @@ class HookedBlocks(UnitExecutor[UnitState]):
         hidden, encoder = slot.slots.read(args, kwargs)
         if slot.index == 0:
             if isinstance(hidden, torch.Tensor):
-                runtime.ops = ops_for(hidden)
+                engine.ops = ops_for(hidden)
             if call.phase == RESUMED:  # its signals were measured when it decided (dcache.runtime.lanes)
                 call.stack_input = hidden
             else:
-                runtime.meter.on_stack_input(call, slot, hidden, args, kwargs)
+                engine.meter.on_stack_input(call, slot, hidden, args, kwargs)
                 call.prefix_flops = (call.flops_total, call.flops_computed)
         if slot.index == self.decision_block and (call.actions is None or call.phase == RESUMED):
             if call.actions is None:
-                decide(runtime, self, call)
+                decide(engine, call)
             self.decided(call)
             if call.phase == DECIDING:
                 raise CallDecided()
@@ -135,20 +125,20 @@ class HookedBlocks(UnitExecutor[UnitState]):
             return False, out
         self.before_run(call, slot, hidden, encoder)
         counter = None if compiling or cost is not None else flops.start(slot.index, shape)
-        return True, BlockRun(call, shape, counter, hidden, encoder, cost)
+        return True, (call, hidden, encoder, shape, cost, counter)  # counter last (Engine.abort)
 
-    def exit(self, slot: BlockSlot, state: BlockRun | str | None, out: Any) -> Any:
+    def exit(self, slot: BlockSlot, state: Any, out: Any) -> Any:
         if state is None:
             return out
-        if not isinstance(state, BlockRun):  # _COUNTING
-            self.runtime.flops.exit()
+        if state == _COUNTING:
+            self.engine.flops.exit()
             return out
-        call, hidden, encoder, cost = state.call, state.hidden, state.encoder, state.cost
-        if state.counter is not None or cost is None:
-            flops = self.runtime.flops
-            if state.counter is not None:
-                flops.stop(state.counter, slot.index, state.shape)
-            cost = flops.cost(slot.index, state.shape) or 0.0
+        call, hidden, encoder, shape, cost, counter = state
+        if counter is not None or cost is None:
+            flops = self.engine.flops
+            if counter is not None:
+                flops.stop(counter, slot.index, shape)
+            cost = flops.cost(slot.index, shape) or 0.0
         call.flops_total += cost
         call.flops_computed += cost  # MODULE granularity: skipped modules subtract their share
         if slot.list_index not in self._verified_lists:
@@ -164,16 +154,17 @@ class HookedBlocks(UnitExecutor[UnitState]):
     def decided_early(self, call: CallState) -> None:
         """Read what the call's reused / forecast units serve (a forecast is evaluated here, at the call's step) and
         the schedule's may_reuse: the traced path then reads no step and no history."""
-        bstate, schedule = call.bstate, self.runtime.schedule
+        engine = self.engine
+        bstate, schedule = call.bstate, engine.schedule
         served = {key: read_cached(schedule, bstate.units[key], action, call.step, call)
                   for key, action in self.decided_served(call)}
-        may_reuse = tuple(schedule.may_reuse(call.branch, i) for i in range(len(self.runtime.units)))
+        may_reuse = tuple(schedule.may_reuse(call.branch, i) for i in range(len(engine.units)))
         call.decided = DecidedCall(served, may_reuse)
 
     def traced_block(self, slot: BlockSlot, forward: Any, args: tuple, kwargs: dict) -> Any:
         """A block's hook while dynamo traces it (dcache.runtime.hooks.UnitHook): serve it or run it and keep its
         residual, as plain tensor work; NOT_DECIDED when the call was not decided when it opened."""
-        call = self.runtime.call
+        call = self.engine.call
         if call is None or call.decided is None:
             return NOT_DECIDED
         hidden, encoder = slot.slots.read(args, kwargs)
@@ -203,15 +194,15 @@ class HookedBlocks(UnitExecutor[UnitState]):
 
     def end_decided(self, call: CallState) -> None:
         """A decided call returned: store what its graph computed (`edits`, in order) and count its FLOPs."""
-        runtime = self.runtime
+        engine = self.engine
         decided = call.decided
         bstate = call.bstate
         for edit in decided.edits:
             if edit[0] == "store":
-                keep_tensors(call, edit[1], runtime.order, edit[2])
+                keep_tensors(call, edit[1], engine.order, edit[2])
             elif edit[0] == "outputs":  # MODULE: a computed module's output pytree
                 leaves, spec = tree_flatten(edit[2])
-                hist = keep_tensors(call, edit[1], runtime.order, [t for t in leaves if isinstance(t, torch.Tensor)])
+                hist = keep_tensors(call, edit[1], engine.order, [t for t in leaves if isinstance(t, torch.Tensor)])
                 hist.layout = (spec, [isinstance(t, torch.Tensor) for t in leaves])
             elif edit[0] == "chain":  # STACK: this list's segment continued the previous list's run
                 bstate.chained.add(edit[1])
@@ -222,11 +213,19 @@ class HookedBlocks(UnitExecutor[UnitState]):
         shapes = decided.shapes
         if shapes and call.record.input_shape is None and 0 in shapes:
             call.record.input_shape = tuple(shapes[0])
-        flops = runtime.flops
+        flops = engine.flops
         missing = [(i, shape) for i, shape in shapes.items()
                    if not flops.known(i, shape) and (i, shape) not in flops.uncounted]
-        if flops.enabled and missing:
-            runtime.count_call_blocks(missing)
+        if flops.enabled and missing and engine._call_inputs is not None:
+            args, kwargs = engine._call_inputs
+            # the memos (dcache.runtime.step_invariant) run in the pass too: what they keep there is fake, put theirs
+            # back after it
+            kept = [(memo, list(memo.entries), memo.hits) for memo in engine.memos]
+            try:
+                flops.count_blocks(engine.transformer_hook.chain, args, kwargs, missing)
+            finally:
+                for memo, entries, hits in kept:
+                    memo.entries[:], memo.hits = entries, hits
         for slot in self.blocks:
             shape = shapes.get(slot.index)
             if shape is None:  # the block ran eagerly: its exit counted it
@@ -264,9 +263,9 @@ class HookedBlocks(UnitExecutor[UnitState]):
         outputs = slot.slots.outputs
         returned = (f"a tuple of {len(out)} ({', '.join(type(o).__name__ for o in out)})"
                     if isinstance(out, (tuple, list)) else type(out).__name__)
-        runtime = self.runtime
+        engine = self.engine
         raise UnsupportedModelError(
-            runtime.transformer,
+            engine.transformer,
             f"block list `{slot.spec.path}`: {type(slot.block).__name__} returned {returned}, but the adapter "
-            f"({runtime.adapter.notes or 'registered'}) expects {outputs}; call handle.remove() and register an "
+            f"({engine.adapter.notes or 'registered'}) expects {outputs}; call handle.remove() and register an "
             f"adapter whose BlockList outputs match what the block returns")
