@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from dcache.model.adapters import ENCODER, HIDDEN
+from dcache.model import families
 from dcache.model.families import adapter_for, registered_adapters
 
 
@@ -140,6 +141,15 @@ def test_every_builtin_family_has_a_zoo_entry():
     assert zoo_classes - builtin == set(), (f"zoo entries without an adapter in dcache/model/families/: "
                                             f"{zoo_classes - builtin}")
     assert len(zoo_classes) >= 22
+
+
+def test_every_family_file_is_listed_and_has_tiny_models():
+    shared = {"__init__", "patterns", "tiny", "source_analysis"}  # the lookup and what the family files share
+    folder = pathlib.Path(families.__file__).parent
+    assert sorted(p.stem for p in folder.glob("*.py") if p.stem not in shared) == list(families.FAMILY_MODULES), (
+        "every family file in dcache/model/families/ is listed in FAMILY_MODULES (alphabetically), and only those")
+    for module in families.family_modules():
+        assert module.TINY, f"{module.__name__} has no tiny test model (TINY)"
 
 
 @pytest.mark.parametrize("name", NAMES)

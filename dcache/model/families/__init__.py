@@ -19,32 +19,44 @@ One `register_adapter(Adapter(...))` per transformer class, checked against diff
   bound forward arguments without side effects (TeaCache, arXiv 2411.19108). None where the family has no AdaLN-style
   modulation of the hidden stream.
 
-Tiny configs of every family here live in tests/zoo.py; tests/test_zoo.py checks this data against real forwards.
-
-The registry, in this order: `named.py` (the families the project names first), then `further.py` (the rest,
-alphabetically); `inputs.py` holds what they share (modulated inputs, latent layouts). They are imported at the
-first lookup, not with this package, so a user's `register_adapter` before it takes a class first.
-`source_analysis.py` reads a class's source to tell whether generic discovery may run on it (and SUPPORT.md).
+One module per family or family group (`flux.py`: Flux and the Flux-style MMDiTs; `wan.py`; `hunyuan_video.py`;
+...) holds its adapter rows, the input functions only it uses, and `TINY`: its tiny test models as plain data
+(`tiny.py`), which tests/zoo.py turns into models and inputs and tests/test_zoo.py checks this data against.
+`patterns.py` holds what several families share (modulated-input forms, a latent layout, RoPE invariants).
+`family_modules()` imports the modules of `FAMILY_MODULES` at the first lookup, not with this package, so a user's
+`register_adapter` before it takes a class of their own first. `source_analysis.py` reads a class's source to tell
+whether generic discovery may run on it (and SUPPORT.md). Adding a family: docs/architecture.md, "A model family".
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+from types import ModuleType
 
 from torch import nn
 
 from ..adapters import ENCODER, HIDDEN, Adapter, BlockList, UnsupportedModelError, adapter_registry, block_list
 from .source_analysis import discovery_refusal
 
+# The built-in family modules, alphabetically: importing one registers its adapters (in this order).
+FAMILY_MODULES = ("allegro", "auraflow", "cogvideox", "cogview", "cosmos", "dit", "easyanimate", "flux", "hidream",
+                  "hunyuan_image", "hunyuan_video", "joy_image", "kandinsky", "ltx", "lumina", "mochi", "nucleus_moe",
+                  "omnigen", "pixart", "prx", "qwen_image", "sana", "sd3", "stable_audio", "wan", "z_image")
+
 _BUILTINS_LOADED = False
+
+
+def family_modules() -> tuple[ModuleType, ...]:
+    """The built-in family modules in FAMILY_MODULES order, imported (their adapters registered) on the first call."""
+    return tuple(importlib.import_module(f"{__name__}.{name}") for name in FAMILY_MODULES)
 
 
 def _load_builtin_families() -> None:
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True
-        from . import named  # noqa: F401  (registers on import: these families first)
-        from . import further  # noqa: F401  (registers on import: the rest)
+        family_modules()
 
 
 def registered_adapters() -> dict[str, Adapter]:
@@ -107,4 +119,4 @@ def _check_paths(transformer: nn.Module, adapter: Adapter) -> None:
         block_list(transformer, spec.path)
 
 
-__all__ = ["adapter_for", "discover_adapter", "registered_adapters"]
+__all__ = ["FAMILY_MODULES", "adapter_for", "discover_adapter", "family_modules", "registered_adapters"]
