@@ -10,6 +10,7 @@ from typing import Any, Callable
 from ..runtime.engine import Engine
 from ..memory.report import MemoryReport, combine_reports, engine_report
 from ..plans.plan import Plan
+from ..generations.records import GenerationRecord
 from ..generations.stats import Stats, combine_stats, stats_from_lanes, stats_from_record
 
 
@@ -34,28 +35,6 @@ class Handle:
     def removed(self) -> bool:
         return self._removed
 
-    def _lane_records(self) -> list:
-        """(request id, record) per sample when the last generation was batched with per-sample decisions
-        (dcache.runtime.lanes), else []."""
-        eng = self._engine
-        if eng.lanes is None or (eng.record is not None and eng.record.calls):
-            return []
-        return eng.lanes.records()
-
-    def _record(self):
-        lanes = self._lane_records()  # per-sample decisions: the plan is the first sample's
-        if len(lanes) > 1:
-            warnings.warn(f"the last generation decided each of its {len(lanes)} samples on its own "
-                          f"(decisions='sample'); this plan holds the first sample's decisions, which another "
-                          f"sample replayed with it does not reproduce. Record a plan from one sample run alone, or "
-                          f"apply with decisions='batch' for one set of decisions over the batch.", UserWarning,
-                          stacklevel=3)
-        rec = lanes[0][1] if lanes else self._engine.record
-        if rec is None or not rec.calls:
-            raise RuntimeError("no generation has run through this handle yet; call the pipeline first, then ask "
-                               "for stats() or plan().")
-        return rec
-
     def stats(self, expert: str | None = None) -> Stats:
         """Stats of the last generation (units, ideal speed-up, cache memory). With several experts (Wan 2.2's
         transformer_2) or a cached ControlNet (dcache.api.controlnet): their sum, each model's own in `.experts`;
@@ -63,10 +42,10 @@ class Handle:
         if expert is not None:
             if expert in self.controlnets:
                 return self.controlnets[expert].stats()
-            return self._expert(expert)._own_stats()
+            return model_stats(self._expert(expert))
         if not self.experts and not self.controlnets:
-            return self._own_stats()
-        parts = {"transformer": self._own_stats(), **{n: h._own_stats() for n, h in self.experts.items()},
+            return model_stats(self)
+        parts = {"transformer": model_stats(self), **{n: model_stats(h) for n, h in self.experts.items()},
                  **{n: c.stats() for n, c in self.controlnets.items()}}
         return combine_stats(parts)
 
@@ -76,18 +55,6 @@ class Handle:
         if name not in self.experts:
             raise ValueError(f"expert={name!r}: this handle caches {['transformer', *self.experts]}.")
         return self.experts[name]
-
-    def _own_stats(self) -> Stats:
-        eng = self._engine
-        rec = eng.record if eng.record is not None and eng.record.calls else None
-        common = dict(method=self.method, granularity=eng.granularity.value, units_per_call=len(eng.units),
-                      blocks_per_call=len(eng.blocks), cache_bytes=max(eng.peak_cache_bytes, eng._cache_bytes()),
-                      health=eng.health.last.to_dict())
-        lanes = self._lane_records()
-        if lanes:  # transformer-only lanes count their own generations (the engine's own count is the pipeline's)
-            generations = max(eng.generations, *(lane.generations for lane in eng.lanes.lanes.values()))
-            return stats_from_lanes(lanes, generations=generations, **common)
-        return stats_from_record(rec, generations=eng.generations, **common)
 
     def requests(self, ids: Any) -> Any:
         """`with handle.requests(["a", "b", "c"]):` the transformer calls inside are batches of these requests, one
@@ -120,11 +87,11 @@ class Handle:
         if expert is not None:
             if expert in self.controlnets:
                 return self.controlnets[expert].memory()
-            return engine_report(self._expert(expert)._engine)
+            return engine_report(self._expert(expert).engine)
         if not self.experts and not self.controlnets:
             return engine_report(self._engine)
         return combine_reports({"transformer": engine_report(self._engine),
-                                **{n: engine_report(h._engine) for n, h in self.experts.items()},
+                                **{n: engine_report(h.engine) for n, h in self.experts.items()},
                                 **{n: c.memory() for n, c in self.controlnets.items()}})
 
     def plan(self, *, interpolate_steps: bool | str = False, quality: dict | None = None,
@@ -136,59 +103,11 @@ class Handle:
         step) or "keyframes" (each computed step once, at its place in normalised time: the form that keeps a
         forecasting plan's quality at other step counts)."""
         if expert is not None:
-            return self._expert(expert)._own_plan(interpolate_steps, quality, expert_steps=True)
+            return model_plan(self._expert(expert), interpolate_steps, quality, expert_steps=True)
         if self.experts:
             raise ValueError(f"this pipeline has several denoising transformers ({['transformer', *self.experts]}), "
                              f"each with its own decisions: ask for one, handle.plan(expert='transformer').")
-        return self._own_plan(interpolate_steps, quality, expert_steps=False)
-
-    def _own_plan(self, interpolate_steps: bool | str, quality: dict | None, expert_steps: bool) -> Plan:
-        rec = self._record()
-        eng = self._engine
-        steps = max(c.step for c in rec.calls) + 1
-        num_steps = rec.num_steps or steps
-        actions: dict[str, list[str | None]] = {}
-        for c in rec.calls:
-            rows = actions.setdefault(c.branch, [None] * num_steps)
-            if c.step < num_steps:
-                rows[c.step] = c.actions
-        active = None
-        if expert_steps:  # an expert runs a range of steps: the others are never asked, recorded as COMPUTE
-            first, last = min(c.step for c in rec.calls), max(c.step for c in rec.calls)
-            active = [first, last + 1]
-            for rows in actions.values():
-                for i in [*range(first), *range(last + 1, num_steps)]:
-                    rows[i] = rows[i] or "C" * len(eng.units)
-        for branch, rows in actions.items():
-            if any(r is None for r in rows):
-                missing = [i for i, r in enumerate(rows) if r is None]
-                raise RuntimeError(f"the last generation did not finish (branch {branch!r} has no call at steps "
-                                   f"{missing[:5]}...); run a complete generation before exporting its plan.")
-        layout = Counter(s.list_index for s in eng.blocks)
-        extras = dict(getattr(eng.schedule, "plan_extras", lambda: {})())
-        extras.pop("scope", None)  # a replayed plan's: this generation ran in eng.scope
-        if active is not None:
-            extras["expert_steps"] = active
-        if eng.scope != "blocks":  # replays in the scope it was recorded in (dcache.apply reads it)
-            extras["scope"] = eng.scope
-        extras.pop("cfg_difference", None)
-        if getattr(eng.schedule, "cfg_difference", False):  # replays serving uncond through the CFG difference
-            extras["cfg_difference"] = True
-        return Plan(
-            model_class=type(eng.transformer).__name__,
-            block_layout=[layout[i] for i in range(len(eng.adapter.block_lists))],
-            granularity=eng.granularity.value, units=list(eng.units), num_steps=num_steps,
-            actions=actions,  # type: ignore[arg-type]
-            probe_blocks=eng.schedule.probe_blocks if eng.granularity.value == "stack" else 0,
-            tail_blocks=eng.schedule.tail_blocks if eng.granularity.value == "stack" else 0,
-            forecast_order=eng.order,
-            scheduler=eng.scheduler_name,  # recorded when hooked: a removed handle still knows it
-            resolution=list(rec.input_shape) if rec.input_shape else None,
-            interpolate_steps=interpolate_steps,
-            extras=extras,
-            provenance={"method": self.method, "config": self.config, "scope": eng.scope, "quality": quality or {},
-                        "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
-        )
+        return model_plan(self, interpolate_steps, quality, expert_steps=False)
 
     def setup(self):
         """What this handle was applied with, as a dcache.api.setup_file.Setup: `handle.setup().save("setup.json")`
@@ -226,3 +145,92 @@ class Handle:
     def __repr__(self) -> str:
         state = "removed" if self._removed else "active"
         return f"<dcache.Handle {self.method} on {type(self._engine.transformer).__name__} ({state})>"
+
+
+def lane_records(engine: Engine) -> list:
+    """(request id, record) per sample when the last generation was batched with per-sample decisions
+    (dcache.runtime.lanes), else []."""
+    if engine.lanes is None or (engine.record is not None and engine.record.calls):
+        return []
+    return engine.lanes.records()
+
+
+def model_stats(handle: Handle) -> Stats:
+    """The stats of the handle's own transformer (no experts, no ControlNet)."""
+    eng = handle.engine
+    rec = eng.record if eng.record is not None and eng.record.calls else None
+    common = dict(method=handle.method, granularity=eng.granularity.value, units_per_call=len(eng.units),
+                  blocks_per_call=len(eng.blocks), cache_bytes=max(eng.peak_cache_bytes, eng.cache_bytes()),
+                  health=eng.health.last.to_dict())
+    lanes = lane_records(eng)
+    if lanes:  # transformer-only lanes count their own generations (the engine's own count is the pipeline's)
+        generations = max(eng.generations, *(lane.generations for lane in eng.lanes.lanes.values()))
+        return stats_from_lanes(lanes, generations=generations, **common)
+    return stats_from_record(rec, generations=eng.generations, **common)
+
+
+def last_record(engine: Engine) -> GenerationRecord:
+    """The last generation's record (per-sample decisions: the first sample's, with a warning)."""
+    lanes = lane_records(engine)  # per-sample decisions: the plan is the first sample's
+    if len(lanes) > 1:
+        warnings.warn(f"the last generation decided each of its {len(lanes)} samples on its own "
+                      f"(decisions='sample'); this plan holds the first sample's decisions, which another "
+                      f"sample replayed with it does not reproduce. Record a plan from one sample run alone, or "
+                      f"apply with decisions='batch' for one set of decisions over the batch.", UserWarning,
+                      stacklevel=3)
+    rec = lanes[0][1] if lanes else engine.record
+    if rec is None or not rec.calls:
+        raise RuntimeError("no generation has run through this handle yet; call the pipeline first, then ask "
+                           "for stats() or plan().")
+    return rec
+
+
+def model_plan(handle: Handle, interpolate_steps: bool | str, quality: dict | None, expert_steps: bool) -> Plan:
+    """The plan of the handle's own transformer (Handle.plan). expert_steps: the steps other experts run are
+    recorded as COMPUTE, the active range in the plan's extras."""
+    eng = handle.engine
+    rec = last_record(eng)
+    steps = max(c.step for c in rec.calls) + 1
+    num_steps = rec.num_steps or steps
+    actions: dict[str, list[str | None]] = {}
+    for c in rec.calls:
+        rows = actions.setdefault(c.branch, [None] * num_steps)
+        if c.step < num_steps:
+            rows[c.step] = c.actions
+    active = None
+    if expert_steps:  # an expert runs a range of steps: the others are never asked, recorded as COMPUTE
+        first, last = min(c.step for c in rec.calls), max(c.step for c in rec.calls)
+        active = [first, last + 1]
+        for rows in actions.values():
+            for i in [*range(first), *range(last + 1, num_steps)]:
+                rows[i] = rows[i] or "C" * len(eng.units)
+    for branch, rows in actions.items():
+        if any(r is None for r in rows):
+            missing = [i for i, r in enumerate(rows) if r is None]
+            raise RuntimeError(f"the last generation did not finish (branch {branch!r} has no call at steps "
+                               f"{missing[:5]}...); run a complete generation before exporting its plan.")
+    layout = Counter(s.list_index for s in eng.blocks)
+    extras = dict(getattr(eng.schedule, "plan_extras", lambda: {})())
+    extras.pop("scope", None)  # a replayed plan's: this generation ran in eng.scope
+    if active is not None:
+        extras["expert_steps"] = active
+    if eng.scope != "blocks":  # replays in the scope it was recorded in (dcache.apply reads it)
+        extras["scope"] = eng.scope
+    extras.pop("cfg_difference", None)
+    if getattr(eng.schedule, "cfg_difference", False):  # replays serving uncond through the CFG difference
+        extras["cfg_difference"] = True
+    return Plan(
+        model_class=type(eng.transformer).__name__,
+        block_layout=[layout[i] for i in range(len(eng.adapter.block_lists))],
+        granularity=eng.granularity.value, units=list(eng.units), num_steps=num_steps,
+        actions=actions,  # type: ignore[arg-type]
+        probe_blocks=eng.schedule.probe_blocks if eng.granularity.value == "stack" else 0,
+        tail_blocks=eng.schedule.tail_blocks if eng.granularity.value == "stack" else 0,
+        forecast_order=eng.order,
+        scheduler=eng.scheduler_name,  # recorded when hooked: a removed handle still knows it
+        resolution=list(rec.input_shape) if rec.input_shape else None,
+        interpolate_steps=interpolate_steps,
+        extras=extras,
+        provenance={"method": handle.method, "config": handle.config, "scope": eng.scope, "quality": quality or {},
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
+    )

@@ -99,7 +99,7 @@ class MemoryReport:
 
 def engine_report(engine: Any) -> MemoryReport:
     """The report of a live engine: the running generation's breakdown if one runs, else the last one's."""
-    live = engine._cache_bytes()
+    live = engine.cache_bytes()
     if engine.branches:
         by_branch = branch_breakdown(engine.branches, engine.granularity.value)
     else:

@@ -7,7 +7,7 @@ read and write them; nothing here runs a model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -45,8 +45,12 @@ class CallDecided(Exception):
     it."""
 
 
+# The executor kind's own state of one call (UnitExecutor.new_call): StackRun, ModuleCalls, WholeCall, or None (block).
+UnitState = TypeVar("UnitState")
+
+
 @dataclass
-class CallState:
+class CallState(Generic[UnitState]):
     """One transformer call, from `Engine.begin_call` to `Engine.end_call`."""
 
     record: GenerationRecord
@@ -55,11 +59,11 @@ class CallState:
     call_index: int
     timestep: Any
     bstate: BranchState
+    unit: UnitState  # the executor kind's own state for this call (UnitExecutor.new_call)
     actions: str | None = None  # one action character per unit, set at the decision point
     pre: dict[Any, torch.Tensor] = field(default_factory=dict)  # signal -> device tensor measured before deciding
     stack_input: torch.Tensor | None = None  # hidden states entering the first block (call scope: the latents x)
     stack_output: torch.Tensor | None = None  # hidden states the last block returned (call scope: the sample v)
-    unit: Any = None  # the executor's own state for this call (UnitExecutor.new_call)
     signal_values: dict[str, float] = field(default_factory=dict)  # pre signals read at the decision, by name
     flops_total: float = 0.0
     flops_computed: float = 0.0

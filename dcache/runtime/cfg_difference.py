@@ -42,12 +42,13 @@ that is said once too.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from .call_runtime import CallRuntime
 from .call_scope import CALL_UNIT
 from .cache_state import BranchState, UnitHistory
+from .call_state import CallState
+from ..generations.records import GenerationRecord
 
 REFERENCE, COUPLED = "cond", "uncond"
 
@@ -57,9 +58,9 @@ ASSUMED_GUIDANCE = 3.0
 
 
 class CfgDifference:
-    def __init__(self, engine: Any):
-        self.engine = engine
-        self._record: Any = None  # the generation the scores below belong to
+    def __init__(self, runtime: CallRuntime):
+        self.runtime = runtime
+        self._record: GenerationRecord | None = None  # the generation the scores below belong to
         self._own = self._difference = 0.0  # summed squared sample errors of each path at the checked steps
         self._checks = 0
 
@@ -68,7 +69,7 @@ class CfgDifference:
         """Whether a branch's Delta is needed: the reference (cond) and the coupled (uncond) one."""
         return branch in (REFERENCE, COUPLED)
 
-    def served(self, call: Any, forecast: bool) -> torch.Tensor | None:
+    def served(self, call: CallState, forecast: bool) -> torch.Tensor | None:
         """Delta_c(i) - D^(i) for an unconditional call that is not computed, or None (serve its own cache)."""
         if call.branch != COUPLED:
             return None
@@ -92,7 +93,7 @@ class CfgDifference:
             return None
         return reference[1] - history.read(forecast, call.step)[0]
 
-    def note(self, call: Any, delta: torch.Tensor, computed: bool) -> None:
+    def note(self, call: CallState, delta: torch.Tensor, computed: bool) -> None:
         """After a call's Delta is known (before a computed one is cached): the conditional branch's becomes the
         step's reference; a computed unconditional call at a step where the conditional one computed scores both
         paths' forecasts of this step and adds D = Delta_c - Delta_u to the history."""
@@ -112,11 +113,11 @@ class CfgDifference:
         if reference is None or not reference[2] or reference[1].shape != delta.shape:
             return
         if bstate.cfg_difference is None:
-            bstate.cfg_difference = UnitHistory(self.engine.order)
+            bstate.cfg_difference = UnitHistory(self.runtime.order)
         history = bstate.cfg_difference
         e_c, e_u = reference[3], self._own_error(call, delta)
         if e_c is not None and e_u is not None and history.tables is not None and history.matches([delta]):
-            e_d = history.read(self.engine.order > 0, call.step)[0] - (reference[1] - delta)
+            e_d = history.read(self.runtime.order > 0, call.step)[0] - (reference[1] - delta)
             g = self._guidance()
             self._new_generation()
             norm = lambda e: float(e.float().square().sum())
@@ -126,29 +127,29 @@ class CfgDifference:
             self._checks += 1
         history.update([reference[1] - delta], call.step)
 
-    def _own_error(self, call: Any, delta: torch.Tensor) -> torch.Tensor | None:
+    def _own_error(self, call: CallState, delta: torch.Tensor) -> torch.Tensor | None:
         """What the branch's own cache would have served at this step, minus the computed Delta (None: no cache)."""
         own = call.bstate.units.get(CALL_UNIT)
         if own is None or own.tables is None or not own.matches([delta]):
             return None
-        return own.read(self.engine.order > 0, call.step)[0] - delta
+        return own.read(self.runtime.order > 0, call.step)[0] - delta
 
     def _guidance(self) -> float:
-        g = getattr(self.engine.pipeline, "guidance_scale", None)
+        g = getattr(self.runtime.pipeline, "guidance_scale", None)
         return float(g) if isinstance(g, (int, float)) and not isinstance(g, bool) and g > 1 else ASSUMED_GUIDANCE
 
     def _new_generation(self) -> None:
-        if self._record is not self.engine.record:
-            self._record = self.engine.record
+        if self._record is not self.runtime.record:
+            self._record = self.runtime.record
             self._own = self._difference = 0.0
             self._checks = 0
 
     def _say(self, kind: str, message: str) -> None:
-        self.engine.health.note(f"cfg_difference_{kind}", message)
+        self.runtime.health.note(f"cfg_difference_{kind}", message)
 
     def _reference(self, step: int) -> tuple | None:
         """The conditional branch's (step, Delta, computed, own-forecast error) if it ran at `step`, else None."""
-        ref_state = self.engine.branches.get(REFERENCE)
+        ref_state = self.runtime.branches.get(REFERENCE)
         ref = ref_state.cfg_reference if ref_state is not None else None
         return ref if ref is not None and ref[0] == step else None
 

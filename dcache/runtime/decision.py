@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
+from .cache_state import BranchState
+from .call_runtime import CallRuntime
 from .call_state import CallState
 from ..schedule import CallContext, normalize_actions
 from .signal_providers import signal_name
@@ -17,10 +19,18 @@ from .unit_store import finite_flags, read_cached
 _COMPUTE = "C"
 
 
-def decide(engine: Any, call: CallState) -> None:
-    """Set `call.actions` (and the pre signals recorded with them)."""
+class Feasibility(Protocol):
+    """What the decision asks the unit kind (dcache.runtime.executors.base.UnitExecutor)."""
+
+    def feasible(self, row: str, bstate: BranchState) -> str: ...
+
+    def decided_served(self, call: CallState) -> list[tuple[Any, str]]: ...
+
+
+def decide(runtime: CallRuntime, units: Feasibility, call: CallState) -> None:
+    """Set `call.actions` (and the pre signals recorded with them); `units`: the executor of the call's unit kind."""
     bstate = call.bstate
-    meter = engine.meter
+    meter = runtime.meter
     values = meter.read(call)
     timesteps = call.record.timesteps
     timestep = timesteps[call.step] if timesteps and call.step < len(timesteps) else None
@@ -28,26 +38,26 @@ def decide(engine: Any, call: CallState) -> None:
                       call_index=call.call_index, timestep=timestep, signals=values,
                       last_compute_step=bstate.last_compute_step)
     call.signal_values = {signal_name(k): v for k, v in values.items() if k in meter.pre}
-    row = normalize_actions(engine.schedule.decide(ctx), len(engine.units))
-    call.actions = engine.executor.feasible(row, bstate)
+    row = normalize_actions(runtime.schedule.decide(ctx), len(runtime.units))
+    call.actions = units.feasible(row, bstate)
     if call.actions != _COMPUTE * len(call.actions):
-        _compute_non_finite(engine, call)
+        _compute_non_finite(runtime, units, call)
 
 
-def _compute_non_finite(engine: Any, call: CallState) -> None:
+def _compute_non_finite(runtime: CallRuntime, units: Feasibility, call: CallState) -> None:
     """Units whose served tensors (the cached value, or its forecast at this step) are not finite compute instead (one
     host read for all of them). What was read is kept in `call.served` for the unit to serve without reading it
     again."""
     row = list(call.actions)
-    served = {key: read_cached(engine.schedule, call.bstate.units[key], action, call.step)
-              for key, action in engine.executor.decided_served(call)}
+    served = {key: read_cached(runtime.schedule, call.bstate.units[key], action, call.step)
+              for key, action in units.decided_served(call)}
     for (key, tensors), finite in zip(served.items(), finite_flags(list(served.values()))):
         unit = _unit_of(key)
         if finite:
             call.served[key] = tensors
         elif row[unit] != _COMPUTE:
             row[unit] = _COMPUTE
-            engine.health.served_non_finite(f"{call.branch}/{engine.units[unit]}", call.step)
+            runtime.health.served_non_finite(f"{call.branch}/{runtime.units[unit]}", call.step)
     actions = "".join(row)
     if actions != call.actions:
         call.actions = actions

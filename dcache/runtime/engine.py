@@ -12,24 +12,27 @@ The engine coordinates the parts; each lives in its own module:
   * dcache.runtime.decision: the schedule's decision and its feasibility; dcache.runtime.unit_store: storing and
     serving units;
   * dcache.runtime.cache_state: the branch caches (BranchState, UnitHistory); dcache.runtime.call_state: one call's
-    record.
+    record;
+  * dcache.runtime.call_runtime: what the executor, the meter and the decision see of the engine (CallRuntime: the
+    model, schedule, FLOP book, kernels, running generation and call).
 
 Here: the engine's lifetime (install, remove), the generations (start, finish: the schedule's reset and end) and
 each transformer call (begin_call: step, branch, its branch state; end_call: the record entry and post signals).
+The attributes the runtime holds (schedule, record, branches, call, ...) read and write through to it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..actions import Action, Granularity
 from ..compat.diffusers import enabled_cache_config
 from ..model.adapters import Adapter
-from .cache_ops import VALIDATED
+from .cache_ops import CacheOps
+from .call_runtime import CallRuntime
 from .call_scope import check_scope
 from .call_state import BlockSlot, CallState
 from .concurrency import GenerationGuard
@@ -48,12 +51,42 @@ from ..schedule import GenerationInfo, Schedule
 from ..generations.scheduler_tracking import SchedulerHook
 from .signal_meter import SignalMeter
 from .cache_state import BranchState
-from .block_io import bind_arguments
 
 _COMPUTE = Action.COMPUTE.value
+T = TypeVar("T")
+
+
+class OnRuntime(Generic[T]):
+    """An engine attribute kept on its CallRuntime: reads and writes go through to `engine.runtime`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, engine: "Engine | None", owner: type | None = None) -> T:
+        if engine is None:
+            return self  # type: ignore[return-value]  # the class attribute itself
+        return getattr(engine.runtime, self.name)
+
+    def __set__(self, engine: "Engine", value: T) -> None:
+        setattr(engine.runtime, self.name, value)
 
 
 class Engine:
+    transformer: OnRuntime[nn.Module] = OnRuntime()
+    adapter: OnRuntime[Adapter] = OnRuntime()
+    schedule: OnRuntime[Schedule] = OnRuntime()  # the running generation's (a lane's own copy, dcache.runtime.lanes)
+    pipeline: OnRuntime[Any] = OnRuntime()
+    health: OnRuntime[HealthMonitor] = OnRuntime()
+    units: OnRuntime[tuple[str, ...]] = OnRuntime()
+    order: OnRuntime[int] = OnRuntime()
+    flops: OnRuntime[FlopBook] = OnRuntime()
+    meter: OnRuntime[SignalMeter] = OnRuntime()
+    ops: OnRuntime[CacheOps] = OnRuntime()
+    record: OnRuntime[GenerationRecord | None] = OnRuntime()
+    branches: OnRuntime[dict[str, BranchState]] = OnRuntime()
+    call: OnRuntime[CallState | None] = OnRuntime()
+    memos: OnRuntime[list] = OnRuntime()
+
     def __init__(self, transformer: nn.Module, adapter: Adapter, schedule: Schedule, *,
                  pipeline: Any = None, num_steps: int | None = None,
                  count_flops: bool = True, memoize: bool = True, scope: str = "blocks", leader: "Engine | None" = None,
@@ -65,38 +98,31 @@ class Engine:
         computed). health: what each finished generation did, said once per kind (dcache.generations.health; None: a
         silent monitor). decisions: "sample" (each row of a batched call decides on its own, dcache.runtime.lanes) or
         "batch"."""
-        self.transformer = transformer
+        # the model, schedule, FLOP book, kernels, running generation and call (dcache.runtime.call_runtime)
+        self.runtime = runtime = CallRuntime(transformer, adapter, schedule,
+                                             health if health is not None else HealthMonitor(warn=False),
+                                             pipeline=pipeline, order=int(schedule.forecast_order))
         self.cache_codec = cache_codec
         self.leader = leader
         self.followers: list[Engine] = []
         if leader is not None:
             leader.followers.append(self)
-        self.adapter = adapter
-        self.schedule = schedule
-        self.pipeline = pipeline
         self.tracker = StepTracker(num_steps)
         self.guard = GenerationGuard()  # one generation at a time on this transformer (dcache.runtime.concurrency)
-        self.health = health if health is not None else HealthMonitor(warn=False)
         self.granularity = Granularity(schedule.granularity)
-        self.meter = SignalMeter(self)  # the signals the schedule reads
-        self.order = int(schedule.forecast_order)
         self.call_scope = check_scope(scope, schedule, self.granularity.value)  # dcache.runtime.call_scope
         self.scope = scope
-        self.executor = EXECUTORS[executor_kind(self.granularity, self.call_scope)](self)
+        self.executor = EXECUTORS[executor_kind(self.granularity, self.call_scope)](runtime)
         self.call_executor = self.executor if self.call_scope else None  # TransformerHook serves whole calls
         self.blocks: list[BlockSlot] = self.executor.blocks
-        self.units = self.executor.unit_names()
-        layout = (tuple((type(s.block), s.list_index, s.modules) for s in self.blocks), self.units)
-        self.flops = FlopBook.for_model(transformer, layout, count_flops)
+        runtime.units = self.executor.unit_names()
+        layout = (tuple((type(s.block), s.list_index, s.modules) for s in self.blocks), runtime.units)
+        runtime.flops = FlopBook.for_model(transformer, layout, count_flops)
         self.composed_units = self.executor.composed_units  # MODULE: (unit, its input units), Adapter.composed
         self.segment_lists = self.executor.segment_lists  # STACK: lists with a cached middle segment, in order
-        self.ops = VALIDATED  # kernel entry points, re-chosen at the first block of every call (cache_ops.py)
-        self._bytes_seen: tuple[int, int] = (0, 0)  # (branches, units) when the cache bytes were last summed
-        self.record: GenerationRecord | None = None
-        self._ended: GenerationRecord | None = None  # the last record whose end the schedule was told
+        self.bytes_seen: tuple[int, int] = (0, 0)  # (branches, units) when the cache bytes were last summed
+        self.record_ended: GenerationRecord | None = None  # the last record whose end the schedule was told
         self.generations = 0
-        self.branches: dict[str, BranchState] = {}
-        self.call: CallState | None = None
         self.peak_cache_bytes = 0
         self.memory_at_end: dict[str, dict[str, int]] = {}  # {branch: {kind: bytes}} of the last generation
         # not named `scheduler`: calling_pipeline takes a caller with a .scheduler and this .transformer for a pipeline
@@ -104,9 +130,7 @@ class Engine:
         self.scheduler_name: str | None = None  # class of the scheduler driving generations (kept after remove)
         self._removed = False
         self._timestep_slot = timestep_slot(transformer)
-        self._call_inputs: tuple[tuple, dict] | None = None  # (args, kwargs) of the running transformer call
         self.memoize = memoize
-        self.memos: list = []  # dcache.runtime.step_invariant hooks on step-invariant modules (Adapter.invariants)
         # the schedule decides from the step alone (no signal): a call is decided when it opens, so that compiled
         # blocks can take their traced path (docs/architecture.md, "torch.compile"); set per generation
         self.step_decided = False
@@ -119,8 +143,9 @@ class Engine:
         # under accelerate's offload hook; `transformer_call` in front of the chain (dcache.runtime.hooks)
         self.transformer_hook = TransformerHook(self)
         self._installed_forward = install_outer_hook(t, self.transformer_hook, transformer_call)
+        self.runtime.call_forward = self.transformer_hook.chain  # the FLOP-counting pass of compiled calls
         if self.memoize:
-            self.memos = install_memos(t, self.adapter.invariants, HOOK_NAME, self.call_arguments)
+            self.memos = install_memos(t, self.adapter.invariants, HOOK_NAME, self.runtime.call_arguments)
         self.executor.install()  # block hooks (call scope: none, the call is the unit) and module hooks
         self.scheduler_hook.hook()
 
@@ -176,18 +201,19 @@ class Engine:
             return
         for bstate in self.branches.values():
             self.meter.flush(bstate)
-        if self._ended is not rec:  # tell the schedule once per record, with the post signals flushed
-            self._ended = rec
+        if self.record_ended is not rec:  # tell the schedule once per record, with the post signals flushed
+            self.record_ended = rec
             self.schedule.end(rec.num_steps is not None and rec.step >= rec.num_steps)
-        self.peak_cache_bytes = max(self.peak_cache_bytes, self._cache_bytes())
+        self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache_bytes())
         self.health.end_generation(rec, self.branches)
         if self.branches:  # handle.memory(): where the bytes were (dcache.memory.report)
             self.memory_at_end = branch_breakdown(self.branches, self.granularity.value)
         self.branches = {}
-        self._bytes_seen = (0, 0)
+        self.bytes_seen = (0, 0)
         rec.finished = True
 
-    def _cache_bytes(self) -> int:
+    def cache_bytes(self) -> int:
+        """Bytes the caches hold now: every branch of the running generation, and of the per-sample lanes."""
         states = [self.branches]
         if self.lanes is not None:
             states += self.lanes.branch_states()  # per-sample lanes' caches (dcache.runtime.lanes)
@@ -198,17 +224,14 @@ class Engine:
         and after a unit's first store its buffers are rewritten in place (same shapes), so the sum is only taken
         when the number of cached units changes; generation end (`finish_generation`) takes it again."""
         seen = (len(self.branches), sum(len(b.units) for b in self.branches.values()))
-        if seen != self._bytes_seen:
-            self._bytes_seen = seen
-            self.peak_cache_bytes = max(self.peak_cache_bytes, self._cache_bytes())
+        if seen != self.bytes_seen:
+            self.bytes_seen = seen
+            self.peak_cache_bytes = max(self.peak_cache_bytes, self.cache_bytes())
 
     # ------------------------------------------------------------------------------------------------ calls
     def call_arguments(self) -> dict[str, Any] | None:
-        """The running transformer call's arguments by name (pipelines pass them as keywords: no binding)."""
-        if self._call_inputs is None:
-            return None
-        args, kwargs = self._call_inputs
-        return bind_arguments(self.transformer, args, kwargs) if args else kwargs
+        """The running transformer call's arguments by name (CallRuntime.call_arguments)."""
+        return self.runtime.call_arguments()
 
     def begin_call(self, args: tuple, kwargs: dict, compiling: bool = False) -> None:
         """Open a transformer call: its generation (a new one starts the schedule over), step, branch and the
@@ -220,7 +243,8 @@ class Engine:
             try:
                 self._open_call(args, kwargs)
                 if compiling and self.step_decided:
-                    decide(self, self.call)  # no signal to wait for: the same decision the decision block takes
+                    # no signal to wait for: the same decision the decision block takes
+                    decide(self.runtime, self.executor, self.call)
                     self.executor.decided_early(self.call)
             except BaseException:
                 self.guard.exit_call()
@@ -240,7 +264,8 @@ class Engine:
             guard.refuse_foreign(self.tracker.record, "a transformer call")
         elif foreign is not None and not self.tracker.starts_generation(timestep):
             guard.refuse_foreign(self.tracker.record, "a transformer call")
-        self._call_inputs = (args, kwargs)
+        runtime = self.runtime
+        runtime.call_inputs = (args, kwargs)
         self.follow_pipeline()
         record, new = self.tracker.begin_call(timestep)
         if new or record is not self.record:
@@ -252,10 +277,10 @@ class Engine:
         if bstate is None:
             bstate = self.branches[branch] = BranchState(codec=self.cache_codec,
                                                          depth=history_depth(self.schedule))
-        self.call = CallState(record, record.step, branch, len(record.calls), timestep, bstate,
-                              unit=self.executor.new_call())
-        if self.meter.providers:
-            self.meter.measure_providers(self.call, args, kwargs)
+        runtime.call = CallState(record, record.step, branch, len(record.calls), timestep, bstate,
+                                 self.executor.new_call())
+        if runtime.meter.providers:
+            runtime.meter.measure_providers(runtime.call, args, kwargs)
 
     def follow_pipeline(self) -> None:
         """Outside a generation, track the pipeline object calling the transformer and its scheduler (a pipeline
@@ -274,38 +299,36 @@ class Engine:
             self.guard.exit_call()
 
     def _close_call(self) -> None:
-        call, self.call = self.call, None
+        call, self.runtime.call = self.runtime.call, None
         self.executor.end_call(call)
         self.record_call(call)
 
     def record_call(self, call: CallState | None) -> None:
         """A call's actions, signals and FLOPs go into its generation record; a computed call measures the post
-        signals (from `call.stack_input` / `stack_output` and the arguments in `_call_inputs`)."""
+        signals (from `call.stack_input` / `stack_output` and the arguments in `runtime.call_inputs`)."""
+        runtime = self.runtime
         if call is None or call.actions is None or call.shared:
-            self._call_inputs = None
+            runtime.call_inputs = None
             return
         entry = CallRecord(call.step, call.branch, call.actions, dict(call.signal_values),
                            flops_total=call.flops_total, flops_computed=call.flops_computed)
         call.record.calls.append(entry)
         if call.actions == _COMPUTE * len(call.actions):
             call.bstate.last_compute_step = call.step
-            self.meter.measure_post(call)  # "computed" providers read the call's arguments: cleared after
+            runtime.meter.measure_post(call)  # "computed" providers read the call's arguments: cleared after
             call.bstate.pending_call = entry
-        self._call_inputs = None
+        runtime.call_inputs = None
         self._update_peak_bytes()
 
-    def abort(self, state: Any, whole_call: bool = False) -> None:
-        """A forward raised: close an open FLOP counter and drop the call (its record entry is never written).
-        whole_call: the transformer call itself raised, so its generation is over (StepTracker.abort)."""
+    def abort(self, state: Any = None, whole_call: bool = False) -> None:
+        """A forward raised: close an open FLOP counter and drop the call (its record entry is never written;
+        state: a unit's hook state, UnitExecutor.abort_unit). whole_call: the transformer call itself raised, so its
+        generation is over (StepTracker.abort)."""
         if whole_call:
             self.tracker.abort()
             if self.record is not None:
                 self.record.aborted = True  # its stats stay; no health verdict or warning
-        if isinstance(state, tuple) and state and isinstance(state[-1], FlopCounterMode):
-            self.flops.stop(state[-1], None, None)
-        self.executor.abort_call(self.call)
-        self.call = None
-        self._call_inputs = None
+        self.executor.abort_unit(state)
         if whole_call:
             self.guard.exit_call()
 

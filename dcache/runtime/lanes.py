@@ -40,7 +40,7 @@ import copy
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Hashable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterator, Sequence
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
@@ -49,11 +49,15 @@ from ..actions import Action
 from .call_state import DECIDING, RESUMED, CallDecided, CallState
 from ..generations.records import GenerationRecord, StepTracker
 from .lane_merge import merge_branches, split_branch
+from ..schedule import Schedule
+
+if TYPE_CHECKING:  # the engine builds its lanes
+    from .engine import Engine
 
 DECISIONS = ("sample", "batch")
 # The engine attributes one generation owns; a lane holds its own and swaps them in for its rows' call.
 _COMPUTE = Action.COMPUTE.value
-_LANE_STATE = ("tracker", "record", "_ended", "branches", "schedule", "generations", "_bytes_seen")
+_LANE_STATE = ("tracker", "record", "record_ended", "branches", "schedule", "generations", "bytes_seen")
 
 
 class BatchDecisionsWarning(UserWarning):
@@ -74,12 +78,12 @@ class Lane:
     """One row's generation state (the engine attributes named in _LANE_STATE)."""
 
     tracker: StepTracker
-    schedule: Any
+    schedule: Schedule
     record: GenerationRecord | None = None
-    _ended: GenerationRecord | None = None
+    record_ended: GenerationRecord | None = None
     branches: dict = field(default_factory=dict)
     generations: int = 0
-    _bytes_seen: tuple[int, int] = (0, 0)
+    bytes_seen: tuple[int, int] = (0, 0)
     pipeline_record: GenerationRecord | None = None  # the pipeline generation this lane's record follows
     call: CallState | None = None  # its row's call of the running batched call, decided and not yet run (Lanes.run)
 
@@ -87,7 +91,7 @@ class Lane:
 class Lanes:
     """The lanes of one engine, keyed by request id (a row's position unless `handle.requests` names them)."""
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Engine):
         self.engine = engine
         self.lanes: dict[Hashable, Lane] = {}
         self.ids: tuple[Hashable, ...] | None = None  # handle.requests(ids): the rows' request ids
@@ -209,7 +213,8 @@ class Lanes:
                 return resume(*args, **kwargs)  # closed by run_opened
             except CallDecided:
                 engine.executor.abort_call(call)  # the executor's per-call state restarts when the call resumes
-                lane.call, engine.call, engine._call_inputs = call, None, None
+                lane.call = call
+                engine.runtime.drop_call()
                 engine.guard.exit_call()
                 return None
 
@@ -243,7 +248,7 @@ class Lanes:
             call.flops_total = call.prefix_flops[0] + group.flops_total / n  # FLOPs are linear in the batch
             call.flops_computed = call.prefix_flops[1] + group.flops_computed / n
             with self._swap(lane):
-                engine._call_inputs = split_row(args, kwargs, n, j)
+                engine.runtime.call_inputs = split_row(args, kwargs, n, j)
                 engine.record_call(call)
         return out
 
@@ -256,7 +261,7 @@ class Lanes:
             lane.call = None
             call.flops_total, call.flops_computed = call.prefix_flops  # the blocks before the decision run again
         call.phase, call.unit, call.stack_input, call.stack_output = RESUMED, engine.executor.new_call(), None, None
-        engine.call, engine._call_inputs = call, (args, kwargs)
+        engine.runtime.open_call(call, args, kwargs)
 
     # ------------------------------------------------------------------------------------------------ lanes
     def _new_lane(self) -> Lane:

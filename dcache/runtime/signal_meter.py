@@ -11,7 +11,7 @@ device tensor ([1], or [2] = numerator and denominator) until `read`, which move
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,18 +24,21 @@ from .signal_providers import ProviderView, provider, resolve_signal
 from .cache_state import BranchState, UnitHistory
 from .block_io import bind_arguments
 
+if TYPE_CHECKING:  # the runtime builds its meter
+    from .call_runtime import CallRuntime
+
 _EPS = 1e-12
 
 
 class SignalMeter:
-    def __init__(self, engine: Any):
-        self.engine = engine
+    def __init__(self, runtime: CallRuntime):
+        self.runtime = runtime
         self.refresh()
 
     def refresh(self) -> None:
         """Read the schedule's `signals` (a schedule may change them between generations: MagCache stops measuring
         once calibrated)."""
-        self.wanted = frozenset(resolve_signal(s) for s in self.engine.schedule.signals)
+        self.wanted = frozenset(resolve_signal(s) for s in self.runtime.schedule.signals)
         listed = tuple(p for s in sorted(s for s in self.wanted if not isinstance(s, Signal))
                        if (p := provider(s)) is not None)
         self.providers = tuple(p for p in listed if p.phase == "call")  # before the call
@@ -52,38 +55,38 @@ class SignalMeter:
 
     def _measure(self, providers: tuple, call: CallState, into: dict, hidden: torch.Tensor | None = None,
                  output: torch.Tensor | None = None) -> None:
-        engine = self.engine
-        args, kwargs = engine._call_inputs or ((), {})
+        runtime = self.runtime
+        args, kwargs = runtime.call_inputs or ((), {})
         if call.arguments is None:  # bound once per call, whichever phases measure
-            call.arguments = bind_arguments(engine.transformer, args, kwargs)
+            call.arguments = bind_arguments(runtime.transformer, args, kwargs)
         record = call.record
         for p in providers:
             memory = call.bstate.provided.setdefault(p.name, {})
-            view = ProviderView(call.arguments, args, engine.adapter, engine.schedule, call.step, record.num_steps,
-                                record.timesteps, memory, engine.transformer, hidden, output)
+            view = ProviderView(call.arguments, args, runtime.adapter, runtime.schedule, call.step, record.num_steps,
+                                record.timesteps, memory, runtime.transformer, hidden, output)
             value = p.measure(view)
             if value is not None:
                 into[p.name] = value
 
     def on_stack_input(self, call: CallState, slot: BlockSlot, hidden: torch.Tensor, args: tuple,
                        kwargs: dict) -> None:
-        engine = self.engine
+        runtime = self.runtime
         call.stack_input = hidden
         bstate = call.bstate
         if call.record.input_shape is None:
             call.record.input_shape = tuple(hidden.shape)
         if Signal.MODULATED_REL_L1 in self.wanted:
-            fn = engine.adapter.modulated_input
+            fn = runtime.adapter.modulated_input
             mod = hidden
             if fn is not None:  # the probe (e.g. block 0's AdaLN) is compute an uncached call never does: count it
-                flops = engine.flops
+                flops = runtime.flops
                 key, shape = "modulated_input", tuple(hidden.shape)
                 counter = flops.start(key, shape)
                 mod = fn(slot.block, bind_arguments(slot.block, args, kwargs))
                 flops.stop(counter, key, shape)
                 call.flops_computed += flops.cost(key, shape) or 0.0
             if bstate.prev_modulated is not None and bstate.prev_modulated.shape == mod.shape:
-                call.pre[Signal.MODULATED_REL_L1] = engine.ops.rel_l1(mod, bstate.prev_modulated)
+                call.pre[Signal.MODULATED_REL_L1] = runtime.ops.rel_l1(mod, bstate.prev_modulated)
             bstate.prev_modulated = mod.detach()
         if Signal.INPUT_DELTA in self.wanted:
             self.input_delta(call, hidden.detach())
@@ -106,7 +109,7 @@ class SignalMeter:
         if stack_in is None or stack_in.shape != hidden_out.shape or call.phase == RESUMED:
             return None  # a resumed call (dcache.runtime.lanes) measured its probe when it decided
         residual = hidden_out - stack_in
-        rel_l1 = self.engine.ops.rel_l1
+        rel_l1 = self.runtime.ops.rel_l1
         if Signal.PROBE_REL_L1 in self.wanted and bstate.probe_ref is not None \
                 and bstate.probe_ref.shape == residual.shape:
             call.pre[Signal.PROBE_REL_L1] = rel_l1(residual, bstate.probe_ref)
@@ -125,7 +128,7 @@ class SignalMeter:
             bstate.probe_ref = residual.detach()
         if Signal.FORECAST_ERROR in self.wanted:
             if bstate.probe_history is None:
-                bstate.probe_history = UnitHistory(max(self.engine.order, 1))
+                bstate.probe_history = UnitHistory(max(self.runtime.order, 1))
             bstate.probe_history.update([residual], call.step)
 
     # ------------------------------------------------------------------------------------------------ post signals
@@ -197,7 +200,7 @@ class SignalMeter:
         Context parallel: the ranks' global values."""
         tensors = [t.reshape(-1).float() for t in tensors]
         flat = torch.cat([t.to(tensors[0].device) for t in tensors])
-        flat = sync_signals(flat, tensors, self.engine.transformer).tolist()
+        flat = sync_signals(flat, tensors, self.runtime.transformer).tolist()
         values: dict[str, float] = {}
         i = 0
         for name, t in zip(names, tensors):

@@ -40,7 +40,7 @@ def test_over_budget_refuses_before_caching_with_numbers_and_options(pipe):
         with pytest.raises(MemoryBudgetError) as info:
             pipe(["3"], num_inference_steps=4, guidance_scale=1.0, generator=torch.Generator().manual_seed(0),
                  output_type="pt")
-        assert handle.engine._cache_bytes() == 0 and handle.memory().peak_bytes == 0  # nothing was cached
+        assert handle.engine.cache_bytes() == 0 and handle.memory().peak_bytes == 0  # nothing was cached
     finally:
         handle.remove()
     text = str(info.value)

@@ -14,8 +14,11 @@ from .base import COMPUTE
 from .hooked_blocks import HookedBlocks, traced_ops, traced_residuals
 
 
-class BlockExecutor(HookedBlocks):
+class BlockExecutor(HookedBlocks[None]):
     kind = "block"
+
+    def new_call(self) -> None:
+        return None  # a block's decision and cache need nothing kept across its hooks
 
     def exit_work(self, slot: BlockSlot) -> bool:
         return True  # every computed block stores its residual
@@ -27,15 +30,15 @@ class BlockExecutor(HookedBlocks):
         action = call.actions[slot.index]
         if action == COMPUTE:
             return None
-        engine = self.engine
-        return apply_cached(engine.ops, engine.schedule, slot, call.bstate.units[slot.index], action, call.step,
+        runtime = self.runtime
+        return apply_cached(runtime.ops, runtime.schedule, slot, call.bstate.units[slot.index], action, call.step,
                             hidden, encoder, call)
 
     def after_run(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any, out: Any) -> None:
-        engine = self.engine
-        if engine.schedule.may_reuse(call.branch, slot.index):
+        runtime = self.runtime
+        if runtime.schedule.may_reuse(call.branch, slot.index):
             out_h, out_e = slot.slots.split_output(out)
-            store_residuals(engine.ops, call, slot.index, engine.order, [out_h, out_e], [hidden, encoder])
+            store_residuals(runtime.ops, call, slot.index, runtime.order, [out_h, out_e], [hidden, encoder])
 
     # ------------------------------------------------------------------------------------------------ decided calls
     def decided_served(self, call: CallState) -> list[tuple[Any, str]]:

@@ -16,6 +16,7 @@ supports it fills in `decided_served` (the cache keys a reused call reads) and `
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,11 +25,12 @@ from torch.utils._pytree import tree_flatten
 
 from ...model.adapters import HIDDEN, UnsupportedModelError
 from ..cache_ops import AUTOGRAD, TORCH_DIRECT, CacheOps, ops_for
-from ..call_state import DECIDING, RESUMED, BlockSlot, CallDecided, CallState, DecidedCall
+from ..call_runtime import CallRuntime
+from ..call_state import DECIDING, RESUMED, BlockSlot, CallDecided, CallState, DecidedCall, UnitState
 from ..decision import decide
 from ..hooks import HOOK_NAME, NOT_DECIDED, Entries, UnitHook
 from ..unit_store import keep_tensors, read_cached, residual_pairs
-from .base import UnitExecutor
+from .base import UnitExecutor, UnitRun
 
 _COUNTING = "counting"  # a block's enter state inside a whole-call counting pass (FlopBook.count_blocks)
 
@@ -43,12 +45,21 @@ def traced_residuals(outs: list, ins: list) -> list[torch.Tensor]:
     return [o - x for o, x in residual_pairs(outs, ins)]
 
 
-class HookedBlocks(UnitExecutor):
-    entry_points = ("enter", "exit")
+@dataclass(slots=True)
+class BlockRun(UnitRun):
+    """A running block's hook state."""
+
+    hidden: Any  # the block's hidden-states input
+    encoder: Any  # its encoder-states input (None for single-stream blocks)
+    cost: float | None  # its FLOPs on `shape` when known before it ran
+
+
+class HookedBlocks(UnitExecutor[UnitState]):
+    entry_points = ("enter", "exit", "abort_unit")
     traces_decided_calls = True
 
-    def __init__(self, engine: Any):
-        super().__init__(engine)
+    def __init__(self, runtime: CallRuntime):
+        super().__init__(runtime)
         self._verified_lists: set[int] = set()  # block lists whose output format was checked (first computed call)
         for s in self.blocks:
             s.exit_work = self.exit_work(s)
@@ -58,9 +69,8 @@ class HookedBlocks(UnitExecutor):
         return slot.index == self.last_block
 
     def install(self) -> None:
-        engine = self.engine
-        entries = Entries(self.enter, self.exit, engine.abort)
-        traced = Entries(self.enter_traced, self.exit_traced, engine.abort_traced)
+        entries = Entries(self.enter, self.exit, self.abort_unit)
+        traced = Entries(self.enter_traced, self.exit_traced, self.abort_unit_traced)
         path = self.traced_block if self.traces_decided_calls else None
         for slot in self.blocks:
             HookRegistry.check_if_exists_or_initialize(slot.block).register_hook(
@@ -84,9 +94,9 @@ class HookedBlocks(UnitExecutor):
     def enter(self, slot: BlockSlot, forward: Any, args: tuple, kwargs: dict,
               compiling: bool = False) -> tuple[bool, Any]:
         """(True, state) when the block must run, (False, output) when its result comes from the cache."""
-        engine = self.engine
-        call = engine.call
-        flops = engine.flops
+        runtime = self.runtime
+        call = runtime.call
+        flops = runtime.flops
         if flops.counting:  # inside a FLOP-counting pass: a whole-call one counts every block on its own
             if flops.counting_blocks:
                 hidden = slot.slots.read(args, kwargs)[0]
@@ -100,15 +110,15 @@ class HookedBlocks(UnitExecutor):
         hidden, encoder = slot.slots.read(args, kwargs)
         if slot.index == 0:
             if isinstance(hidden, torch.Tensor):
-                engine.ops = ops_for(hidden)
+                runtime.ops = ops_for(hidden)
             if call.phase == RESUMED:  # its signals were measured when it decided (dcache.runtime.lanes)
                 call.stack_input = hidden
             else:
-                engine.meter.on_stack_input(call, slot, hidden, args, kwargs)
+                runtime.meter.on_stack_input(call, slot, hidden, args, kwargs)
                 call.prefix_flops = (call.flops_total, call.flops_computed)
         if slot.index == self.decision_block and (call.actions is None or call.phase == RESUMED):
             if call.actions is None:
-                decide(engine, call)
+                decide(runtime, self, call)
             self.decided(call)
             if call.phase == DECIDING:
                 raise CallDecided()
@@ -125,20 +135,20 @@ class HookedBlocks(UnitExecutor):
             return False, out
         self.before_run(call, slot, hidden, encoder)
         counter = None if compiling or cost is not None else flops.start(slot.index, shape)
-        return True, (call, hidden, encoder, shape, cost, counter)  # counter last (Engine.abort)
+        return True, BlockRun(call, shape, counter, hidden, encoder, cost)
 
-    def exit(self, slot: BlockSlot, state: Any, out: Any) -> Any:
+    def exit(self, slot: BlockSlot, state: BlockRun | str | None, out: Any) -> Any:
         if state is None:
             return out
-        if state == _COUNTING:
-            self.engine.flops.exit()
+        if not isinstance(state, BlockRun):  # _COUNTING
+            self.runtime.flops.exit()
             return out
-        call, hidden, encoder, shape, cost, counter = state
-        if counter is not None or cost is None:
-            flops = self.engine.flops
-            if counter is not None:
-                flops.stop(counter, slot.index, shape)
-            cost = flops.cost(slot.index, shape) or 0.0
+        call, hidden, encoder, cost = state.call, state.hidden, state.encoder, state.cost
+        if state.counter is not None or cost is None:
+            flops = self.runtime.flops
+            if state.counter is not None:
+                flops.stop(state.counter, slot.index, state.shape)
+            cost = flops.cost(slot.index, state.shape) or 0.0
         call.flops_total += cost
         call.flops_computed += cost  # MODULE granularity: skipped modules subtract their share
         if slot.list_index not in self._verified_lists:
@@ -154,17 +164,16 @@ class HookedBlocks(UnitExecutor):
     def decided_early(self, call: CallState) -> None:
         """Read what the call's reused / forecast units serve (a forecast is evaluated here, at the call's step) and
         the schedule's may_reuse: the traced path then reads no step and no history."""
-        engine = self.engine
-        bstate, schedule = call.bstate, engine.schedule
+        bstate, schedule = call.bstate, self.runtime.schedule
         served = {key: read_cached(schedule, bstate.units[key], action, call.step, call)
                   for key, action in self.decided_served(call)}
-        may_reuse = tuple(schedule.may_reuse(call.branch, i) for i in range(len(engine.units)))
+        may_reuse = tuple(schedule.may_reuse(call.branch, i) for i in range(len(self.runtime.units)))
         call.decided = DecidedCall(served, may_reuse)
 
     def traced_block(self, slot: BlockSlot, forward: Any, args: tuple, kwargs: dict) -> Any:
         """A block's hook while dynamo traces it (dcache.runtime.hooks.UnitHook): serve it or run it and keep its
         residual, as plain tensor work; NOT_DECIDED when the call was not decided when it opened."""
-        call = self.engine.call
+        call = self.runtime.call
         if call is None or call.decided is None:
             return NOT_DECIDED
         hidden, encoder = slot.slots.read(args, kwargs)
@@ -194,15 +203,15 @@ class HookedBlocks(UnitExecutor):
 
     def end_decided(self, call: CallState) -> None:
         """A decided call returned: store what its graph computed (`edits`, in order) and count its FLOPs."""
-        engine = self.engine
+        runtime = self.runtime
         decided = call.decided
         bstate = call.bstate
         for edit in decided.edits:
             if edit[0] == "store":
-                keep_tensors(call, edit[1], engine.order, edit[2])
+                keep_tensors(call, edit[1], runtime.order, edit[2])
             elif edit[0] == "outputs":  # MODULE: a computed module's output pytree
                 leaves, spec = tree_flatten(edit[2])
-                hist = keep_tensors(call, edit[1], engine.order, [t for t in leaves if isinstance(t, torch.Tensor)])
+                hist = keep_tensors(call, edit[1], runtime.order, [t for t in leaves if isinstance(t, torch.Tensor)])
                 hist.layout = (spec, [isinstance(t, torch.Tensor) for t in leaves])
             elif edit[0] == "chain":  # STACK: this list's segment continued the previous list's run
                 bstate.chained.add(edit[1])
@@ -213,19 +222,11 @@ class HookedBlocks(UnitExecutor):
         shapes = decided.shapes
         if shapes and call.record.input_shape is None and 0 in shapes:
             call.record.input_shape = tuple(shapes[0])
-        flops = engine.flops
+        flops = runtime.flops
         missing = [(i, shape) for i, shape in shapes.items()
                    if not flops.known(i, shape) and (i, shape) not in flops.uncounted]
-        if flops.enabled and missing and engine._call_inputs is not None:
-            args, kwargs = engine._call_inputs
-            # the memos (dcache.runtime.step_invariant) run in the pass too: what they keep there is fake, put theirs
-            # back after it
-            kept = [(memo, list(memo.entries), memo.hits) for memo in engine.memos]
-            try:
-                flops.count_blocks(engine.transformer_hook.chain, args, kwargs, missing)
-            finally:
-                for memo, entries, hits in kept:
-                    memo.entries[:], memo.hits = entries, hits
+        if flops.enabled and missing:
+            runtime.count_call_blocks(missing)
         for slot in self.blocks:
             shape = shapes.get(slot.index)
             if shape is None:  # the block ran eagerly: its exit counted it
@@ -263,9 +264,9 @@ class HookedBlocks(UnitExecutor):
         outputs = slot.slots.outputs
         returned = (f"a tuple of {len(out)} ({', '.join(type(o).__name__ for o in out)})"
                     if isinstance(out, (tuple, list)) else type(out).__name__)
-        engine = self.engine
+        runtime = self.runtime
         raise UnsupportedModelError(
-            engine.transformer,
+            runtime.transformer,
             f"block list `{slot.spec.path}`: {type(slot.block).__name__} returned {returned}, but the adapter "
-            f"({engine.adapter.notes or 'registered'}) expects {outputs}; call handle.remove() and register an "
+            f"({runtime.adapter.notes or 'registered'}) expects {outputs}; call handle.remove() and register an "
             f"adapter whose BlockList outputs match what the block returns")

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..call_runtime import CallRuntime
 from ..call_state import BlockSlot, CallState
 from ..cache_state import BranchState
 from ..unit_store import add_cached, apply_cached, store_residuals
@@ -61,11 +62,15 @@ def assign_stack_roles(slots: list[BlockSlot], probe: int, tail: int) -> None:
         members[-1].segment_last = True
 
 
-class StackExecutor(HookedBlocks):
+# A call of the stack kind: its unit state is the StackRun.
+StackCall = CallState[StackRun]
+
+
+class StackExecutor(HookedBlocks[StackRun]):
     kind = "stack"
 
-    def __init__(self, engine: Any):
-        super().__init__(engine)
+    def __init__(self, runtime: CallRuntime):
+        super().__init__(runtime)
         self.segment_lists = tuple(s.list_index for s in self.blocks if s.segment_first)
 
     def assign_roles(self, slots: list[BlockSlot], probe: int, tail: int) -> None:
@@ -86,16 +91,16 @@ class StackExecutor(HookedBlocks):
         return bool(bstate.units) and all(bstate.units.get(("seg", li)) is not None
                                           for li in self.segment_lists if li not in bstate.chained)
 
-    def end_call(self, call: CallState | None) -> None:
+    def end_call(self, call: StackCall | None) -> None:
         super().end_call(call)  # a decided call: what its graph computed first
         if call is not None and call.actions is not None and call.unit.finished_run is not None:
             self._store_run(call)  # the forward returned before the next list's first block
 
     # ------------------------------------------------------------------------------------------------ block steps
-    def decided(self, call: CallState) -> None:
-        self.engine.meter.after_probe_decision(call, call.unit.probe_residual)
+    def decided(self, call: StackCall) -> None:
+        self.runtime.meter.after_probe_decision(call, call.unit.probe_residual)
 
-    def served(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any) -> Any:
+    def served(self, call: StackCall, slot: BlockSlot, hidden: Any, encoder: Any) -> Any:
         if slot.role != "middle":  # probe and tail blocks always run
             return None
         action = call.actions[0]
@@ -103,14 +108,14 @@ class StackExecutor(HookedBlocks):
             return None
         if not slot.segment_first or slot.list_index in call.bstate.chained:
             return slot.slots.make_output(hidden, encoder)  # skipped: the run's residual was applied already
-        engine = self.engine
-        return apply_cached(engine.ops, engine.schedule, slot, call.bstate.units[("seg", slot.list_index)], action,
+        runtime = self.runtime
+        return apply_cached(runtime.ops, runtime.schedule, slot, call.bstate.units[("seg", slot.list_index)], action,
                             call.step, hidden, encoder, call)
 
-    def before_run(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any) -> None:
+    def before_run(self, call: StackCall, slot: BlockSlot, hidden: Any, encoder: Any) -> None:
         if slot.role != "middle":
             return
-        state: StackRun = call.unit
+        state = call.unit
         if slot.segment_first:
             self._segment_start(call, slot, hidden, encoder)
         elif state.run_own is None and state.run_last_out is not None:
@@ -118,18 +123,18 @@ class StackExecutor(HookedBlocks):
         if state.run_own is not None:
             state.run_block_in = (hidden, encoder)
 
-    def after_run(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any, out: Any) -> None:
-        state: StackRun = call.unit
+    def after_run(self, call: StackCall, slot: BlockSlot, hidden: Any, encoder: Any, out: Any) -> None:
+        state = call.unit
         if slot.role == "probe" and slot.index == self.decision_block - 1:
-            residual = self.engine.meter.on_probe_output(call, slot.slots.split_output(out)[0])
+            residual = self.runtime.meter.on_probe_output(call, slot.slots.split_output(out)[0])
             if residual is not None:
                 state.probe_residual = residual
         elif slot.role == "middle":
             self._after_middle(call, slot, out)
 
-    def _after_middle(self, call: CallState, slot: BlockSlot, out: Any, traced: bool = False) -> None:
+    def _after_middle(self, call: StackCall, slot: BlockSlot, out: Any, traced: bool = False) -> None:
         """A middle block ran: the open run's bookkeeping; its last block finishes the run."""
-        state: StackRun = call.unit
+        state = call.unit
         if state.run is not None:
             out_h, out_e = slot.slots.split_output(out)
             state.run_last_out = (out_h, out_e)
@@ -145,26 +150,26 @@ class StackExecutor(HookedBlocks):
                     self._store_run(call, traced)
 
     # ------------------------------------------------------------------------------------------------ decided calls
-    def decided_served(self, call: CallState) -> list[tuple[Any, str]]:
+    def decided_served(self, call: StackCall) -> list[tuple[Any, str]]:
         action = call.actions[0]
         if action == COMPUTE:
             return []
         return [(("seg", li), action) for li in self.segment_lists if li not in call.bstate.chained]
 
-    def block_ran(self, call: CallState, slot: BlockSlot) -> bool:
+    def block_ran(self, call: StackCall, slot: BlockSlot) -> bool:
         return slot.role != "middle" or call.actions[0] == COMPUTE
 
-    def traced_served(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any) -> Any:
+    def traced_served(self, call: StackCall, slot: BlockSlot, hidden: Any, encoder: Any) -> Any:
         if slot.role != "middle" or call.actions[0] == COMPUTE:
             return None
         if not slot.segment_first or slot.list_index in call.bstate.chained:
             return slot.slots.make_output(hidden, encoder)
         return add_cached(traced_ops(), slot, call.decided.served[("seg", slot.list_index)], hidden, encoder)
 
-    def traced_before_run(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any) -> None:
+    def traced_before_run(self, call: StackCall, slot: BlockSlot, hidden: Any, encoder: Any) -> None:
         if slot.role != "middle":
             return
-        state: StackRun = call.unit
+        state = call.unit
         if slot.segment_first:
             self._segment_start(call, slot, hidden, encoder, traced=True)
         elif state.run_own is None and state.run_last_out is not None:
@@ -172,12 +177,12 @@ class StackExecutor(HookedBlocks):
         if state.run_own is not None:
             state.run_block_in = (hidden, encoder)
 
-    def traced_after_run(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any, out: Any) -> None:
+    def traced_after_run(self, call: StackCall, slot: BlockSlot, hidden: Any, encoder: Any, out: Any) -> None:
         if slot.role == "middle":  # probe blocks: a decided call reads no signal
             self._after_middle(call, slot, out, traced=True)
 
     # ------------------------------------------------------------------------------------------------ runs
-    def _segment_start(self, call: CallState, slot: BlockSlot, hidden: Any, encoder: Any,
+    def _segment_start(self, call: StackCall, slot: BlockSlot, hidden: Any, encoder: Any,
                        traced: bool = False) -> None:
         """A computed call enters a list's middle segment. When the previous list's segment output flows into this
         block unchanged (the same tensor objects: the transformer does nothing between the two lists, as in Flux's
@@ -185,9 +190,9 @@ class StackExecutor(HookedBlocks):
         call adds 2 residuals instead of 4 and a computed one stores 2 instead of 4. Exact for REUSE and Taylor
         FORECAST (both linear in the cached residuals: r_run = r_0 + r_1); `Schedule.segment_runs` turns it off
         (a learned forecaster keeps one unit per list, the units its predictor was trained on)."""
-        state: StackRun = call.unit
+        state = call.unit
         bstate, li = call.bstate, slot.list_index
-        schedule = self.engine.schedule
+        schedule = self.runtime.schedule
         done = state.finished_run
         if done is not None and hidden is done[3] and encoder is done[4] and schedule.segment_runs \
                 and state.run_own is None and not slot.spec.adds_in_place:
@@ -222,10 +227,10 @@ class StackExecutor(HookedBlocks):
             total = state.run_between[i]
             state.run_between[i] = added if total is None else total + added
 
-    def _store_run(self, call: CallState, traced: bool = False) -> None:
+    def _store_run(self, call: StackCall, traced: bool = False) -> None:
         """Cache the finished run's residual (out - in per stream) under its first list's key (traced: computed in
         the graph, stored after it)."""
-        state: StackRun = call.unit
+        state = call.unit
         done, state.finished_run = state.finished_run, None
         if done is None:
             return
@@ -243,5 +248,5 @@ class StackExecutor(HookedBlocks):
         if traced:
             call.decided.edits.append(("store", ("seg", start), traced_residuals([out_h, out_e], [seg_h, seg_e])))
             return
-        engine = self.engine
-        store_residuals(engine.ops, call, ("seg", start), engine.order, [out_h, out_e], [seg_h, seg_e])
+        runtime = self.runtime
+        store_residuals(runtime.ops, call, ("seg", start), runtime.order, [out_h, out_e], [seg_h, seg_e])
