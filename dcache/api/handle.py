@@ -23,7 +23,7 @@ class Handle:
         self.config = config
         self.target = target  # dcache.apply(speed= / quality=): the sweep that chose the config (TargetResult)
         self.experts: dict[str, Handle] = {}  # the pipeline's other denoising transformers (dcache.api.experts)
-        self.controlnets: dict[str, Any] = {}  # cached ControlNet models (runtime.controlnet_cache)
+        self.controlnets: dict[str, Any] = {}  # cached ControlNet models (dcache.api.controlnet)
         self.fit_choice: str | None = None  # max_cache_memory with fit="auto": the cache storage it switched to
         self._removed = False
 

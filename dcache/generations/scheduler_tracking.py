@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..compat.diffusers import calling_pipeline
 from ..runtime.step_actions import SchedulerStep, scheduler_step_sample, updated_sample, with_updated_sample
 
+if TYPE_CHECKING:  # the engine builds its scheduler hook
+    from ..runtime.engine import Engine
+
 
 class SchedulerHook:
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Engine):
         self.engine = engine
         self.hooked: Any = None  # the scheduler instance whose methods are wrapped now
 

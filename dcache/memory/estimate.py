@@ -35,6 +35,7 @@ from .report import MemoryReport
 from ..methods import DEFAULT_METHOD, preset_scope
 from ..schedule import CallContext, GenerationInfo, Schedule, normalize_actions
 from ..api.setup_file import setup_file
+from ..runtime.engine import Engine
 from ..runtime.signal_providers import provider, resolve_signal
 
 # What each signal reads when consecutive calls are (nearly) identical: changes a vanishing 1e-9 rather than 0, so
@@ -207,7 +208,7 @@ def estimate(model: nn.Module, method: Any = DEFAULT_METHOD, inputs: dict | None
                          ratio_sweep=swept)
 
 
-def _sweep(engine: Any, meta: nn.Module, method: Any, sweep: tuple[str, Sequence[Any]], overrides: dict,
+def _sweep(engine: Engine, meta: nn.Module, method: Any, sweep: tuple[str, Sequence[Any]], overrides: dict,
            num_steps: int, branches: Sequence[str], notes: list[str]) -> list[tuple[Any, float]]:
     from ..methods import config_for
 
@@ -249,7 +250,7 @@ class _AllCompute(Schedule):
         return "C"
 
 
-def simulate_ratio(engine: Any, schedule: Schedule, num_steps: int, branches: Sequence[str]) -> float:
+def simulate_ratio(engine: Engine, schedule: Schedule, num_steps: int, branches: Sequence[str]) -> float:
     """Compute ratio of `schedule` over a generation of `num_steps` steps x `branches` calls per step, with every
     signal reading "no change" (see the module docstring), priced with the FLOPs `engine` counted on its first call.
 
@@ -292,7 +293,7 @@ def simulate_ratio(engine: Any, schedule: Schedule, num_steps: int, branches: Se
     return spent / (total * calls)
 
 
-def _row_flops(engine: Any, row: str, total: float, always: float, book: dict) -> float:
+def _row_flops(engine: Engine, row: str, total: float, always: float, book: dict) -> float:
     granularity = engine.granularity.value
     if engine.call_scope:
         return total if row[0] == "C" else 0.0

@@ -17,11 +17,14 @@ one call per branch on meta tensors, which is why the estimate equals the measur
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..runtime.cache_state import BranchState
 
-# the order reports list them in; "controlnet": a cached ControlNet's samples (dcache.runtime.controlnet_cache)
+if TYPE_CHECKING:  # the engine reports with this module's breakdown
+    from ..runtime.engine import Engine
+
+# the order reports list them in; "controlnet": a cached ControlNet's samples (dcache.api.controlnet)
 KINDS = ("stack", "block", "module", "call", "signals", "controlnet")
 
 
@@ -97,14 +100,14 @@ class MemoryReport:
                 f"by kind: {kinds}" + (f"; by branch: {branches}" if branches else ""))
 
 
-def engine_report(engine: Any) -> MemoryReport:
+def engine_report(engine: Engine) -> MemoryReport:
     """The report of a live engine: the running generation's breakdown if one runs, else the last one's."""
     live = engine.cache_bytes()
     if engine.branches:
         by_branch = branch_breakdown(engine.branches, engine.granularity.value)
     else:
-        by_branch = dict(getattr(engine, "memory_at_end", None) or {})
-    codec = getattr(engine, "cache_codec", None)
+        by_branch = dict(engine.memory_at_end)
+    codec = engine.cache_codec
     device = str(codec.device) if codec is not None and codec.device is not None else None
     return MemoryReport(peak_bytes=max(engine.peak_cache_bytes, live), live_bytes=live, by_branch=by_branch,
                         cache_device=device)
