@@ -1,8 +1,8 @@
 """`dcache.apply(pipe, method, controlnet=...)`: cache the pipeline's ControlNet model too, with its own state.
 
 ControlNet pipelines (Flux, SD3, Qwen-Image, Sana, Z-Image, Cosmos, HunyuanDiT) run `pipe.controlnet` before the
-transformer at every step. Off by default (controlnet=None: the ControlNet runs every step, as without dcache);
-the cache itself is dcache.runtime.controlnet_cache (what is cached, rescaling, branches). Settings:
+transformer at every step. Off by default (controlnet=None: the ControlNet runs every step, as without dcache).
+Settings:
 
     controlnet="follow"       the transformer's schedule decides for the ControlNet too: at step j it computes iff
                               the transformer's schedule computes some unit at step j in a branch it follows (the
@@ -22,11 +22,20 @@ the cache itself is dcache.runtime.controlnet_cache (what is cached, rescaling, 
                               call have nowhere to come from in a call that is skipped whole).
     controlnet=None / False   uncached (the default).
 
+The mechanism is the transformer's call scope: each ControlNet model gets an `Engine` (dcache.runtime.engine) with
+scope="call", whose call executor reuses the ControlNet's whole output, its per-block samples rescaled to the call's
+conditioning scale (dcache.runtime.call_output: what is cached, rescaling), and whose schedule is a
+`FollowerSchedule` ("follow") or the method's own. The engine follows the transformer's engine: its generations and
+steps are the transformer's (a ControlNet call outside one runs uncached and is not recorded); its branches are the
+ControlNet calls of one step in their order (call0, call1, ...): one per step in Flux / Qwen-Image (shared by both
+CFG branches of the transformer), one batched call in SD3 / Sana, a cond and an uncond call in Cosmos.
+
 Multi-ControlNet wrappers (FluxMultiControlNetModel, SD3MultiControlNetModel, QwenImageMultiControlNetModel,
-HunyuanDiT2DMultiControlNetModel: `pipe.controlnet.nets`) are cached net by net, each with its own cache, its own
+HunyuanDiT2DMultiControlNetModel: `pipe.controlnet.nets`) are cached net by net, each with its own engine, its own
 schedule instance and its own conditioning scale (the wrapper sums scaled samples, which could not be rescaled);
 their stats are named `controlnet.nets.<i>`. Stats: `handle.stats()` counts every ControlNet call (one unit each,
-its FLOPs the whole call's) beside the transformer's, per model in `.experts` and in the total.
+its FLOPs the whole call's) beside the transformer's, per model in `.experts` and in the total; `handle.memory()`
+reports the cached samples as one more part (kind "controlnet").
 """
 
 from __future__ import annotations
@@ -40,16 +49,20 @@ import torch
 from torch import nn
 
 from ..actions import Action, Granularity
-from ..model.adapters import UnsupportedModelError
 from ..config import MethodConfig
-from ..runtime.controlnet_cache import ControlNetCache
+from ..generations.stats import Stats, stats_from_record
+from ..memory.report import MemoryReport, engine_report
+from ..model.adapters import Adapter, UnsupportedModelError
 from ..plans.plan import Plan, PlanSchedule
-from ..schedule import CallContext, GenerationInfo, Schedule, normalize_actions
+from ..runtime.call_output import PlainOutput
+from ..runtime.engine import Engine
 from ..runtime.signal_providers import signal_name
+from ..schedule import CallContext, Schedule, normalize_actions
 
 FOLLOW = "follow"
 COMPUTE, FORECAST, REUSE = Action.COMPUTE.value, Action.FORECAST.value, Action.REUSE.value
 _EXAMPLE = "controlnet='follow' or controlnet={'method': 'fixed_interval', 'interval': 2}"
+SCALE = "conditioning_scale"  # the ControlNet forward's argument its samples are linear in
 
 
 class ControlNetNotFollowed(UserWarning):
@@ -110,11 +123,11 @@ def check_controlnet_option(pipeline: Any, setting: Any) -> Any:
     return resolved
 
 
-def attach_controlnets(pipeline: Any, engine: Any, resolved: Any, resolve_schedule: Any,
-                       count_flops: bool = True) -> dict[str, ControlNetCache]:
-    """Hook every ControlNet model of the pipeline with its decider; `resolve_schedule(method, knobs, module)` builds
-    an own schedule (dcache.api.apply_cache's). Returns {name: ControlNetCache}; on an error the ones hooked are
-    removed."""
+def attach_controlnets(pipeline: Any, engine: Engine, resolved: Any, resolve_schedule: Any,
+                       count_flops: bool = True) -> dict[str, "CachedControlNet"]:
+    """Give every ControlNet model of the pipeline an engine led by the transformer's `engine`; `resolve_schedule(
+    method, knobs, module)` builds an own schedule (dcache.api.engine_factory's). Returns {name: CachedControlNet};
+    on an error the ones hooked are removed."""
     if resolved is None:
         return {}
     models = controlnet_models(pipeline)
@@ -126,12 +139,14 @@ def attach_controlnets(pipeline: Any, engine: Any, resolved: Any, resolve_schedu
         raise ValueError(f"controlnet=<Schedule>: a Schedule instance keeps one model's state, and this pipeline "
                          f"has {len(models)} ControlNets; pass a method name or config (one schedule is built per "
                          f"net).")
-    caches: dict[str, ControlNetCache] = {}
+    caches: dict[str, CachedControlNet] = {}
     try:
         for name, module in models:
-            decider = FollowTransformer(engine) if resolved == FOLLOW else own_schedule(resolved, module,
-                                                                                      resolve_schedule)
-            caches[name] = ControlNetCache(name, module, decider, engine, count_flops)
+            if resolved == FOLLOW:
+                schedule, label = FollowerSchedule(engine), f"follow:{engine.schedule.name}"
+            else:
+                schedule, label = own_schedule(resolved, module, resolve_schedule)
+            caches[name] = CachedControlNet(module, schedule, label, engine, count_flops)
     except BaseException:
         for cache in caches.values():
             cache.remove()
@@ -139,7 +154,49 @@ def attach_controlnets(pipeline: Any, engine: Any, resolved: Any, resolve_schedu
     return caches
 
 
-def own_schedule(resolved: Any, module: nn.Module, resolve_schedule: Any) -> "OwnSchedule":
+class CachedControlNet:
+    """One ControlNet model (or one net of a multi-ControlNet wrapper) and the call-scope engine that caches it,
+    led by the transformer's engine (its generations and steps); what `handle.stats()` / `handle.memory()` /
+    `handle.remove()` read of it."""
+
+    def __init__(self, module: nn.Module, schedule: Schedule, label: str, leader: Engine, count_flops: bool = True):
+        self.module, self.label = module, label
+        self.engine = Engine(module, whole_model(module), schedule, count_flops=count_flops, memoize=False,
+                             scope="call", leader=leader, decisions="batch", call_output=PlainOutput(SCALE),
+                             own_generations=False)
+        module._dcache_controlnet = self
+
+    def remove(self) -> None:
+        """Unhook: the model's forward is its own again (bit-identical outputs); stats stay readable."""
+        self.engine.remove()
+        if getattr(self.module, "_dcache_controlnet", None) is self:
+            del self.module._dcache_controlnet
+
+    def memory(self) -> MemoryReport:
+        """The cached samples: peak and live bytes, per call of the step (kind "controlnet"), as handle.memory()
+        reports a transformer's."""
+        report = engine_report(self.engine)
+        by_branch = {branch: {"controlnet" if kind == "call" else kind: n for kind, n in kinds.items()}
+                     for branch, kinds in report.by_branch.items()}
+        return MemoryReport(peak_bytes=report.peak_bytes, live_bytes=report.live_bytes, by_branch=by_branch)
+
+    def stats(self) -> Stats:
+        """The ControlNet's calls in the last generation: one unit per call (computed / reused / forecast) and its
+        FLOPs, the whole call's (counted once per input shape)."""
+        eng = self.engine
+        rec = eng.record if eng.record is not None and eng.record.calls else None
+        return stats_from_record(rec, method=self.label, granularity="call", generations=eng.generations,
+                                 units_per_call=1, blocks_per_call=0, cache_bytes=self.memory().peak_bytes)
+
+
+def whole_model(module: nn.Module) -> Adapter:
+    """The adapter of a model cached as one call: no blocks to lay out or hook."""
+    return Adapter(model_class=type(module).__name__, block_lists=(), notes="cached as one call")
+
+
+def own_schedule(resolved: Any, module: nn.Module, resolve_schedule: Any) -> tuple[Schedule, str]:
+    """The ControlNet's own schedule and its name: one unit, decided before each ControlNet call from the step
+    and branch alone (refused, by name, when it cannot)."""
     method, knobs = resolved if isinstance(resolved, tuple) else (resolved, {})
     fix = ("Use a schedule that decides from the step alone (e.g. controlnet={'method': 'fixed_interval', "
            "'interval': 2}) or controlnet='follow'.")
@@ -166,7 +223,7 @@ def own_schedule(resolved: Any, module: nn.Module, resolve_schedule: Any) -> "Ow
     if problems:
         raise ValueError(f"controlnet={_describe(resolved)}: {name!r} cannot decide for a ControlNet: "
                          + "; ".join(problems) + f". {fix}")
-    return OwnSchedule(schedule, name)
+    return schedule, name
 
 
 def _describe(resolved: Any) -> str:
@@ -175,66 +232,28 @@ def _describe(resolved: Any) -> str:
     return repr(resolved) if isinstance(resolved, (str, os.PathLike)) else type(resolved).__name__
 
 
-def _timestep(record: Any, step: int) -> float | None:
-    timesteps = record.timesteps
-    return timesteps[step] if timesteps and step < len(timesteps) else None
+class FollowerSchedule(Schedule):
+    """controlnet='follow': at each ControlNet call, the transformer engine's decision for the same step and branch
+    (the one it took if its call ran, else the one it will take: asked of a copy of its schedule, whose own state is
+    untouched), one unit: COMPUTE if any followed unit computes, else FORECAST if any forecasts, else REUSE."""
 
+    granularity = Granularity.STACK
 
-class OwnSchedule:
-    """The ControlNet's own schedule: one unit, decided before each ControlNet call from the step and branch."""
-
-    def __init__(self, schedule: Schedule, name: str):
-        self.schedule = schedule
-        self.label = name
-        self.forecast_order = int(schedule.forecast_order)
-
-    def start(self, record: Any, model_class: str) -> None:
-        self.schedule.reset(GenerationInfo(num_steps=record.num_steps, timesteps=record.timesteps,
-                                           units=("controlnet",), model_class=model_class, num_blocks=1))
-
-    def end(self, complete: bool) -> None:
-        self.schedule.end(complete)
-
-    def decide(self, step: int, branch: str, record: Any, call_index: int, last_compute_step: int | None) -> str:
-        ctx = CallContext(step=step, num_steps=record.num_steps, branch=branch, call_index=call_index,
-                          timestep=_timestep(record, step), signals={}, last_compute_step=last_compute_step)
-        return normalize_actions(self.schedule.decide(ctx), 1)
-
-    def may_reuse(self, branch: str) -> bool:
-        return self.schedule.may_reuse(branch, 0)
-
-
-class FollowTransformer:
-    """controlnet='follow': the transformer schedule's decision for this step, asked of a copy of the schedule
-    ahead of the transformer's call (the schedule's own state is untouched)."""
-
-    def __init__(self, engine: Any):
-        self.engine = engine
+    def __init__(self, leader: Engine):
+        self.leader = leader
+        self.name = f"follow:{leader.schedule.name}"
+        self.forecast_order = int(leader.order)  # the samples' Taylor order: the transformer schedule's
         self.warned = False
 
-    @property
-    def label(self) -> str:
-        return f"follow:{self.engine.schedule.name}"
-
-    @property
-    def forecast_order(self) -> int:
-        return int(self.engine.order)
-
-    def start(self, record: Any, model_class: str) -> None:
-        pass
-
-    def end(self, complete: bool) -> None:
-        pass
-
-    def may_reuse(self, branch: str) -> bool:
-        return True
-
-    def decide(self, step: int, branch: str, record: Any, call_index: int, last_compute_step: int | None) -> str:
-        engine = self.engine
-        schedule = engine.schedule
+    def decide(self, ctx: CallContext) -> str:
+        leader = self.leader
+        schedule, record = leader.schedule, leader.record
         if schedule.signals:
             self._warn(schedule)
             return COMPUTE
+        if record is None:
+            return COMPUTE
+        step, branch = ctx.step, ctx.branch
         done = {c.branch: c.actions for c in record.calls if c.step == step}  # transformer calls already run
         before = list(dict.fromkeys(c.branch for c in record.calls if c.step == step - 1))
         followed = [branch] if branch in done or branch in before else before
@@ -246,11 +265,11 @@ class FollowTransformer:
                 rows.append(done[name])
                 continue
             twin = twin or _twin(schedule)
-            bstate = engine.branches.get(name)
-            ctx = CallContext(step=step, num_steps=record.num_steps, branch=name, call_index=len(record.calls) + i,
-                              timestep=_timestep(record, step), signals={},
-                              last_compute_step=bstate.last_compute_step if bstate is not None else None)
-            rows.append(normalize_actions(twin.decide(ctx), len(engine.units)))
+            bstate = leader.branches.get(name)
+            asked = CallContext(step=step, num_steps=record.num_steps, branch=name,
+                                call_index=len(record.calls) + i, timestep=ctx.timestep, signals={},
+                                last_compute_step=bstate.last_compute_step if bstate is not None else None)
+            rows.append(normalize_actions(twin.decide(asked), len(leader.units)))
         cells = "".join(rows)
         return COMPUTE if COMPUTE in cells else FORECAST if FORECAST in cells else REUSE
 

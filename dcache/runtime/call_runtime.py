@@ -37,6 +37,9 @@ class CallRuntime:
     health: HealthMonitor
     pipeline: Any = None
     order: int = 0  # the schedule's forecast order: Taylor history depth of every cached unit
+    # call scope: how the whole call's output is cached; None: x + Delta (dcache.runtime.call_scope), a
+    # dcache.runtime.call_output.PlainOutput: reused whole (a ControlNet's per-block samples)
+    call_output: Any = None
     # set once the executor laid out the units (Engine.__init__): one name per action character, the model's book
     units: tuple[str, ...] = ()
     flops: FlopBook = field(default_factory=lambda: FlopBook(enabled=False))

@@ -90,18 +90,24 @@ class Engine:
     def __init__(self, transformer: nn.Module, adapter: Adapter, schedule: Schedule, *,
                  pipeline: Any = None, num_steps: int | None = None,
                  count_flops: bool = True, memoize: bool = True, scope: str = "blocks", leader: "Engine | None" = None,
-                 cache_codec: Any = None, health: HealthMonitor | None = None, decisions: str = "sample"):
+                 cache_codec: Any = None, health: HealthMonitor | None = None, decisions: str = "sample",
+                 call_output: Any = None, own_generations: bool = True):
         """leader: for the second expert of a two-transformer pipeline (Wan 2.2's transformer_2): the engine of the
         pipeline's first transformer, which hooks the scheduler and hands every generation and step on to this one
         (one scheduler, one wrapper; each expert keeps its own generation record, caches and schedule state).
         cache_codec: a dcache.memory.cache_codec.CacheCodec storing cached unit tensors in a low dtype (None: as
         computed). health: what each finished generation did, said once per kind (dcache.generations.health; None: a
         silent monitor). decisions: "sample" (each row of a batched call decides on its own, dcache.runtime.lanes) or
-        "batch"."""
+        "batch". call_output: call scope, how the call's output is cached (None: x + Delta; a
+        dcache.runtime.call_output.PlainOutput: reused whole, as a ControlNet's samples). own_generations: False for an
+        engine that only runs in the generations its leader hands on (a ControlNet's): a call outside one runs
+        uncached and is not recorded, where an engine of its own opens a generation for it."""
         # the model, schedule, FLOP book, kernels, running generation and call (dcache.runtime.call_runtime)
         self.runtime = runtime = CallRuntime(transformer, adapter, schedule,
                                              health if health is not None else HealthMonitor(warn=False),
-                                             pipeline=pipeline, order=int(schedule.forecast_order))
+                                             pipeline=pipeline, order=int(schedule.forecast_order),
+                                             call_output=call_output)
+        self.own_generations = own_generations
         self.cache_codec = cache_codec
         self.leader = leader
         self.followers: list[Engine] = []
@@ -251,6 +257,8 @@ class Engine:
                 raise
 
     def _open_call(self, args: tuple, kwargs: dict) -> None:
+        if not self.own_generations and not self.tracker.in_generation():
+            return  # no call opens: the model runs as it is (the call executor serves nothing)
         if enabled_cache_config(self.transformer) is not None:  # diffusers' enable_cache after apply
             refuse_other_cache(self.transformer, "enabled after dcache.apply; the call is refused")
         guard = self.guard

@@ -199,6 +199,18 @@ def test_each_net_of_a_multi_controlnet_has_its_own_cache():
     assert torch.equal(_run(spec, pipe, **call), reference)
 
 
+def test_a_compiled_controlnet_breaks_no_graph():
+    """The ControlNet's engine runs its calls in the transformer's eager call frame: compiled with fullgraph=True, a
+    computed call is the model's graph and a served one a graph of its own; outputs equal the eager cache's."""
+    spec, pipe, _ = _build("flux_controlnet")
+    with dcache.apply(pipe, "fixed_interval", controlnet="follow") as handle:
+        eager = _run(spec, pipe)
+        pipe.controlnet.compile(backend="eager", fullgraph=True)
+        compiled = _run(spec, pipe)
+        cn = handle.stats(expert="controlnet")
+    assert torch.equal(compiled, eager) and cn.units_reused == 1
+
+
 def test_follow_under_a_schedule_that_reads_signals_computes_the_controlnet_and_says_so(flux):
     spec, pipe, forwards = flux
     with dcache.apply(pipe, "fbcache", threshold=0.5, controlnet="follow") as handle:

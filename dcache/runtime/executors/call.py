@@ -5,6 +5,11 @@ plans work unchanged); REUSE returns x + Delta without running the transformer (
 COMPUTE runs the bare model (no block is hooked) and caches Delta = v - x and the output's layout. With a schedule's
 `cfg_difference`, the unconditional branch's served calls are Delta_c - D^ (dcache.runtime.cfg_difference). FLOPs are
 the whole call's, counted on the first computed call of each input shape. Cache key: "call".
+
+A model whose output is not shaped like its latent input (a ControlNet's per-block samples) is cached whole instead
+(`CallRuntime.call_output`, dcache.runtime.call_output.PlainOutput): REUSE / FORECAST serve the output's cached
+tensors (their Taylor forecast), rescaled to the call's scale argument; FLOPs and servability are keyed by the shapes
+of all of its tensor arguments.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ...actions import Signal
 from ..cache_ops import ops_for
+from ..call_output import served_later
 from ..call_runtime import CallRuntime
 from ..call_scope import CALL_UNIT, latent_input, output_layout
 from ..call_state import DECIDING, RESUMED, BlockSlot, CallDecided, CallState
@@ -54,12 +60,15 @@ class CallExecutor(UnitExecutor[WholeCall]):
         self.latent = None  # the running call's latent input x
         # split CFG: the unconditional branch served through the CFG difference (dcache.runtime.cfg_difference)
         self.cfg = CfgDifference(runtime) if getattr(runtime.schedule, "cfg_difference", False) else None
+        self.output = runtime.call_output  # None: x + Delta; a PlainOutput: the whole output reused
+        self.entry: tuple | None = None  # PlainOutput: the running call's (signature, scale)
 
     def new_call(self) -> WholeCall:
         return WholeCall()
 
     def assign_roles(self, slots: list[BlockSlot], probe: int, tail: int) -> None:
-        assign_stack_roles(slots, probe, tail)  # the stack's layout (check_scope refused probe and tail blocks)
+        if slots:  # a model cached as one call lays out no blocks
+            assign_stack_roles(slots, probe, tail)  # the stack's layout (check_scope refused probe and tail blocks)
 
     def unit_names(self) -> tuple[str, ...]:
         return ("stack",)
@@ -71,16 +80,19 @@ class CallExecutor(UnitExecutor[WholeCall]):
 
     def servable(self, bstate: BranchState, unit: int) -> bool:
         hist = bstate.units.get(CALL_UNIT)
+        if self.output is not None:
+            return hist is not None and hist.tables is not None and \
+                self.output.factor(bstate.call_layout, *self.entry) is not None
         return hist is not None and bstate.call_layout is not None and hist.matches([self.latent])
 
     def end_call(self, call: WholeCallState | None) -> None:
-        self.latent = None
+        self.latent = self.entry = None
 
     def abort_call(self, call: WholeCallState | None) -> None:
         if call is not None and call.unit.counter is not None:  # counting the whole call
             counter, call.unit.counter = call.unit.counter, None
             self.runtime.flops.stop(counter, None, None)
-        self.latent = None
+        self.latent = self.entry = None
 
     # ------------------------------------------------------------------------------------------------ entry points
     def call_enter(self, forward: Any, args: tuple, kwargs: dict, compiling: bool = False) -> tuple[bool, Any]:
@@ -90,6 +102,10 @@ class CallExecutor(UnitExecutor[WholeCall]):
         input shape."""
         runtime = self.runtime
         call = runtime.call  # opened by Engine.begin_call
+        if call is None:  # outside the generations of an engine that opens none itself (Engine's own_generations)
+            return True, None
+        if self.output is not None:
+            return self._enter_plain(call, forward, args, kwargs, compiling)
         x = latent_input(runtime.call_arguments() or {}, args)
         if x is None:
             raise ValueError(f"scope='call' reads the latent input `hidden_states` of the transformer call, but "
@@ -103,17 +119,11 @@ class CallExecutor(UnitExecutor[WholeCall]):
             if Signal.INPUT_DELTA in runtime.meter.wanted:
                 runtime.meter.input_delta(call, x.detach().clone())  # pipelines may update their latents in place
             decide(runtime, self, call)
-        if call.phase == DECIDING:
-            raise CallDecided()
-        action = call.actions[0]
         shape = x.shape
-        flops = runtime.flops
+        action = self._decided(call, shape, forward, args, kwargs, compiling)
         if action == COMPUTE:
-            if compiling:
-                flops.count(CALL_UNIT, shape, forward, args, kwargs)  # a dispatch mode would stop dynamo
-            else:
-                call.unit.counter = flops.start(CALL_UNIT, shape)
             return True, None
+        flops = runtime.flops
         forecast = action == FORECAST
         delta = self.cfg.served(call, forecast) if self.cfg is not None else None  # dcache.runtime.cfg_difference
         if delta is None:
@@ -125,10 +135,27 @@ class CallExecutor(UnitExecutor[WholeCall]):
             return False, functools.partial(serve_call, bstate.call_layout, x, delta)
         return False, bstate.call_layout.build(runtime.ops.apply(x, delta))
 
+    def _decided(self, call: WholeCallState, key: Any, forward: Any, args: tuple, kwargs: dict,
+                 compiling: bool) -> str:
+        """The decided call's action (a call opened to decide only stops here); a computed call's FLOPs are counted
+        under `key`, its FLOP-book key."""
+        if call.phase == DECIDING:
+            raise CallDecided()
+        action = call.actions[0]
+        if action == COMPUTE:
+            flops = self.runtime.flops
+            if compiling:
+                flops.count(CALL_UNIT, key, forward, args, kwargs)  # a dispatch mode would stop dynamo
+            else:
+                call.unit.counter = flops.start(CALL_UNIT, key)
+        return action
+
     def call_exit(self, out: Any) -> Any:
         """Computed call: cache Delta = v - x and the output's layout; post signals read x and v."""
         runtime = self.runtime
         call, x = runtime.call, self.latent
+        if self.output is not None and call is not None and self.entry is not None:
+            return self._exit_plain(call, out)
         if call is None or x is None:
             return out
         bstate = call.bstate
@@ -144,4 +171,41 @@ class CallExecutor(UnitExecutor[WholeCall]):
             self.cfg.note(call, (v - x).detach(), computed=True)
         if runtime.schedule.may_reuse(call.branch, 0):
             store_residuals(runtime.ops, call, CALL_UNIT, runtime.order, [v], [x])
+        return out
+
+    # ------------------------------------------------------------------------------------------------ whole outputs
+    def _enter_plain(self, call: WholeCallState, forward: Any, args: tuple, kwargs: dict,
+                     compiling: bool) -> tuple[bool, Any]:
+        """call_enter for an output reused whole (dcache.runtime.call_output): (False, the cached tensors, or their
+        forecast, rescaled to this call's scale, in the output's structure) or (True, None) to run the model."""
+        runtime, output = self.runtime, self.output
+        self.entry = signature, scale = output.key(runtime.call_arguments() or {}, args, kwargs)
+        if call.phase != RESUMED:
+            decide(runtime, self, call)
+        action = self._decided(call, signature, forward, args, kwargs, compiling)
+        if action == COMPUTE:
+            return True, None
+        bstate = call.bstate
+        tensors = read_cached(runtime.schedule, bstate.units[CALL_UNIT], action, call.step, call)
+        call.flops_total = runtime.flops.cost(CALL_UNIT, signature) or 0.0
+        out = bstate.call_layout.build(tensors, output.factor(bstate.call_layout, signature, scale))
+        return False, served_later(out) if compiling else out
+
+    def _exit_plain(self, call: WholeCallState, out: Any) -> Any:
+        """call_exit for an output reused whole: cache its tensors and structure (a history that another scale,
+        other argument shapes or another structure would mix starts over)."""
+        runtime, output = self.runtime, self.output
+        signature, scale = self.entry
+        flops = runtime.flops
+        if call.unit.counter is not None:
+            counter, call.unit.counter = call.unit.counter, None
+            flops.stop(counter, CALL_UNIT, signature)
+        call.flops_total = call.flops_computed = flops.cost(CALL_UNIT, signature) or 0.0
+        if runtime.schedule.may_reuse(call.branch, 0):
+            bstate = call.bstate
+            layout, tensors = output.layout(out, signature, scale)
+            if not output.continues(bstate.call_layout, layout):
+                bstate.units.pop(CALL_UNIT, None)
+            bstate.call_layout = layout
+            bstate.history(CALL_UNIT, runtime.order).update(tensors, call.step)
         return out
