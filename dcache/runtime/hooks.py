@@ -74,7 +74,8 @@ def transformer_call(hook: TransformerHook, *args, **kwargs):
     engine = hook.engine
     compiling = eval_frame_callback() is not None
     lanes = engine.lanes
-    rows = lanes.rows(args, kwargs, compiling) if lanes is not None and not lanes.swapped else 0
+    # eager: under compile, rows() may warn that the batch decides as one, and dynamo cannot trace warnings.warn
+    rows = eager(lanes.rows)(args, kwargs, compiling) if lanes is not None and not lanes.swapped else 0
     if rows:
         return lanes.run(rows, functools.partial(run_opened, hook, False), args, kwargs)
     return run_call(hook, compiling, *args, **kwargs)
