@@ -9,6 +9,8 @@ Public API the rest of the core uses directly (no entry here): `diffusers.hooks.
 `diffusers.utils.logging`. Of its behaviour dcache relies on one point the contract tests check too: a registered
 hook keeps the module forward's signature (`inspect.signature` follows `__wrapped__`), which dcache reads to find a
 transformer's timestep argument under other libraries' hooks (0.40 and later; a `(module, *args, **kwargs)` before).
+The bundled pipelines (a layer above the core) pass `cache_context(name, step_index=, num_inference_steps=, sigma=)`,
+which diffusers takes since 0.41.
 """
 
 from __future__ import annotations

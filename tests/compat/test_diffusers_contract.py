@@ -87,6 +87,20 @@ def test_cache_context_reaches_a_stateful_hook_and_stateful_reset_accepts_it():
     HookRegistry.check_if_exists_or_initialize(transformer).reset_stateful_hooks()  # must not raise
 
 
+
+def test_cache_context_takes_where_the_loop_is():
+    # the bundled pipelines (dcache.pipelines) pass the step to the caches as diffusers' own pipelines do
+    transformer = make_transformer()
+    heard = []
+    HookRegistry.check_if_exists_or_initialize(transformer).register_hook(compat.ContextHook(heard.append), "probe")
+    try:
+        with transformer.cache_context("cond", step_index=0, num_inference_steps=2, timestep=1.0, sigma=1.0):
+            pass
+    except TypeError as error:
+        raise AssertionError(f"cache_context(name, step_index=, num_inference_steps=, timestep=, sigma=) is refused "
+                             f"(diffusers 0.41 and later take them): {error}") from error
+    assert heard == ["cond", None]
+
 def test_enable_cache_config_is_visible_while_on():
     from diffusers.hooks import FirstBlockCacheConfig
 
