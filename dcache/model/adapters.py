@@ -10,8 +10,9 @@ unknown DiTs and raises `UnsupportedModelError`, which shows how to register one
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -168,8 +169,25 @@ def adapter_registry() -> dict[str, Adapter]:
     return dict(_REGISTRY)
 
 
+_LOADING_BUILTINS = False  # set while dcache.model.families imports the built-in family files
+
+
+@contextmanager
+def loading_builtins() -> Iterator[None]:
+    """While the built-in families register: a class a user registered before the first lookup keeps the user's
+    adapter (the documented order: users first), instead of the built-in row raising "already registered"."""
+    global _LOADING_BUILTINS
+    _LOADING_BUILTINS = True
+    try:
+        yield
+    finally:
+        _LOADING_BUILTINS = False
+
+
 def register_adapter(adapter: Adapter, *, overwrite: bool = False) -> Adapter:
     """Register the adapter for `adapter.model_class`. Users call this for their own DiTs."""
+    if adapter.model_class in _REGISTRY and _LOADING_BUILTINS and not overwrite:
+        return _REGISTRY[adapter.model_class]  # the user's, registered before the built-in families loaded
     if adapter.model_class in _REGISTRY and not overwrite:
         raise ValueError(f"An adapter for {adapter.model_class} is already registered; pass overwrite=True to "
                          f"replace it.")

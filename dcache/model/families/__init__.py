@@ -36,7 +36,8 @@ from types import ModuleType
 
 from torch import nn
 
-from ..adapters import ENCODER, HIDDEN, Adapter, BlockList, UnsupportedModelError, adapter_registry, block_list
+from ..adapters import (ENCODER, HIDDEN, Adapter, BlockList, UnsupportedModelError, adapter_registry, block_list,
+                        loading_builtins)
 from .source_analysis import discovery_refusal
 
 # The built-in family modules, alphabetically: importing one registers its adapters (in this order).
@@ -56,7 +57,8 @@ def _load_builtin_families() -> None:
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True
-        family_modules()
+        with loading_builtins():  # a user's adapter registered before this keeps its class
+            family_modules()
 
 
 def registered_adapters() -> dict[str, Adapter]:
