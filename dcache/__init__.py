@@ -20,6 +20,8 @@ _LAZY = {
     "model.adapters": ("Adapter", "BlockList", "UnsupportedModelError", "register_adapter"),
     "model.families": ("adapter_for",),
     "api.apply_cache": ("apply",),
+    "api.options": ("Budget", "Models", "Storage"),
+    "api.tune": ("tune",),
     "runtime.concurrency": ("ConcurrentGenerationError",),
     "api.handle": ("Handle",),
     "plans.plan": ("Plan", "PlanError", "PlanSchedule"),
@@ -32,6 +34,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .model.adapters import Adapter, BlockList, UnsupportedModelError, register_adapter
     from .model.families import adapter_for
     from .api.apply_cache import apply
+    from .api.options import Budget, Models, Storage
+    from .api.tune import tune
     from .runtime.concurrency import ConcurrentGenerationError
     from .api.handle import Handle
     from .plans.plan import Plan, PlanError, PlanSchedule
@@ -56,7 +60,8 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 
-__all__ = ["apply", "Handle", "Plan", "PlanError", "PlanSchedule", "Schedule", "MethodSchedule", "CallContext",
+__all__ = ["apply", "tune", "Storage", "Budget", "Models", "Handle", "Plan", "PlanError", "PlanSchedule", "Schedule",
+           "MethodSchedule", "CallContext",
            "GenerationInfo", "Action", "Granularity", "Signal", "SignalProvider", "ProviderView", "register_signal",
            "Adapter", "BlockList", "register_adapter", "adapter_for", "UnsupportedModelError", "MethodConfig", "knob",
            "register_method", "register_preset", "methods", "presets", "config_for", "config_from_dict", "Stats",

@@ -10,7 +10,6 @@ first, so a typo fails in a fraction of a second instead of after "loading the m
 
 from __future__ import annotations
 
-import inspect
 import shlex
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,9 @@ def check_method(method: str, overrides: dict[str, Any], flag: str = "--cache", 
         merged = setup.with_overrides(**overrides)
         Setup.from_dict(merged.to_dict(), source=f"{flag} {method!r} with --set {sorted(overrides)}")
         return
-    own = set(inspect.signature(dcache.apply).parameters)
+    from dcache.api.apply_cache import apply_keywords
+
+    own = apply_keywords()
     fields = {k: v for k, v in overrides.items() if k not in own}
     if not is_file_spec(method):
         config = dcache.config_for(method, **fields)

@@ -17,6 +17,10 @@ from typing import Any
 
 from torch import nn
 
+from ..schedule import Schedule
+from .engine_factory import build_engine, resolve_schedule
+from .handle import Handle
+
 _EXPERT_NAME = re.compile(r"^transformer_\d+$")
 _SAME = object()  # experts= gave no setting for this expert: it runs transformer's method and overrides
 
@@ -47,7 +51,6 @@ def expert_method(base_method: Any, base_overrides: dict, setting: Any) -> tuple
     return setting, {}
 
 
-
 def check_expert_names(pipeline: Any, experts: dict | None) -> dict:
     """Validate `experts=` against the pipeline's experts; returns {name: setting or _SAME}."""
     names = [name for name, _ in extra_experts(pipeline)]
@@ -59,3 +62,23 @@ def check_expert_names(pipeline: Any, experts: dict | None) -> dict:
                          f"{type(pipeline).__name__} (its extra experts: {have}); `transformer` itself takes the "
                          f"method and overrides given to dcache.apply.")
     return {name: experts.get(name, _SAME) for name in names}
+
+
+def attach_experts(handle: Handle, pipeline: Any, method: Any, overrides: dict, settings: dict,
+                   **engine_options: Any) -> None:
+    """Build an engine for each extra expert (check_expert_names' `settings`), following `handle`'s engine and in
+    its scope, into `handle.experts`. engine_options: build_engine's keywords. On an error the caller removes the
+    handle (its experts with it)."""
+    leader = handle.engine
+    for name, module in extra_experts(pipeline):
+        picked = expert_method(method, overrides, settings[name])
+        if picked is None:
+            continue
+        if isinstance(picked[0], Schedule):
+            raise ValueError(f"a Schedule instance keeps one expert's state; give {name} its own: "
+                             f"dcache.apply(pipe, schedule, experts={{{name!r}: another_schedule}}) "
+                             f"(or a method name, which builds one per expert).")
+        schedule, sub_name, config = resolve_schedule(picked[0], picked[1], module)
+        engine = build_engine(module, schedule, sub_name, pipeline=pipeline, scope=leader.scope, leader=leader,
+                              **engine_options)
+        handle.experts[name] = Handle(engine, sub_name, config)

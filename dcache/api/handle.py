@@ -25,6 +25,7 @@ class Handle:
         self.experts: dict[str, Handle] = {}  # the pipeline's other denoising transformers (dcache.api.experts)
         self.controlnets: dict[str, Any] = {}  # cached ControlNet models (dcache.api.controlnet)
         self.fit_choice: str | None = None  # max_cache_memory with fit="auto": the cache storage it switched to
+        self._budget: Any = None  # the memory budget's check (dcache.memory.budget.BudgetCheck), attach_budget
         self._removed = False
 
     @property
@@ -118,6 +119,13 @@ class Handle:
                                "to get one.")
         return self._setup()
 
+    def attach_budget(self, check: Any) -> None:
+        """Keep a memory budget's check with this handle (it reads the engine at each generation's first call);
+        `check.remove()` unhooks it with the handle. dcache.apply(budget=...) attaches one."""
+        if self._budget is not None:
+            raise RuntimeError("this handle has a memory budget already; apply again with the budget you want.")
+        self._budget = check
+
     def remove(self) -> None:
         """Unhook everything; the pipeline then produces bit-identical outputs to before `apply`."""
         if self._removed:
@@ -129,7 +137,7 @@ class Handle:
             if not sub.removed:
                 sub.remove()
         self._engine.remove()
-        if getattr(self, "_budget", None) is not None:  # dcache.memory.budget's forward pre-hook
+        if self._budget is not None:  # dcache.memory.budget's forward pre-hook
             self._budget.remove()
         if getattr(self._engine.transformer, "_dcache_engine", None) is self._engine:
             del self._engine.transformer._dcache_engine

@@ -5,20 +5,23 @@ A serving engine or a team keeps its cache configuration beside its model config
 file. Every field is optional except `method`:
 
     {
-      "format": "dcache.setup", "version": 1,
+      "format": "dcache.setup", "version": 2,
       "method": "magcache",                      # a method or preset name, or a plan / config file (a relative
                                                  # path is read from the setup file's folder)
       "knobs": {"threshold": 0.06},              # the method's config fields (none for a plan file)
       "scope": "blocks",                         # "blocks" | "call" | null (the plan's own, else "blocks")
       "num_steps": null,                         # transformer-only use: the step count
       "memoize": true,
-      "storage": {"cache_dtype": "bfloat16", "cache_scale": null, "cache_device": null,
-                  "max_cache_memory": "8GiB", "fit": "auto"},
-      "experts": {"transformer_2": {"warmup_steps": 2}},   # per expert: knobs, a method name, or null (uncached)
-      "controlnet": "follow",                    # or a method name, or {"method": "fixed_interval", "interval": 3}
-      "decisions": "sample"                      # the default; "batch": one decision per batched call (serving.md)
+      "decisions": "sample",                     # the default; "batch": one decision per batched call (serving.md)
+      "storage": {"dtype": "bfloat16", "scale": null, "device": null},          # dcache.Storage's fields
+      "budget": {"max_memory": "8GiB", "fit": "auto"},                          # dcache.Budget's fields
+      "models": {"experts": {"transformer_2": {"warmup_steps": 2}},             # dcache.Models's fields: per
+                 "controlnet": "follow"}                                        # expert knobs, a method or null
     }
 
+The groups are dcache.apply's (dcache.api.options) and are checked by them. Version 1 files (one "storage" object
+with cache_dtype / cache_scale / cache_device / max_cache_memory / fit, and "experts" / "controlnet" at the top)
+still load: they are read into the version 2 groups, and their errors name the version 1 fields.
 Arguments given to `dcache.apply` beside the file override its fields (per request: `dcache.apply(pipe,
 "setup.json", threshold=0.1, scope="call")`; knobs merge into `knobs`). `handle.setup()` gives back the setup a
 handle was applied with, so a setting found in Python (or by `speed=` / `quality=`) is saved with
@@ -37,10 +40,12 @@ from typing import Any
 from ..files.atomic import atomic_write_text, read_json, read_limited
 
 SETUP_FORMAT = "dcache.setup"
-SETUP_VERSION = 1
+SETUP_VERSION = 2
 MAX_SETUP_BYTES = 1 << 20  # a setup is a few hundred bytes; a megabyte is a wrong file, not a setup
 SCOPES = ("blocks", "call")
-STORAGE_FIELDS = ("cache_dtype", "cache_scale", "cache_device", "max_cache_memory", "fit")
+V1_STORAGE = {"cache_dtype": ("storage", "dtype"), "cache_scale": ("storage", "scale"),
+              "cache_device": ("storage", "device"), "max_cache_memory": ("budget", "max_memory"),
+              "fit": ("budget", "fit")}  # a version 1 file's "storage" fields -> (group, field)
 YAML_SUFFIXES = (".yaml", ".yml")
 _EXAMPLE = '{"format": "dcache.setup", "version": 1, "method": "magcache", "knobs": {"threshold": 0.06}}'
 
@@ -56,10 +61,10 @@ class Setup:
     scope: str | None = None
     num_steps: int | None = None
     memoize: bool = True
-    storage: dict[str, Any] = field(default_factory=dict)
-    experts: dict[str, Any] | None = None
-    controlnet: Any = None
     decisions: str | None = None  # "sample" | "batch" | None (apply's default)
+    storage: dict[str, Any] = field(default_factory=dict)  # dcache.Storage's fields that are set
+    budget: dict[str, Any] = field(default_factory=dict)  # dcache.Budget's
+    models: dict[str, Any] = field(default_factory=dict)  # dcache.Models's
 
     # ------------------------------------------------------------------------------------------ reading
     @classmethod
@@ -72,10 +77,12 @@ class Setup:
             raise fail("format", f"is {data.get('format')!r:.60}, not {SETUP_FORMAT!r}",
                        f"a setup file starts {{\"format\": \"{SETUP_FORMAT}\", \"version\": {SETUP_VERSION}, ...}}")
         version = data.get("version")
-        if type(version) is not int or version != SETUP_VERSION:  # noqa: E721 - True == 1 must not pass
-            raise fail("version", f"is {version!r:.40}; this dcache reads version {SETUP_VERSION}",
+        if type(version) is not int or version not in (1, SETUP_VERSION):  # noqa: E721 - True == 1 must not pass
+            raise fail("version", f"is {version!r:.40}; this dcache reads version 1 or {SETUP_VERSION}",
                        "write the file again with this dcache (handle.setup().save(path)) or use the dcache that "
                        "wrote it")
+        if version == 1:
+            data, fail = _from_version_1(data, fail)
         known = {f.name for f in fields(cls)} | {"format", "version"}
         unknown = sorted(set(data) - known, key=str)
         if unknown:
@@ -88,8 +95,6 @@ class Setup:
         return setup
 
     def _check(self, fail, folder: Path | None) -> None:
-        from ..memory.report import parse_bytes
-
         method, knobs = self.method, self.knobs
         if not isinstance(method, str) or not method:
             raise fail("method", f"is {method!r:.60}", 'give a name or a path as a string, e.g. "magcache"')
@@ -122,45 +127,53 @@ class Setup:
             raise fail("num_steps", f"is {steps!r:.40}", "give an int >= 1 (transformer-only use) or null")
         if not isinstance(self.memoize, bool):
             raise fail("memoize", f"is {self.memoize!r:.40}", "give true or false")
-        self._check_storage(fail, parse_bytes)
-        if self.experts is not None:
-            if not isinstance(self.experts, dict):
-                raise fail("experts", f"is {type(self.experts).__name__}",
-                           'give {"transformer_2": {knobs} | "method" | null}')
-            for name, value in self.experts.items():
-                if value is not None and not isinstance(value, (str, dict)):
-                    raise fail(f"experts.{name}", f"is {type(value).__name__}",
-                               "give the expert's knobs as an object, a method name, or null (uncached)")
+        self._check_groups(fail)
         if self.decisions not in (None, "sample", "batch"):
             raise fail("decisions", f"is {self.decisions!r:.40}", 'use "sample" (each sample decided on its own), '
                        '"batch" (one decision per batched call) or null')
-        if self.controlnet is not None and not isinstance(self.controlnet, (str, dict)):
-            raise fail("controlnet", f"is {type(self.controlnet).__name__}",
-                       'give "follow", a method name, or {"method": "fixed_interval", "interval": 3}')
 
-    def _check_storage(self, fail, parse_bytes) -> None:
-        from ..memory.cache_codec import cache_codec
+    def _check_groups(self, fail) -> None:
+        """storage, budget and models: objects of their dcache.api.options group's fields, checked by it."""
+        from .options import GROUPS
 
-        storage = self.storage
-        if not isinstance(storage, dict):
-            raise fail("storage", f"is {type(storage).__name__}", f"give an object with some of {STORAGE_FIELDS}")
-        unknown = sorted(set(storage) - set(STORAGE_FIELDS), key=str)
-        if unknown:
-            raise fail(f"storage.{unknown[0]}", "is not a storage field", f"the fields are {list(STORAGE_FIELDS)}")
-        try:
-            cache_codec(storage.get("cache_dtype"), storage.get("cache_scale"), storage.get("cache_device"))
-        except (ValueError, TypeError) as exc:
-            raise fail("storage", "is invalid", str(exc)) from None
-        if storage.get("max_cache_memory") is not None:
+        for name, group in GROUPS.items():
+            value = getattr(self, name)
+            names = [f.name for f in fields(group)]
+            if not isinstance(value, dict):
+                raise fail(name, f"is {type(value).__name__}", f"give an object with some of {names}")
+            unknown = sorted(set(value) - set(names), key=str)
+            if unknown:
+                raise fail(f"{name}.{unknown[0]}", f"is not a {name} field", f"the fields are {names}")
+        if self.budget and "max_memory" not in self.budget:
+            raise fail("budget.fit", "is given without budget.max_memory",
+                       'give the budget too, e.g. "max_memory": "8GiB" (apply\'s max_cache_memory=)')
+        if self.budget.get("max_memory") is not None:
+            from ..memory.report import parse_bytes
+
             try:
-                parse_bytes(storage["max_cache_memory"])
+                parse_bytes(self.budget["max_memory"])
             except (ValueError, TypeError) as exc:
-                raise fail("storage.max_cache_memory", "is invalid", str(exc)) from None
-        if storage.get("fit") not in (None, "auto"):
-            raise fail("storage.fit", f"is {storage['fit']!r:.40}", 'use "auto" (with max_cache_memory) or null')
-        if storage.get("fit") is not None and storage.get("max_cache_memory") is None:
-            raise fail("storage.fit", "is given without storage.max_cache_memory", "give the budget too, e.g. "
-                       '"max_cache_memory": "8GiB"')
+                raise fail("budget.max_memory", "is invalid", str(exc)) from None
+        experts = self.models.get("experts")
+        if experts is not None:
+            if not isinstance(experts, dict):
+                raise fail("models.experts", f"is {type(experts).__name__}",
+                           'give {"transformer_2": {knobs} | "method" | null}')
+            for name, value in experts.items():
+                if value is not None and not isinstance(value, (str, dict)):
+                    raise fail(f"models.experts.{name}", f"is {type(value).__name__}",
+                               "give the expert's knobs as an object, a method name, or null (uncached)")
+        controlnet = self.models.get("controlnet")
+        if controlnet is not None and not isinstance(controlnet, (str, dict)):
+            raise fail("models.controlnet", f"is {type(controlnet).__name__}",
+                       'give "follow", a method name, or {"method": "fixed_interval", "interval": 3}')
+        for name, group in GROUPS.items():
+            if name == "budget" and not self.budget:
+                continue  # no budget
+            try:
+                group(**getattr(self, name))
+            except (ValueError, TypeError) as exc:
+                raise fail(name, "is invalid", str(exc)) from None
 
     # ------------------------------------------------------------------------------------------ writing
     def to_dict(self) -> dict[str, Any]:
@@ -182,18 +195,72 @@ class Setup:
         return atomic_write_text(target, text)
 
     def with_overrides(self, **arguments: Any) -> "Setup":
-        """This setup with apply's arguments on top: knob names merge into `knobs`, storage names into `storage`."""
-        own = {f.name for f in fields(self)} - {"knobs", "storage"}
-        top = {k: v for k, v in arguments.items() if k in own}
-        storage = {**self.storage, **{k: v for k, v in arguments.items() if k in STORAGE_FIELDS}}
-        knobs = {**self.knobs, **{k: v for k, v in arguments.items() if k not in own and k not in STORAGE_FIELDS}}
-        return replace(self, **top, knobs=knobs, storage=storage)
+        """This setup with apply's arguments on top: a group object (storage=dcache.Storage(...)) replaces that
+        group, a flat shorthand (cache_dtype=, max_cache_memory=, experts=, ...) one field of it, other names that
+        are not setup fields merge into `knobs`."""
+        from .options import GROUPS, SHORTHANDS
+
+        top = {k: v for k, v in arguments.items() if k in ("scope", "num_steps", "memoize", "decisions")}
+        groups = {name: dict(getattr(self, name)) for name in GROUPS}
+        knobs = dict(self.knobs)
+        for key, value in arguments.items():
+            if key in top:
+                continue
+            if key in GROUPS:
+                groups[key] = value.to_dict() if isinstance(value, GROUPS[key]) else dict(value or {})
+            elif key in SHORTHANDS:
+                group, name = SHORTHANDS[key]
+                if value is not None:
+                    groups[group][name] = value
+            else:
+                knobs[key] = value
+        return replace(self, **top, knobs=knobs, **groups)
 
     def apply_arguments(self) -> dict[str, Any]:
         """The keyword arguments of dcache.apply this setup stands for (method included)."""
+        from .options import GROUPS
+
+        groups = {name: group(**getattr(self, name)) if getattr(self, name) else None
+                  for name, group in GROUPS.items()}
         return {"method": self.method, "scope": self.scope, "num_steps": self.num_steps, "memoize": self.memoize,
-                "experts": self.experts, "controlnet": self.controlnet, "decisions": self.decisions,
-                **{k: v for k, v in self.storage.items() if v is not None}, **self.knobs}
+                "decisions": self.decisions, **groups, **self.knobs}
+
+
+def _from_version_1(data: dict, fail: Any) -> tuple[dict, Any]:
+    """A version 1 setup as version 2 data, and a `fail` that names its fields as the version 1 file does."""
+    data = dict(data)
+    storage = data.pop("storage", {})
+    if not isinstance(storage, dict):
+        raise fail("storage", f"is {type(storage).__name__}", f"give an object with some of {list(V1_STORAGE)}")
+    unknown = sorted(set(storage) - set(V1_STORAGE), key=str)
+    if unknown:
+        raise fail(f"storage.{unknown[0]}", "is not a storage field", f"the fields are {list(V1_STORAGE)}")
+    from ..memory.cache_codec import cache_codec
+
+    try:  # checked under the file's own names
+        cache_codec(storage.get("cache_dtype"), storage.get("cache_scale"), storage.get("cache_device"))
+    except (ValueError, TypeError) as exc:
+        raise fail("storage", "is invalid", str(exc)) from None
+    groups: dict[str, dict] = {"storage": {}, "budget": {}, "models": {}}
+    for key, value in storage.items():
+        if value is not None:
+            group, name = V1_STORAGE[key]
+            groups[group][name] = value
+    for key in ("experts", "controlnet"):
+        if data.get(key) is not None:
+            groups["models"][key] = data[key]
+        data.pop(key, None)
+    renames = {f"{group}.{name}": f"storage.{key}" for key, (group, name) in V1_STORAGE.items()}
+    renames.update({"budget": "storage", "models.experts": "experts", "models.controlnet": "controlnet"})
+
+    def fail_v1(name: str, problem: str, fix: str) -> SetupError:
+        for new, old in sorted(renames.items(), key=lambda kv: -len(kv[0])):
+            if name == new or name.startswith(new + "."):
+                name = old + name[len(new):]
+                break
+        return fail(name, problem, fix)
+
+    return {**data, **groups}, fail_v1
 
 
 def names_a_file(method: str) -> bool:
@@ -257,12 +324,14 @@ def _failer(source: str):
     return fail
 
 
-def setup_of(arguments: dict[str, Any]) -> Setup:
-    """The Setup that dcache.apply's `arguments` (as given, a target already resolved to its config) stand for."""
+def setup_of(method: Any, knobs: dict[str, Any], options: Any, *, scope: str | None, num_steps: int | None,
+             memoize: bool, decisions: str | None) -> Setup:
+    """The Setup that dcache.apply's arguments stand for (a target already resolved to its config); `options`: the
+    dcache.api.options.Options apply resolved."""
     from ..config import MethodConfig
     from ..methods import config_for
 
-    method, knobs = arguments["method"], dict(arguments["overrides"])
+    knobs = dict(knobs)
     if isinstance(method, MethodConfig):  # a config object, or the one speed= / quality= chose
         defaults = config_for(method.method).to_dict()
         knobs = {**{k: v for k, v in method.to_dict().items() if k not in ("method", "version") and v != defaults[k]},
@@ -274,14 +343,14 @@ def setup_of(arguments: dict[str, Any]) -> Setup:
         raise SetupError(f"this handle was applied with a {type(method).__name__} object, which a setup file cannot "
                          f"name; save it as a plan (handle.plan().save('plan.json')) and apply that path, or apply "
                          f"a method name with its knobs.")
-    if any(not isinstance(v, (str, dict)) and v is not None for v in (arguments["experts"] or {}).values()) or \
-            not isinstance(arguments["controlnet"], (str, dict, type(None))):
+    models = options.models
+    if any(not isinstance(v, (str, dict)) and v is not None for v in (models.experts or {}).values()) or \
+            not isinstance(models.controlnet, (str, dict, type(None))):
         raise SetupError("this handle's experts= or controlnet= holds a config, Plan or Schedule object, which a "
                          "setup file cannot name; give them as method names or knob objects to save the setup.")
-    storage = {k: arguments[k] for k in STORAGE_FIELDS if arguments[k] is not None}
-    return Setup(method=method, knobs=_plain(knobs), scope=arguments["scope"], num_steps=arguments["num_steps"],
-                 memoize=arguments["memoize"], storage=storage, experts=arguments["experts"],
-                 controlnet=arguments["controlnet"], decisions=arguments.get("decisions"))
+    return Setup(method=method, knobs=_plain(knobs), scope=scope, num_steps=num_steps, memoize=memoize,
+                 decisions=decisions, storage=options.storage.to_dict(),
+                 budget=options.budget.to_dict() if options.budget is not None else {}, models=models.to_dict())
 
 
 def _plain(value: Any) -> Any:

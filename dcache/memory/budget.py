@@ -1,4 +1,4 @@
-"""A cache memory budget: `dcache.apply(pipe, method, max_cache_memory="4GiB")`.
+"""A cache memory budget: `dcache.apply(pipe, method, budget=dcache.Budget("4GiB"))` (or max_cache_memory="4GiB").
 
 Checked at a generation's first transformer call, against the call's real shapes and before the engine caches
 anything: a forward pre-hook (it runs before the engine's own hook) estimates the bytes one branch will hold with
@@ -51,7 +51,10 @@ class CacheFitChoice(UserWarning):
     """fit="auto" switched the cache storage to fit max_cache_memory (the message says which and the bytes)."""
 
 
-class Budget:
+class BudgetCheck:
+    """The budget's forward pre-hook on the transformer (dcache.apply(budget=dcache.Budget(...)) attaches it to its
+    handle with handle.attach_budget)."""
+
     def __init__(self, handle: Any, pipeline: Any, transformer: nn.Module, limit: int, method: Any, overrides: dict,
                  scope: str | None, fit: str | None = None):
         self.handle, self.pipeline, self.transformer, self.limit = handle, pipeline, transformer, limit

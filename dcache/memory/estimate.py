@@ -3,12 +3,12 @@
     est = dcache.memory.estimate.estimate(transformer, "taylorseer", inputs, branches=("cond", "uncond"), num_steps=28)
     est.memory.peak_bytes, est.memory.by_kind, est.flops_per_call, est.ratio_floor
 
-How: the transformer is rebuilt from its config on the meta device (no weights, no memory), the method is applied to
-it with `dcache.apply` exactly as to a real pipeline (a stand-in scheduler opens the generation), and one call per
-branch runs on meta tensors of the real shapes. A branch's first call always computes every unit, and it allocates
-every cached tensor with the shapes it keeps for the generation (dcache.memory.report), so the bytes summed after it
-are the peak a real run reaches; `handle.memory()` of a real run reports the same numbers (tests/memory). FLOPs come
-from the engine's FlopBook, counted by torch's FlopCounterMode on the meta forward.
+How: the transformer is rebuilt from its config on the meta device (no weights, no memory), the method is attached to
+it by the engine factory `dcache.apply` uses (dcache.api.engine_factory.attach; a stand-in scheduler opens the
+generation), and one call per branch runs on meta tensors of the real shapes. A branch's first call always computes
+every unit, and it allocates every cached tensor with the shapes it keeps for the generation (dcache.memory.report),
+so the bytes summed after it are the peak a real run reaches; `handle.memory()` of a real run reports the same numbers
+(tests/memory). FLOPs come from the engine's FlopBook, counted by torch's FlopCounterMode on the meta forward.
 
 Compute ratio without content: `simulate_ratio` replays the schedule's `decide` over every step and branch with
 every change signal reading "no change" (relative changes 0, norm ratios 1) and prices each row with the counted

@@ -68,8 +68,8 @@ def test_arguments_beside_the_file_override_it_per_request(pipe, tmp_path):
 def test_handle_setup_round_trips_through_a_file(pipe, tmp_path, name):
     first, handle = run(pipe, "magcache", threshold=0.08, max_cache_memory="1GiB", cache_dtype="float16")
     setup = handle.setup()
-    assert setup.knobs == {"threshold": 0.08} and setup.storage == {"max_cache_memory": "1GiB",
-                                                                    "cache_dtype": "float16"}
+    assert setup.knobs == {"threshold": 0.08} and setup.storage == {"dtype": "float16"}
+    assert setup.budget == {"max_memory": "1GiB"}
     path = setup.save(tmp_path / name)
     assert load_setup(path) == setup
     again, handle_again = run(pipe, path)
@@ -106,7 +106,7 @@ def test_a_plan_object_has_no_setup_form_and_says_how_to_get_one(pipe):
 
 BAD = {
     "wrong format": (setup_dict(method="magcache") | {"format": "dcache.plan"}, "format", "dcache.setup"),
-    "future version": (setup_dict(method="magcache") | {"version": 2}, "version", "reads version 1"),
+    "future version": (setup_dict(method="magcache") | {"version": 3}, "version", "reads version 1"),
     "bool version": (setup_dict(method="magcache") | {"version": True}, "version", "reads version 1"),
     "no method": (setup_dict(), "method", "is missing"),
     "unknown field": (setup_dict(method="magcache", treshold=0.1), "treshold", "the fields are"),

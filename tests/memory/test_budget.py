@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dcache
-from dcache.memory.budget import Budget, CacheFitChoice, MemoryBudgetError
+from dcache.memory.budget import BudgetCheck, CacheFitChoice, MemoryBudgetError
 from dcache.memory.report import parse_bytes
 from dcache.pipelines.bundled import load_tiny_pipeline
 
@@ -117,7 +117,7 @@ def test_fit_auto_goes_down_to_float8_per_token(pipe):
 
 def test_on_an_accelerator_offloading_is_the_first_choice(pipe, monkeypatch):
     """The budget counts device memory: an offloaded cache holds none there, so it fits any budget and is exact."""
-    monkeypatch.setattr(Budget, "_on_accelerator", lambda self: True)
+    monkeypatch.setattr(BudgetCheck, "_on_accelerator", lambda self: True)
     handle = dcache.apply(pipe, "magcache", max_cache_memory=64, fit="auto")
     try:
         with pytest.warns(CacheFitChoice, match="cache_device='cpu'.* 0 B on the device"):
