@@ -23,11 +23,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..compat.diffusers import context_parallel_mesh
-
 
 def token_group(transformer: Any) -> Any | None:
     """The process group that shards this transformer's tokens (diffusers context parallel), else None."""
+    # imported here: method files import this module, and `dcache methods` must start without diffusers
+    from ..compat.diffusers import context_parallel_mesh
+
     mesh = context_parallel_mesh(transformer)  # ring x ulysses, flattened: every rank holding a token shard
     if mesh is None or mesh.size() == 1 or not (dist.is_available() and dist.is_initialized()):
         return None
