@@ -12,11 +12,12 @@ Scenarios (one pipeline, same seeds for every library; `benchmarks/methods.py`'s
   * nocfg:   28 steps, guidance 1 (one call per step), bands 0.20 and 0.125;
   * steps10: 10 steps, split CFG 1.5, bands 0.5 and 0.3.
 Models (`--model`, `_models.py`): on tiny-digits the scenarios above, with the keyframes of KEYFRAMES (searched on
-its tuning batch). On tiny-motion (Wan video, UniPC, 20 steps, split CFG 5) and tiny-shapes (SD3, 28 steps, batched
-CFG 4): the model's own steps and CFG mode at its guidance ("cfg5" / "cfg4") and without CFG ("nocfg"), bands 0.20
-and 0.125 (0.15 at tiny-motion's 20 steps); their keyframes are searched on that model's tuning batch (seed 0,
-never a reported seed) and shown beside keyframes nobody tuned (uniform spacing), the same keyframes with the FoCa
-forecaster, adaptive_keyframe and, where the step count matches, the keyframes searched on tiny-digits.
+its tuning batch), uniform keyframes, the same keyframes with the FoCa forecaster and adaptive_keyframe. On tiny-
+motion (Wan video, UniPC, 20 steps, split CFG 5) and tiny-shapes (SD3, 28 steps, batched CFG 4): the model's own
+steps and CFG mode at its guidance ("cfg5" / "cfg4") and without CFG ("nocfg"), bands 0.20 and 0.125 (0.15 at tiny-
+motion's 20 steps); their keyframes are searched on that model's tuning batch (seed 0, never a reported seed) and
+shown beside keyframes nobody tuned (uniform spacing), the same keyframes with the FoCa forecaster,
+adaptive_keyframe and, where the step count matches, the keyframes searched on tiny-digits.
 
 Per scenario: the uncached references (tuning batch: labels 0-9, seed 0; held-out: seeds 1000.. x labels 0-9; the
 seed-to-seed FD scale from as many uncached samples of seeds 2000..), then each contender's knob is searched on the
@@ -245,9 +246,10 @@ def transferred_plans(model: str, scenario: Scenario) -> dict[str, dict]:
 def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_dit: bool,
                calibration_run, diff_plans: dict[str, dict] | None = None, bench=None,
                model: str = "digits") -> list[Contender]:
-    """dcache's keyframes (searched on this model's tuning batch; on tiny-motion and tiny-shapes also untuned and
-    tiny-digits' ones), its FoCa forecaster on the same keyframes, adaptive_keyframe, SeaCache's cadence, and the
-    peers that apply to the model's transformer in its CFG mode."""
+    """dcache's keyframes (searched on this model's tuning batch), uniform keyframes nobody tuned (and on
+    tiny-motion / tiny-shapes tiny-digits' ones where the step count matches), its FoCa forecaster on the searched
+    keyframes, adaptive_keyframe, SeaCache's cadence, and the peers that apply to the model's transformer in its
+    CFG mode."""
     import dataclasses
 
     import dcache
@@ -268,20 +270,19 @@ def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_di
                                                                   values=(3, 4, 5, 6, 7, 8, 10, 12)),
                      plain("seacache", gate=False, order=2, scope="call"),
                      note="dcache's best row at ~0.25 in the methods sweep, its cadence stretched")]
-    if model != "digits":
-        foca = {name: {**plan, "forecaster": "foca"} for name, plan in plans.items()}
-        out += [keyframe_contender(uniform_plans(scenario), "call", "keyframe call uniform",
-                                   note="uniform keyframes, order 2: no knob tuned on any model"),
-                keyframe_contender(foca, "call", "keyframe call foca",
-                                   note=f"the searched keyframes with the FoCa forecaster ({searched_on})"),
-                Contender("dcache", "adaptive_keyframe call",
-                          Search("compute_ratio", "values", values=(0.25, 0.2, 0.15, 0.125, 0.1)),
-                          plain("adaptive_keyframe", scope="call"),
-                          note="placement chosen at run time from measured errors; defaults from tiny-digits")]
-        digits_plans = transferred_plans(model, scenario)
-        if digits_plans:
-            out.append(keyframe_contender(digits_plans, "call", "keyframe call digits-tuned",
-                                          note="tiny-digits' searched keyframes (KEYFRAMES) replayed unchanged"))
+    foca = {name: {**plan, "forecaster": "foca"} for name, plan in plans.items()}
+    out += [keyframe_contender(uniform_plans(scenario), "call", "keyframe call uniform",
+                               note="uniform keyframes, order 2: no knob tuned on any model"),
+            keyframe_contender(foca, "call", "keyframe call foca",
+                               note=f"the searched keyframes with the FoCa forecaster ({searched_on})"),
+            Contender("dcache", "adaptive_keyframe call",
+                      Search("compute_ratio", "values", values=(0.25, 0.2, 0.15, 0.125, 0.1)),
+                      plain("adaptive_keyframe", scope="call"),
+                      note="placement chosen at run time from measured errors; defaults from tiny-digits")]
+    digits_plans = transferred_plans(model, scenario)
+    if digits_plans:
+        out.append(keyframe_contender(digits_plans, "call", "keyframe call digits-tuned",
+                                      note="tiny-digits' searched keyframes (KEYFRAMES) replayed unchanged"))
     if diff_plans:
         out.insert(1, keyframe_contender(diff_plans, "call", "keyframe call cfg-diff",
                                          note="uneven CFG budgets with the uncond branch served through the CFG "
