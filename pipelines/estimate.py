@@ -301,7 +301,16 @@ def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None
     torch_dtype = _dtype(dtype)
     branches, call_batch = setting.branches(batch)
     rows = []
+    by_config: dict[str, list[Row]] = {}  # an expert with the same config as an earlier one has its estimates
     for expert, config in spec.experts:
+        key = json.dumps(config, sort_keys=True)
+        if key in by_config:  # Wan2.2-A14B's two experts share one architecture: estimating it twice doubles the time
+            for row in by_config[key]:
+                rows.append(replace(row, expert=expert))
+                if on_row is not None:
+                    on_row(f"{spec.name} {row.method}")
+            continue
+        first = len(rows)
         cls = getattr(diffusers, config["_class_name"], None)
         if cls is None:
             raise ValueError(f"diffusers {diffusers.__version__} has no class {config['_class_name']}.")
@@ -337,6 +346,7 @@ def estimate_spec(spec: ModelSpec, methods: list[str], *, overrides: dict | None
             finally:
                 if on_row is not None:
                     on_row(f"{spec.name} {method}")
+        by_config[key] = rows[first:]
     return rows
 
 

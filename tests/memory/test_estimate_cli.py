@@ -70,15 +70,37 @@ def test_bad_models_get_teaching_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_memory_page_table_is_the_commands_output():
-    """docs/memory.md's cache-memory table is `dcache estimate --table`: its rows name every shipped config, and one
-    row (SD3.5-large: the quickest to estimate) equals a fresh estimate."""
-    from dcache.pipelines.estimate import markdown_table
+def test_the_memory_page_table_is_the_commands_output(monkeypatch):
+    """docs/memory.md's cache-memory table is `dcache estimate --table`: its rows name every shipped config, and the
+    command, run with the shipped configs cut to one (SD3.5-large: the quickest to estimate), prints that row and
+    the same header."""
+    import dcache.pipelines.estimate as est
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "memory.md").read_text()
     block = page.split("<!-- begin: dcache estimate --table -->\n")[1].split("<!-- end: dcache estimate --table")[0]
     rows = {line.split(" | ")[0].strip("| "): line for line in block.strip().splitlines()[2:]}
     assert list(rows) == list(shipped_models())
-    fresh = markdown_table(models=["sd3.5-large"]).splitlines()
-    assert block.strip().splitlines()[0] == fresh[0]  # the same methods, in the same order
-    assert rows["sd3.5-large"] == fresh[2]
+    one = {"sd3.5-large": shipped_models()["sd3.5-large"]}
+    monkeypatch.setattr(est, "shipped_models", lambda: one)
+    result = runner.invoke(app, ["estimate", "--table", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    fresh = result.output.strip().splitlines()
+    assert fresh[0] == block.strip().splitlines()[0]  # the same methods, in the same order
+    assert fresh[2:] == [rows["sd3.5-large"]]
+
+
+def test_experts_of_one_architecture_are_estimated_once(monkeypatch):
+    """Wan2.2-A14B's two experts share a config: the second gets the first's estimates (equal by construction: same
+    meta model, same inputs) instead of a second meta run, which doubled `--table` and `--cache all` there."""
+    import dcache.pipelines.estimate as est
+
+    calls = []
+    real = est.estimate
+    monkeypatch.setattr(est, "estimate", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    spec = resolve_model("wan2.2-t2v-a14b")
+    assert [e for e, _ in spec.experts] == ["transformer", "transformer_2"]
+    steps = []
+    rows = est.estimate_spec(spec, ["fbcache"], memory_only=True, on_row=steps.append)
+    assert calls == ["fbcache"] and len(steps) == 2
+    assert [r.expert for r in rows] == ["transformer", "transformer_2"]
+    assert rows[0].estimate.memory.peak_bytes == rows[1].estimate.memory.peak_bytes > 0

@@ -54,6 +54,8 @@ SKIPPED = {
                   "`dcache generate --controlnet`, an eval method spec) on tiny Flux / Qwen-Image ControlNets",
     "queue": "a serving loop over the reader's own transformer, noise and text (docs/serving.md); "
              "tests/core/test_per_sample.py runs the same loop on the bundled model",
+    "dcache estimate --table": "every shipped config (minutes on 2 cores); tests/memory/test_estimate_cli.py runs the "
+                               "same command on one config and checks the page's table against its output",
     "dcache estimate --model org/repo": "downloads a config from the hub; tests/memory/test_estimate_cli.py runs "
                                         "the shipped and folder forms",
     "dcache estimate --model path/to/pipeline": "names the reader's own folder; tests/memory/test_estimate_cli.py "
