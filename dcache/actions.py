@@ -23,9 +23,9 @@ class Granularity(str, Enum):
 
 
 class Signal(str, Enum):
-    """Scalars the engine measures for dynamic schedules; each is computed only if the schedule asks for it. A method
-    that needs another signal registers a provider for it and lists the provider's name
-    (dcache.runtime.signal_providers).
+    """Scalars the engine measures for dynamic schedules; each is computed only if the schedule asks for it. Each is a
+    provider in the registry of dcache.runtime.signal_providers (measured by dcache.runtime.built_in_signals); a
+    method that needs another signal registers a provider of its own there and lists the provider's name.
 
     Available to `decide` (measured on this call before the decision):
       MODULATED_REL_L1   relL1(mod_t, mod_prev_call): first block's timestep-modulated input (TeaCache).

@@ -28,7 +28,6 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ..actions import Signal
 from ..api.engine_factory import attach
 from .cache_codec import cache_codec
 from .report import MemoryReport
@@ -36,12 +35,11 @@ from ..methods import DEFAULT_METHOD, preset_scope
 from ..schedule import CallContext, GenerationInfo, Schedule, normalize_actions
 from ..api.setup_file import setup_file
 from ..runtime.engine import Engine
-from ..runtime.signal_providers import provider, resolve_signal
+from ..runtime.signal_providers import provider, providers_for, resolve_signal
 
-# What each signal reads when consecutive calls are (nearly) identical: changes a vanishing 1e-9 rather than 0, so
-# that ratios of changes (EasyCache's k = output change / input change) stay defined; norm ratios 1.
-# the reading of each built-in signal that means "nothing changed" (a provider's is its `quiet`)
-_QUIET = {s: 1e-9 for s in Signal} | {Signal.RESIDUAL_NORM_RATIO: 1.0, Signal.OUTPUT_MEAN: 1.0}
+# What each signal reads when consecutive calls are (nearly) identical is its provider's `quiet`: changes a vanishing
+# 1e-9 rather than 0, so that ratios of changes (EasyCache's k = output change / input change) stay defined; norm
+# ratios and means 1.
 
 
 class _StandInScheduler:
@@ -257,7 +255,8 @@ def simulate_ratio(engine: Engine, schedule: Schedule, num_steps: int, branches:
     Per call: total = sum of block FLOPs (call scope: the call's); computed =
       stack:  total if the stack unit computes, else the probe and tail blocks;
       block:  the computing blocks;   module: total minus the modules not computed;   call: total or 0;
-    plus the modulated-input probe where the schedule reads MODULATED_REL_L1 (as the engine counts it).
+    plus the work of the signals that run part of the model (MODULATED_REL_L1's modulated-input probe: a provider's
+    `compute` key in the FLOP book), as the engine counts it.
     A branch's first call computes everything (nothing is cached yet), as do units the schedule never reuses."""
     book = engine.flops.by_unit
     if engine.call_scope:
@@ -267,13 +266,13 @@ def simulate_ratio(engine: Engine, schedule: Schedule, num_steps: int, branches:
     if total <= 0:
         raise ValueError("no FLOPs were counted on the first call (count_flops=False?)")
     wanted = frozenset(resolve_signal(s) for s in schedule.signals)
-    probe = book.get("modulated_input", 0.0) if Signal.MODULATED_REL_L1 in wanted else 0.0
+    probe = sum((book.get(p.compute, 0.0) for p in providers_for(wanted) if p.compute is not None), 0.0)
     always = sum(book.get(s.index, 0.0) for s in engine.blocks if s.role != "middle")
     n_units = len(engine.units)
     timesteps = tuple(1000.0 - 1000.0 * i / num_steps for i in range(num_steps))
     schedule.reset(GenerationInfo(num_steps=num_steps, timesteps=timesteps, units=engine.units,
                                   model_class=type(engine.transformer).__name__, num_blocks=len(engine.blocks)))
-    quiet = {s: _QUIET[s] if isinstance(s, Signal) else provider(s).quiet for s in wanted}
+    quiet = {s: provider(s).quiet for s in wanted}
     last: dict[str, int | None] = {}
     spent = 0.0
     calls = 0

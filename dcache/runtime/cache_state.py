@@ -121,11 +121,7 @@ class BranchState:
     units: dict[Any, UnitHistory] = field(default_factory=dict)  # stack segments, blocks or modules
     chained: set[int] = field(default_factory=set)  # STACK: lists whose segment continued the previous one's run
     last_compute_step: int | None = None
-    # Signal references (only kept when a signal needs them).
-    prev_modulated: torch.Tensor | None = None
-    probe_ref: torch.Tensor | None = None
-    probe_history: UnitHistory | None = None
-    prev_input: torch.Tensor | None = None
+    # The stack's input, output and residual at the last computed call (kept while a "computed" signal is read).
     input_at_compute: torch.Tensor | None = None
     output_at_compute: torch.Tensor | None = None
     residual_at_compute: torch.Tensor | None = None
@@ -135,7 +131,7 @@ class BranchState:
     call_layout: Any = None  # call scope: how the last computed call's output is built (call_scope.OutputLayout)
     codec: Any = None  # dcache.memory.cache_codec.CacheCodec of a low-precision cache (None: the compute dtype)
     depth: int = 0  # computed values each unit keeps for the schedule's forecaster (UnitHistory.samples)
-    provided: dict[str, dict[str, Any]] = field(default_factory=dict)  # a signal provider's memory, by its name
+    provided: dict[str, dict[str, Any]] = field(default_factory=dict)  # each signal provider's memory, by its name
     # call scope with a schedule's cfg_difference (dcache.runtime.cfg_difference): the conditional branch's (step,
     # Delta, computed) of the running step; the unconditional branch's history of D = Delta_c - Delta_u
     cfg_reference: tuple | None = None
@@ -150,12 +146,14 @@ class BranchState:
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.prev_modulated, self.probe_ref, self.prev_input, self.input_at_compute,
-                   self.output_at_compute, self.residual_at_compute]
-        for memory in self.provided.values():  # a provider keeps tensors, or tuples of them
+        tensors = [self.input_at_compute, self.output_at_compute, self.residual_at_compute]
+        histories = [h for h in (self.cfg_difference,) if h is not None]
+        for memory in self.provided.values():  # a provider keeps tensors, tuples of them, or a history
             for value in memory.values():
+                if isinstance(value, UnitHistory):
+                    histories.append(value)
+                    continue
                 values = value if isinstance(value, tuple) else (value,)
                 tensors += [t for t in values if isinstance(t, torch.Tensor)]
         extra = sum(t.numel() * t.element_size() for t in tensors if t is not None)
-        histories = [h for h in (self.probe_history, self.cfg_difference) if h is not None]
         return sum(h.nbytes for h in self.units.values()) + extra + sum(h.nbytes for h in histories)

@@ -27,16 +27,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..actions import Signal
-from .signal_providers import provider_names, signal_name
+from .signal_providers import call_scope_names, signal_name
 
 SCOPES = ("blocks", "call")
 CALL_UNIT = "call"  # the branch's cache key of the Delta history
-# Built-in signals a call-scope decision can have: measured on the latents before the call, or after a computed
-# call. Registered provider signals of phase "call" (dcache.runtime.signal_providers) are measured from the call's
-# arguments, those of phase "computed" after a computed call on its latent input and output: available too.
-CALL_SIGNALS = frozenset({Signal.INPUT_DELTA, Signal.OUTPUT_DELTA, Signal.INPUT_DELTA_COMPUTED, Signal.OUTPUT_MEAN,
-                          Signal.RESIDUAL_NORM_RATIO, Signal.RESIDUAL_REL_L1})
 
 
 def check_scope(scope: str, schedule: Any, granularity: str) -> bool:
@@ -57,8 +51,9 @@ def check_scope(scope: str, schedule: Any, granularity: str) -> bool:
     if schedule.probe_blocks or schedule.tail_blocks:
         problems.append(f"it runs probe/tail blocks every call (probe_blocks={schedule.probe_blocks}, "
                         f"tail_blocks={schedule.tail_blocks}) and decides from their output")
-    inside = sorted(signal_name(s) for s in frozenset(schedule.signals) - CALL_SIGNALS - provider_names("call")
-                    - provider_names("computed"))  # measured after a computed call on x and v = the call's output
+    # a call-scope decision can have the signals measured from the call's arguments, on its latent input, or after a
+    # computed call on x and v = the call's output (dcache.runtime.signal_providers.call_scope_names)
+    inside = sorted({signal_name(s) for s in schedule.signals} - call_scope_names())
     if inside:
         problems.append(f"it reads signals measured inside the call ({', '.join(inside)})")
     if schedule.forecaster is not None and not getattr(schedule.forecaster, "any_history", False):

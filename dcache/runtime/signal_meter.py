@@ -1,27 +1,26 @@
 """Measuring the signals a schedule reads, and bringing them to the host once per call.
 
-Pre signals are measured on this call before the decision: the "call" providers from the call's arguments
-(`measure_providers`, dcache.runtime.signal_providers), MODULATED_REL_L1 / INPUT_DELTA and the "stack_input" providers
-on the stack input (`on_stack_input`), PROBE_REL_L1 / FORECAST_ERROR on the probe blocks' output (`on_probe_output`).
-Post signals (built-in, and the "computed" providers) are measured after a computed call (`measure_post`) and
-delivered with the branch's next decision. Every value stays a
-device tensor ([1], or [2] = numerator and denominator) until `read`, which moves all of them in one transfer
-(`flush` does the same for the post signals still pending when a generation ends).
+Every signal, built-in or a method's own, is a provider of dcache.runtime.signal_providers: the meter asks the
+registry for those the schedule lists and calls each at its phase. Pre signals are measured on this call before the
+decision: the "call" providers on the call's arguments (`measure_providers`), the "stack_input" ones on the stack
+input (`on_stack_input`; call scope: those with `latents` on the latents, `on_latents`), the "probe_output" ones on
+the probe blocks' residual (`on_probe_output`; their references refresh in `after_probe_decision`). The "computed"
+providers are measured after a computed call (`measure_post`) and delivered with the branch's next decision. Every
+value stays a device tensor ([1], or [2] = numerator and denominator) until `read`, which moves all of them in one
+transfer (`flush` does the same for the post signals still pending when a generation ends).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from dcache.kernels import residual_capture
-
-from ..actions import POST_SIGNALS, PRE_SIGNALS, Signal
+from ..actions import Signal
 from .call_state import RESUMED, BlockSlot, CallState
 from .parallel import sync_signals
-from .signal_providers import ProviderView, provider, resolve_signal
-from .cache_state import BranchState, UnitHistory
+from .signal_providers import ProviderView, SignalProvider, providers_for, resolve_signal
+from .cache_state import BranchState
 from .block_io import bind_arguments
 
 if TYPE_CHECKING:  # the runtime builds its meter
@@ -37,106 +36,104 @@ class SignalMeter:
 
     def refresh(self) -> None:
         """Read the schedule's `signals` (a schedule may change them between generations: MagCache stops measuring
-        once calibrated)."""
+        once calibrated) and take their providers from the registry."""
         self.wanted = frozenset(resolve_signal(s) for s in self.runtime.schedule.signals)
-        listed = tuple(p for s in sorted(s for s in self.wanted if not isinstance(s, Signal))
-                       if (p := provider(s)) is not None)
-        self.providers = tuple(p for p in listed if p.phase == "call")  # before the call
-        self.stack_providers = tuple(p for p in listed if p.phase == "stack_input")
-        self.post_providers = tuple(p for p in listed if p.phase == "computed")
+        listed = providers_for(self.wanted)
+        phase = {name: tuple(p for p in listed if p.phase == name) for name in
+                 ("call", "stack_input", "probe_output", "computed")}
+        self.providers = phase["call"]  # before the call
+        self.stack_providers = phase["stack_input"]
+        self.latent_providers = tuple(p for p in self.stack_providers if p.latents)  # call scope's stack input
+        self.probe_providers = phase["probe_output"]
+        self.post_providers = phase["computed"]
         self.vectors = frozenset(p.name for p in listed if p.vector)  # values read as tuples of floats
         # recorded with the call's decision
-        self.pre = PRE_SIGNALS | frozenset(p.name for p in self.providers + self.stack_providers)
+        self.pre = frozenset(resolve_signal(p.name) for p in listed if p.phase != "computed")
 
     # ------------------------------------------------------------------------------------------------ pre signals
     def measure_providers(self, call: CallState, args: tuple, kwargs: dict) -> None:
         """The "call" providers the schedule lists, on the call's arguments (before any block runs)."""
         self._measure(self.providers, call, call.pre)
 
-    def _measure(self, providers: tuple, call: CallState, into: dict, hidden: torch.Tensor | None = None,
-                 output: torch.Tensor | None = None) -> None:
-        runtime = self.runtime
-        args, kwargs = runtime.call_inputs or ((), {})
-        if call.arguments is None:  # bound once per call, whichever phases measure
-            call.arguments = bind_arguments(runtime.transformer, args, kwargs)
-        record = call.record
+    def _measure(self, providers: tuple[SignalProvider, ...], call: CallState, into: dict[str, Any],
+                 **seen: Any) -> None:
+        """Call each provider on a view of this call (`seen`: the tensors of its phase); a value goes into `into`."""
+        shared: dict[str, Any] = {}  # one fused reduction may serve several providers
         for p in providers:
-            memory = call.bstate.provided.setdefault(p.name, {})
-            view = ProviderView(call.arguments, args, runtime.adapter, runtime.schedule, call.step, record.num_steps,
-                                record.timesteps, memory, runtime.transformer, hidden, output)
-            value = p.measure(view)
+            value = p.measure(self._view(p, call, shared, **seen))
             if value is not None:
                 into[p.name] = value
 
+    def _view(self, p: SignalProvider, call: CallState, shared: dict[str, Any], **seen: Any) -> ProviderView:
+        runtime = self.runtime
+        args, kwargs = runtime.call_inputs or ((), {})
+
+        def bind() -> dict[str, Any]:
+            if call.arguments is None:  # bound once per call, whichever phases read them
+                call.arguments = bind_arguments(runtime.transformer, args, kwargs)
+            return call.arguments
+
+        record = call.record
+        return ProviderView(args, runtime.adapter, runtime.schedule, call.step, record.num_steps, record.timesteps,
+                            call.bstate.provided.setdefault(p.name, {}), runtime.transformer, ops=runtime.ops,
+                            order=runtime.order, shared=shared, bind=bind,
+                            count=self._counter(p, call, seen.get("hidden")), **seen)
+
+    def _counter(self, p: SignalProvider, call: CallState,
+                 hidden: torch.Tensor | None) -> Callable[[Callable[[], Any]], Any] | None:
+        """`view.counted` of a provider that runs model work: its FLOPs go into the call's computed FLOPs."""
+        if p.compute is None or hidden is None:
+            return None
+        flops, key, shape = self.runtime.flops, p.compute, tuple(hidden.shape)
+
+        def count(fn: Callable[[], Any]) -> Any:
+            counter = flops.start(key, shape)
+            out = fn()
+            flops.stop(counter, key, shape)
+            call.flops_computed += flops.cost(key, shape) or 0.0
+            return out
+
+        return count
+
     def on_stack_input(self, call: CallState, slot: BlockSlot, hidden: torch.Tensor, args: tuple,
                        kwargs: dict) -> None:
-        runtime = self.runtime
         call.stack_input = hidden
-        bstate = call.bstate
         if call.record.input_shape is None:
             call.record.input_shape = tuple(hidden.shape)
-        if Signal.MODULATED_REL_L1 in self.wanted:
-            fn = runtime.adapter.modulated_input
-            mod = hidden
-            if fn is not None:  # the probe (e.g. block 0's AdaLN) is compute an uncached call never does: count it
-                flops = runtime.flops
-                key, shape = "modulated_input", tuple(hidden.shape)
-                counter = flops.start(key, shape)
-                mod = fn(slot.block, bind_arguments(slot.block, args, kwargs))
-                flops.stop(counter, key, shape)
-                call.flops_computed += flops.cost(key, shape) or 0.0
-            if bstate.prev_modulated is not None and bstate.prev_modulated.shape == mod.shape:
-                call.pre[Signal.MODULATED_REL_L1] = runtime.ops.rel_l1(mod, bstate.prev_modulated)
-            bstate.prev_modulated = mod.detach()
-        if Signal.INPUT_DELTA in self.wanted:
-            self.input_delta(call, hidden.detach())
         if self.stack_providers:
-            self._measure(self.stack_providers, call, call.pre, hidden=hidden.detach())
+            self._measure(self.stack_providers, call, call.pre, hidden=hidden.detach(),
+                          first_block=(slot.block, args, kwargs))
 
-    def input_delta(self, call: CallState, x: torch.Tensor) -> None:
-        """INPUT_DELTA = mean|x - x of the branch's previous call| (x: the stack input, or the latents in call
-        scope); x becomes the next call's reference."""
-        bstate = call.bstate
-        if bstate.prev_input is not None and bstate.prev_input.shape == x.shape:
-            call.pre[Signal.INPUT_DELTA] = (x - bstate.prev_input).abs().mean()
-        bstate.prev_input = x
+    def on_latents(self, call: CallState, x: torch.Tensor) -> None:
+        """Call scope: the "stack_input" providers that read the latents, on the call's latent input x."""
+        self._measure(self.latent_providers, call, call.pre, hidden=x)
 
     def on_probe_output(self, call: CallState, hidden_out: torch.Tensor) -> torch.Tensor | None:
-        """The probe blocks' residual (their output minus the stack input), or None; measures PROBE_REL_L1 and
-        FORECAST_ERROR against the branch's references."""
-        bstate = call.bstate
+        """The probe blocks' residual (their output minus the stack input), or None; measures the "probe_output"
+        providers on it."""
         stack_in = call.stack_input
         if stack_in is None or stack_in.shape != hidden_out.shape or call.phase == RESUMED:
             return None  # a resumed call (dcache.runtime.lanes) measured its probe when it decided
         residual = hidden_out - stack_in
-        rel_l1 = self.runtime.ops.rel_l1
-        if Signal.PROBE_REL_L1 in self.wanted and bstate.probe_ref is not None \
-                and bstate.probe_ref.shape == residual.shape:
-            call.pre[Signal.PROBE_REL_L1] = rel_l1(residual, bstate.probe_ref)
-        if Signal.FORECAST_ERROR in self.wanted and bstate.probe_history is not None \
-                and bstate.probe_history.filled > 1 and bstate.probe_history.matches([residual]):
-            predicted = bstate.probe_history.forecast(call.step)[0]
-            call.pre[Signal.FORECAST_ERROR] = rel_l1(residual, predicted)
+        if self.probe_providers:
+            self._measure(self.probe_providers, call, call.pre, residual=residual)
         return residual
 
     def after_probe_decision(self, call: CallState, residual: torch.Tensor | None) -> None:
-        """Probe references refresh only on computed calls (FBCache semantics: the diff accumulates since)."""
+        """A computed call refreshes the probe providers' references (`keep`: FBCache's difference accumulates since
+        the last computed call)."""
         if residual is None or call.actions is None or "C" not in call.actions[:1]:
             return
-        bstate = call.bstate
-        if Signal.PROBE_REL_L1 in self.wanted:
-            bstate.probe_ref = residual.detach()
-        if Signal.FORECAST_ERROR in self.wanted:
-            if bstate.probe_history is None:
-                bstate.probe_history = UnitHistory(max(self.runtime.order, 1))
-            bstate.probe_history.update([residual], call.step)
+        for p in self.probe_providers:
+            if p.keep is not None:
+                p.keep(self._view(p, call, {}, residual=residual))
 
     # ------------------------------------------------------------------------------------------------ post signals
     def measure_post(self, call: CallState) -> None:
-        """After a computed call: x = stack input, v = stack output, R = v - x, against the last computed call's."""
-        wanted = self.wanted & POST_SIGNALS
+        """After a computed call: x = stack input, v = stack output, R = v - x; the "computed" providers compare them
+        against the branch's last computed call's, which this call's then replace."""
         x, v = call.stack_input, call.stack_output
-        if not (wanted or self.post_providers) or x is None or v is None:
+        if not self.post_providers or x is None or v is None:
             return
         bstate = call.bstate
         if v.shape != x.shape:  # hidden stream changed length across lists: compare the image (tail) tokens
@@ -145,25 +142,9 @@ class SignalMeter:
                 return
         residual = v - x
         pending: dict[str, torch.Tensor] = {}
-        prev_r = bstate.residual_at_compute
-        if ({Signal.RESIDUAL_NORM_RATIO, Signal.RESIDUAL_REL_L1} & wanted) and prev_r is not None \
-                and prev_r.shape == residual.shape:
-            _, stats = residual_capture(v, x, prev=prev_r)
-            # stats = [sum|r-prev|, sum|prev|, sum r^2, sum prev^2, mean token norm ratio]
-            if Signal.RESIDUAL_NORM_RATIO in wanted:
-                pending[Signal.RESIDUAL_NORM_RATIO.value] = stats[4:5]
-            if Signal.RESIDUAL_REL_L1 in wanted:
-                pending[Signal.RESIDUAL_REL_L1.value] = stats[0:2]
-        if Signal.OUTPUT_DELTA in wanted and bstate.output_at_compute is not None \
-                and bstate.output_at_compute.shape == v.shape:
-            pending[Signal.OUTPUT_DELTA.value] = (v - bstate.output_at_compute).abs().mean().reshape(1)
-        if Signal.INPUT_DELTA_COMPUTED in wanted and bstate.input_at_compute is not None \
-                and bstate.input_at_compute.shape == x.shape:
-            pending[Signal.INPUT_DELTA_COMPUTED.value] = (x - bstate.input_at_compute).abs().mean().reshape(1)
-        if Signal.OUTPUT_MEAN in wanted:
-            pending[Signal.OUTPUT_MEAN.value] = v.abs().mean().reshape(1)
-        if self.post_providers:
-            self._measure(self.post_providers, call, pending, hidden=x.detach(), output=v.detach())
+        self._measure(self.post_providers, call, pending, hidden=x.detach(), output=v.detach(),
+                      residual=residual.detach(), last_hidden=bstate.input_at_compute,
+                      last_output=bstate.output_at_compute, last_residual=bstate.residual_at_compute)
         bstate.residual_at_compute = residual.detach()
         bstate.input_at_compute = x.detach()
         bstate.output_at_compute = v.detach()
@@ -174,7 +155,7 @@ class SignalMeter:
         """One host transfer for everything the schedule reads this call (pre signals + pending post signals);
         keyed by Signal (built-in) or name (provider)."""
         bstate = call.bstate
-        names = [s.value if isinstance(s, Signal) else s for s in call.pre]
+        names = list(call.pre)
         tensors = list(call.pre.values())
         names.extend(bstate.pending_post)
         tensors.extend(bstate.pending_post.values())

@@ -20,7 +20,6 @@ from typing import Any
 
 from torch.utils.flop_counter import FlopCounterMode
 
-from ...actions import Signal
 from ..cache_ops import ops_for
 from ..call_output import served_later
 from ..call_runtime import CallRuntime
@@ -116,8 +115,8 @@ class CallExecutor(UnitExecutor[WholeCall]):
         if call.record.input_shape is None:
             call.record.input_shape = tuple(x.shape)
         if call.phase != RESUMED:  # a resumed call (dcache.runtime.lanes) measured and decided when it opened
-            if Signal.INPUT_DELTA in runtime.meter.wanted:
-                runtime.meter.input_delta(call, x.detach().clone())  # pipelines may update their latents in place
+            if runtime.meter.latent_providers:
+                runtime.meter.on_latents(call, x.detach().clone())  # pipelines may update their latents in place
             decide(runtime, self, call)
         shape = x.shape
         action = self._decided(call, shape, forward, args, kwargs, compiling)
