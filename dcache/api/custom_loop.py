@@ -31,14 +31,17 @@ with methods that act on the sampler's update (`acts_on_steps`: they rewrite x_{
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:  # a handle opens the loop over its engines
+    from ..runtime.engine import Engine
 
 
 class DenoisingLoop:
     """One generation of a custom loop (`handle.loop(num_steps)`): `step(i)` before step i's calls, `branch(name)`
     around each call of a split-CFG step. Use it as a context manager."""
 
-    def __init__(self, engines: tuple, num_steps: int, timesteps: Any = None):
+    def __init__(self, engines: tuple[Engine, ...], num_steps: int, timesteps: Any = None):
         if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
             raise ValueError(f"handle.loop(num_steps={num_steps!r}): num_steps is the loop's number of denoising "
                              f"steps, a positive int (e.g. len(timesteps)).")

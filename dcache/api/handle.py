@@ -5,13 +5,16 @@ from __future__ import annotations
 import time
 import warnings
 from collections import Counter
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..runtime.engine import Engine
 from ..memory.report import MemoryReport, combine_reports, engine_report
 from ..plans.plan import Plan
 from ..generations.records import GenerationRecord
 from ..generations.stats import Stats, combine_stats, stats_from_lanes, stats_from_record
+
+if TYPE_CHECKING:  # dcache.apply(budget=...) attaches one
+    from ..memory.budget import BudgetCheck
 
 
 class Handle:
@@ -25,7 +28,7 @@ class Handle:
         self.experts: dict[str, Handle] = {}  # the pipeline's other denoising transformers (dcache.api.experts)
         self.controlnets: dict[str, Any] = {}  # cached ControlNet models (dcache.api.controlnet)
         self.fit_choice: str | None = None  # max_cache_memory with fit="auto": the cache storage it switched to
-        self._budget: Any = None  # the memory budget's check (dcache.memory.budget.BudgetCheck), attach_budget
+        self._budget: BudgetCheck | None = None  # the memory budget's check, attach_budget
         self._removed = False
 
     @property
@@ -119,7 +122,7 @@ class Handle:
                                "to get one.")
         return self._setup()
 
-    def attach_budget(self, check: Any) -> None:
+    def attach_budget(self, check: BudgetCheck) -> None:
         """Keep a memory budget's check with this handle (it reads the engine at each generation's first call);
         `check.remove()` unhooks it with the handle. dcache.apply(budget=...) attaches one."""
         if self._budget is not None:

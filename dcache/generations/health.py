@@ -29,11 +29,15 @@ import threading
 import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from ..actions import Action
+
+if TYPE_CHECKING:
+    from ..runtime.cache_state import BranchState
+    from .records import GenerationRecord
 
 _COMPUTE = Action.COMPUTE.value
 # A generation that served at least this share of its post-warm-up calls whole from the cache is "all reused".
@@ -104,7 +108,7 @@ class HealthMonitor:
         self.knob = knob  # the method's main knob name, looked up lazily (dcache.methods.main_knob)
         self.warn = warn  # False: facts only (engines built for estimates, a ControlNet's follower)
         self.last = Health()
-        self.last_record: Any = None
+        self.last_record: GenerationRecord | None = None
         self._seen_branches: set[str] = set()
         self._warned: set[str] = set()
         self._calibrating = False  # the running generation measures a calibration (computes every step on purpose)
@@ -116,7 +120,7 @@ class HealthMonitor:
         self._notes = []
         self._non_finite_served = []
 
-    def end_generation(self, record: Any, branches: dict) -> Health:
+    def end_generation(self, record: GenerationRecord, branches: dict[str, BranchState]) -> Health:
         calls = record.calls
         if not calls or self.last_record is record or getattr(record, "aborted", False):
             return self.last  # an interrupted generation is no evidence about the cache: keep the last verdict

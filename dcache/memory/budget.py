@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from torch import nn
 
 from .report import format_bytes
+
+if TYPE_CHECKING:  # a handle attaches its budget check
+    from ..api.handle import Handle
 
 _GRANULARITY_ORDER = ("module", "block", "stack")  # finer (more memory) to coarser
 
@@ -55,7 +58,7 @@ class BudgetCheck:
     """The budget's forward pre-hook on the transformer (dcache.apply(budget=dcache.Budget(...)) attaches it to its
     handle with handle.attach_budget)."""
 
-    def __init__(self, handle: Any, pipeline: Any, transformer: nn.Module, limit: int, method: Any, overrides: dict,
+    def __init__(self, handle: Handle, pipeline: Any, transformer: nn.Module, limit: int, method: Any, overrides: dict,
                  scope: str | None, fit: str | None = None):
         self.handle, self.pipeline, self.transformer, self.limit = handle, pipeline, transformer, limit
         self.method, self.overrides, self.scope, self.fit = method, overrides, scope, fit

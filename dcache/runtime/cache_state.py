@@ -14,12 +14,17 @@ so memory is then (order + 1 + depth) tensors per cached unit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dcache.runtime.cache_ops import ops_for  # the Taylor pair, backend chosen as for the engine's other ops
 
+if TYPE_CHECKING:
+    from ..generations.records import CallRecord
+    from ..memory.cache_codec import CacheCodec
+    from .call_output import PlainLayout
+    from .call_scope import OutputLayout
 
 
 # Taylor orders above this are refused before any table is allocated: order k keeps k + 1 tensors per cached unit
@@ -127,9 +132,10 @@ class BranchState:
     residual_at_compute: torch.Tensor | None = None
     pending_post: dict[str, torch.Tensor] = field(default_factory=dict)  # measured after a computed call
     post_values: dict[str, float] = field(default_factory=dict)  # last synced post signals
-    pending_call: Any = None  # the CallRecord the pending post signals belong to
-    call_layout: Any = None  # call scope: how the last computed call's output is built (call_scope.OutputLayout)
-    codec: Any = None  # dcache.memory.cache_codec.CacheCodec of a low-precision cache (None: the compute dtype)
+    pending_call: CallRecord | None = None  # the call the pending post signals belong to
+    # call scope: how the last computed call's output is built (x + Delta: OutputLayout; reused whole: PlainLayout)
+    call_layout: OutputLayout | PlainLayout | None = None
+    codec: CacheCodec | None = None  # the codec of a low-precision cache (None: the compute dtype)
     depth: int = 0  # computed values each unit keeps for the schedule's forecaster (UnitHistory.samples)
     provided: dict[str, dict[str, Any]] = field(default_factory=dict)  # each signal provider's memory, by its name
     # call scope with a schedule's cfg_difference (dcache.runtime.cfg_difference): the conditional branch's (step,

@@ -13,7 +13,7 @@ its executor, meter and decision, which see nothing else of it:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from torch import nn
 
@@ -28,6 +28,9 @@ from .call_state import CallState
 from .flops import FlopBook
 from .signal_meter import SignalMeter
 
+if TYPE_CHECKING:
+    from .call_output import PlainOutput
+
 
 @dataclass(eq=False)
 class CallRuntime:
@@ -39,7 +42,7 @@ class CallRuntime:
     order: int = 0  # the schedule's forecast order: Taylor history depth of every cached unit
     # call scope: how the whole call's output is cached; None: x + Delta (dcache.runtime.call_scope), a
     # dcache.runtime.call_output.PlainOutput: reused whole (a ControlNet's per-block samples)
-    call_output: Any = None
+    call_output: PlainOutput | None = None
     # set once the executor laid out the units (Engine.__init__): one name per action character, the model's book
     units: tuple[str, ...] = ()
     flops: FlopBook = field(default_factory=lambda: FlopBook(enabled=False))

@@ -22,18 +22,21 @@ reused with the rest instead of being recomputed on the reused hidden states.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .signal_providers import call_scope_names, signal_name
 
+if TYPE_CHECKING:
+    from ..schedule import Schedule
+
 SCOPES = ("blocks", "call")
 CALL_UNIT = "call"  # the branch's cache key of the Delta history
 
 
-def check_scope(scope: str, schedule: Any, granularity: str) -> bool:
+def check_scope(scope: str, schedule: Schedule, granularity: str) -> bool:
     """True for call scope; raise a teaching error when the schedule cannot decide before the call runs."""
     if scope not in SCOPES:
         raise ValueError(f"scope={scope!r} is not one of {SCOPES}: 'blocks' caches the block stack (exact head), "

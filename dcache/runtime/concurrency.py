@@ -21,7 +21,10 @@ refused before it changes any state, so the generation it would have disturbed g
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..generations.records import GenerationRecord
 
 _FIX = ("dcache serves one generation at a time per transformer. To serve requests in parallel threads, give each "
         "thread its own transformer (copy.deepcopy(pipe.transformer), then dcache.apply to that pipeline), or "
@@ -65,7 +68,7 @@ class GenerationGuard:
             self.in_flight = None
 
     # -- generations -------------------------------------------------------------------------------------------
-    def own(self, record: Any) -> None:
+    def own(self, record: GenerationRecord) -> None:
         """This thread started `record`."""
         record.owner = _me()
         self._mine.record = record
@@ -81,18 +84,18 @@ class GenerationGuard:
             f"thread {record.taken_by[1]!r} started a generation on the same dcache-hooked transformer; "
             f"continuing would mix the two requests' caches. {_FIX}")
 
-    def other_owner(self, record: Any) -> tuple[int, str] | None:
+    def other_owner(self, record: GenerationRecord | None) -> tuple[int, str] | None:
         """The thread that owns `record` when it is open and not this thread's; else None."""
         if record is None or record.finished or record.owner is None:
             return None
         return None if record.owner[0] == threading.get_ident() else record.owner
 
-    def take_over(self, record: Any) -> None:
+    def take_over(self, record: GenerationRecord | None) -> None:
         """This thread starts a generation while `record` (another thread's, open) runs: it ends there."""
         if self.other_owner(record) is not None:
             record.taken_by = _me()
 
-    def refuse_foreign(self, record: Any, what: str) -> None:
+    def refuse_foreign(self, record: GenerationRecord | None, what: str) -> None:
         """Refuse `what` (a transformer call, a scheduler step) of this thread in `record`, another thread's open
         generation that this thread cannot take over."""
         owner = self.other_owner(record)

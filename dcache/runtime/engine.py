@@ -23,7 +23,7 @@ The attributes the runtime holds (schedule, record, branches, call, ...) read an
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -51,6 +51,10 @@ from ..schedule import GenerationInfo, Schedule
 from ..generations.scheduler_tracking import SchedulerHook
 from .signal_meter import SignalMeter
 from .cache_state import BranchState
+
+if TYPE_CHECKING:
+    from ..memory.cache_codec import CacheCodec
+    from .call_output import PlainOutput
 
 _COMPUTE = Action.COMPUTE.value
 T = TypeVar("T")
@@ -90,8 +94,8 @@ class Engine:
     def __init__(self, transformer: nn.Module, adapter: Adapter, schedule: Schedule, *,
                  pipeline: Any = None, num_steps: int | None = None,
                  count_flops: bool = True, memoize: bool = True, scope: str = "blocks", leader: "Engine | None" = None,
-                 cache_codec: Any = None, health: HealthMonitor | None = None, decisions: str = "sample",
-                 call_output: Any = None, own_generations: bool = True):
+                 cache_codec: CacheCodec | None = None, health: HealthMonitor | None = None, decisions: str = "sample",
+                 call_output: PlainOutput | None = None, own_generations: bool = True):
         """leader: for the second expert of a two-transformer pipeline (Wan 2.2's transformer_2): the engine of the
         pipeline's first transformer, which hooks the scheduler and hands every generation and step on to this one
         (one scheduler, one wrapper; each expert keeps its own generation record, caches and schedule state).

@@ -21,15 +21,18 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import torch
 from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
-from .call_state import CallDecided
+from .call_state import BlockSlot, CallDecided
 from ..compat.diffusers import ContextHook, diffusers_cache, original_forward
 from ..compat.torch import eval_frame_callback
+
+if TYPE_CHECKING:  # the engine builds its transformer hook
+    from .engine import Engine
 
 HOOK_NAME = "dcache"
 # Engine bookkeeping never runs inside a compiled graph (it branches on Python state every step).
@@ -59,7 +62,7 @@ class TransformerHook(ContextHook):
     """The transformer's hook: hands diffusers' `cache_context` name to the engine's tracker and holds the chain
     below dcache's `transformer_call` (`chain`: the diffusers hook chain ending in the model's own forward)."""
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Engine):
         tracker = engine.tracker
         super().__init__(lambda name: setattr(tracker, "context_name", name))
         self.engine = engine
@@ -124,7 +127,8 @@ class UnitHook(ModelHook):
     """A block or an inner module: `key` is its BlockSlot or its module unit index. `traced_path`: the executor's
     traceable path for calls decided before they started (None: the unit always takes `eager_forward`)."""
 
-    def __init__(self, key: Any, entries: Entries, traced: Entries, traced_path: Callable | None = None):
+    def __init__(self, key: BlockSlot | int, entries: Entries, traced: Entries,
+                 traced_path: Callable[[BlockSlot | int, Callable, tuple, dict], Any] | None = None):
         super().__init__()
         self.key, self.entries, self.traced = key, entries, traced
         self.traced_path = traced_path

@@ -18,13 +18,12 @@ Every rank then holds bit-identical values (the all-reduce result is the same on
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
+from torch import nn
 
 
-def token_group(transformer: Any) -> Any | None:
+def token_group(transformer: nn.Module) -> dist.ProcessGroup | None:
     """The process group that shards this transformer's tokens (diffusers context parallel), else None."""
     # imported here: method files import this module, and `dcache methods` must start without diffusers
     from ..compat.diffusers import context_parallel_mesh
@@ -35,7 +34,7 @@ def token_group(transformer: Any) -> Any | None:
     return mesh.get_group()
 
 
-def sync_signals(flat: torch.Tensor, tensors: list[torch.Tensor], transformer: Any) -> torch.Tensor:
+def sync_signals(flat: torch.Tensor, tensors: list[torch.Tensor], transformer: nn.Module) -> torch.Tensor:
     """flat = cat(tensors) made global over the token shards: pairs summed, single values averaged.
 
     Returns `flat` untouched (no copy, no collective) when the transformer is not context parallel.

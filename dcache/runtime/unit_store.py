@@ -8,13 +8,17 @@ encoder) for stacks, blocks and the call scope's Delta = v - x; a module unit's 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..actions import Action
+from .cache_ops import CacheOps
 from .call_state import BlockSlot, CallState
 from .cache_state import UnitHistory
+
+if TYPE_CHECKING:
+    from ..schedule import Schedule
 
 FORECAST = Action.FORECAST.value
 
@@ -32,7 +36,7 @@ def residual_pairs(outs: list, ins: list) -> list[tuple[torch.Tensor, torch.Tens
     return pairs
 
 
-def store_residuals(ops: Any, call: CallState, key: Any, order: int, outs: list, ins: list) -> None:
+def store_residuals(ops: CacheOps, call: CallState, key: Any, order: int, outs: list, ins: list) -> None:
     """Cache residual = out - in per stream (hidden, encoder), reusing the old buffer in place when possible."""
     hist = call.bstate.history(key, order)
     previous = hist.store_buffers()
@@ -62,7 +66,7 @@ def keep_tensors(call: CallState, key: Any, order: int, residuals: list[torch.Te
     return hist
 
 
-def read_cached(schedule: Any, hist: UnitHistory, action: str, step: int,
+def read_cached(schedule: Schedule, hist: UnitHistory, action: str, step: int,
                 call: CallState | None = None) -> list[torch.Tensor]:
     """The cached tensors a REUSE / FORECAST serves at `step` (a schedule's own forecaster, e.g. learned, first);
     what the decision already read for the call's finite check (`CallState.served`) is not read again."""
@@ -73,7 +77,7 @@ def read_cached(schedule: Any, hist: UnitHistory, action: str, step: int,
     return forecaster(hist.plain(), step) if forecaster is not None else hist.read(forecast, step)
 
 
-def apply_cached(ops: Any, schedule: Any, slot: BlockSlot, hist: UnitHistory, action: str, step: int,
+def apply_cached(ops: CacheOps, schedule: Schedule, slot: BlockSlot, hist: UnitHistory, action: str, step: int,
                  hidden: torch.Tensor, encoder: torch.Tensor | None, call: CallState | None = None) -> Any:
     """A block's output without running it: its inputs plus the cached residuals, in the block's output format."""
     return add_cached(ops, slot, read_cached(schedule, hist, action, step, call), hidden, encoder)
@@ -94,7 +98,7 @@ def finite_flags(groups: list[list[torch.Tensor]]) -> list[bool]:
     return flags
 
 
-def add_cached(ops: Any, slot: BlockSlot, cached: list[torch.Tensor], hidden: torch.Tensor,
+def add_cached(ops: CacheOps, slot: BlockSlot, cached: list[torch.Tensor], hidden: torch.Tensor,
                encoder: torch.Tensor | None) -> Any:
     """A block's output from its inputs plus `cached` (the residuals a REUSE / FORECAST serves)."""
     out_h = ops.apply(hidden, cached[0])
