@@ -22,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from dcache import quality
+from dcache.compat.torch import foreach_lerp_
 
 from .digit_classifier import ConvClassifier
 
@@ -116,7 +117,7 @@ def train_flow(
             optimizer.step()
             scheduler.step()
             decay = min(cfg.ema_decay, (1 + step) / (10 + step))  # EMA warmup
-            torch._foreach_lerp_(ema_params, [p.detach() for p in params], 1 - decay)  # ema += (1 - d) (p - ema)
+            foreach_lerp_(ema_params, [p.detach() for p in params], 1 - decay)  # ema += (1 - d) (p - ema)
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
             if on_step is not None:

@@ -125,10 +125,13 @@ def _plan_from_file(method: str, path: Path, model: nn.Module) -> Plan:
 def model_source(model: nn.Module) -> tuple[str | None, bool]:
     """(hub id or pipeline folder the transformer was loaded from, whether that pipeline takes class labels).
 
-    diffusers records where a model was loaded from in config._name_or_path: a pipeline's component gets
+    diffusers records where a model was loaded from (dcache.compat.diffusers.loaded_from): a pipeline's component gets
     '<pipeline folder>/transformer', from the hub '<cache>/models--org--name/snapshots/<rev>/transformer'."""
-    where = dict(getattr(model, "config", None) or {}).get("_name_or_path")
-    if not isinstance(where, str) or not where:
+    # imported here: method files import this module, and `dcache methods` must start without diffusers
+    from dcache.compat.diffusers import loaded_from
+
+    where = loaded_from(model)
+    if where is None:
         return None, False
     path = Path(where)
     for i, part in enumerate(path.parts[:-1]):

@@ -150,5 +150,31 @@ def calling_pipeline(transformer: Any, depth: int = 40) -> Any:
     return None
 
 
+# ---- models --------------------------------------------------------------------------------------------------------
+
+def loaded_from(model: nn.Module) -> str | None:
+    """The hub id or folder `model` was loaded from (`from_pretrained`), or None (built in code, or no config).
+
+    Relies on: `ConfigMixin` records the `pretrained_model_name_or_path` of `from_pretrained` in the model's config as
+    `_name_or_path` (a pipeline's component: '<pipeline folder>/transformer'; from the hub: '<cache>/models--org--name/
+    snapshots/<rev>/transformer') (0.41 and later: the versions dcache supports). If the key moved, dcache would not
+    find a calibration by the model's source: MagCache / TeaCache tables and calibrated plans would ask to be
+    calibrated again.
+    """
+    where = dict(getattr(model, "config", None) or {}).get("_name_or_path")
+    return where if isinstance(where, str) and where else None
+
+
+def qwen_image_modulate(block: nn.Module, x: Any, mod_params: Any, index: Any = None) -> Any:
+    """A `QwenImageTransformerBlock`'s AdaLN modulation of `x` [B, L, D] by `mod_params` [B', 3*D] (shift, scale,
+    gate); `index` [B, L] picks per token between the two halves of a doubled batch (zero_cond_t). Returns
+    (modulated x, gate).
+
+    Relies on: the block's `_modulate(x, mod_params, index=None)` (0.41 and later: the versions dcache supports). If it
+    changed, TeaCache's modulated-input signal on Qwen-Image would raise at the first call (nothing else reads it).
+    """
+    return block._modulate(x, mod_params, index)
+
+
 __all__ = ["original_forward", "registered_hooks", "ContextHook", "CACHE_HOOK_MODULES", "enabled_cache_config",
-           "diffusers_cache", "context_parallel_mesh", "calling_pipeline"]
+           "diffusers_cache", "context_parallel_mesh", "calling_pipeline", "loaded_from", "qwen_image_modulate"]

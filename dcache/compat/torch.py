@@ -1,10 +1,13 @@
-"""The private torch API dcache uses, each entry with what it relies on (checked in
-tests/compat/test_diffusers_contract.py).
+"""The private torch API dcache uses, each entry with what it relies on and since which torch version (dcache needs
+torch 2.4 or later; tests/compat/test_torch_contract.py checks every entry against the installed torch).
 """
 
 from __future__ import annotations
 
+import torch
 from torch._C._dynamo.eval_frame import get_eval_frame_callback
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree
 
 # `eval_frame_callback() is not None` inside a torch.compile region, also in a frame dynamo skips
 # (`torch.compiler.disable`), where the public `torch.compiler.is_compiling()` is False; None in plain eager code.
@@ -13,4 +16,61 @@ from torch._C._dynamo.eval_frame import get_eval_frame_callback
 # exporting it (torch 2.1 and later).
 eval_frame_callback = get_eval_frame_callback
 
-__all__ = ["eval_frame_callback"]
+# ---- pytrees -------------------------------------------------------------------------------------------------------
+# The leaves of nested tuples / lists / dicts / dataclass-like model outputs, and the spec that rebuilds them
+# (a transformer's return value, a block's arguments). Relies on: torch.utils._pytree's `tree_flatten(tree) ->
+# (leaves, spec)`, `tree_unflatten(leaves, spec)` and `tree_map(fn, tree)`, with diffusers' `BaseOutput` registered
+# as a node (torch 2.0 and later; diffusers registers it since 0.20). If they moved or changed, call scope, module
+# units, per-sample lanes and FLOP counting would fail at their first call with an ImportError or a TypeError; the
+# public successor, `torch.utils.pytree`, is not in every supported torch yet.
+tree_flatten = _pytree.tree_flatten
+tree_unflatten = _pytree.tree_unflatten
+tree_map = _pytree.tree_map
+
+
+# ---- fake tensors --------------------------------------------------------------------------------------------------
+def fake_tensor_mode() -> FakeTensorMode:
+    """A mode in which ops run on fake tensors (shapes, dtypes and devices, no data): FLOPs of a new input shape are
+    counted by running the model once on fakes, at no compute.
+
+    Relies on: `torch._subclasses.fake_tensor.FakeTensorMode(allow_non_fake_inputs=True)` (torch 2.0 and later), a
+    context manager that converts real inputs (parameters, buffers) to fakes as ops meet them, with `from_tensor(t)`
+    to make fakes of the call's inputs. If it changed, counting the FLOPs of a new input shape would raise.
+    """
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+# ---- tensor internals ----------------------------------------------------------------------------------------------
+def tensor_version(t: torch.Tensor) -> int:
+    """The in-place version counter of `t` (and of every view of its storage): it grows at each in-place write.
+
+    Relies on: `Tensor._version`, autograd's version counter, shared by views of one base (torch 1.0 and later).
+    Step-invariant memoisation (dcache.runtime.step_invariant) and SeaCache's position-grid cache key on it, so that
+    an input rewritten in place is not mistaken for the one cached; if it stopped growing on in-place writes, those
+    caches could serve a stale result. Under `torch.inference_mode()` inference tensors have no counter and reading
+    it raises: callers check `t.is_inference()` first.
+    """
+    return t._version
+
+
+def view_base(t: torch.Tensor) -> torch.Tensor | None:
+    """The tensor `t` is a view of, or None when `t` owns its storage.
+
+    Relies on: `Tensor._base` (torch 1.0 and later). Step-invariant memoisation keys a view on its base, so that a
+    write through another view of the same base invalidates it; if `_base` went away, the memo would key on the
+    view and could miss such a write.
+    """
+    return t._base
+
+
+def foreach_lerp_(targets: list[torch.Tensor], ends: list[torch.Tensor], weight: float) -> None:
+    """targets[i] += weight * (ends[i] - targets[i]) in place, for all i, in one fused launch.
+
+    Relies on: `torch._foreach_lerp_(tensors, tensors, scalar)` (torch 2.0 and later), the op torch's own optimizers
+    use; if it went away, training the bundled model's EMA would raise (no effect on caching).
+    """
+    torch._foreach_lerp_(targets, ends, weight)
+
+
+__all__ = ["eval_frame_callback", "fake_tensor_mode", "foreach_lerp_", "tensor_version", "tree_flatten", "tree_map",
+           "tree_unflatten", "view_base"]

@@ -26,9 +26,9 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from ..api.engine_factory import attach
+from ..compat.torch import tree_map
 from .cache_codec import cache_codec
 from .report import MemoryReport
 from ..methods import DEFAULT_METHOD, preset_scope

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..compat.torch import tree_flatten, tree_unflatten
 
 
 @dataclass

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ..compat.torch import tree_flatten, tree_unflatten
 from .signal_providers import call_scope_names, signal_name
 
 if TYPE_CHECKING:

@@ -28,6 +28,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 from torch import nn
 
 from .call_state import BlockSlot, CallDecided
+from ..compat.accelerate import has_offload_hook, set_wrapped_forward, wrapped_forward
 from ..compat.diffusers import ContextHook, diffusers_cache, original_forward
 from ..compat.torch import eval_frame_callback
 
@@ -177,19 +178,16 @@ def refuse_other_cache(transformer: nn.Module, when: str) -> None:
         f"dcache.apply, or handle.remove() before enable_cache.")
 
 
-def has_accelerate_hook(module: nn.Module) -> bool:
-    return hasattr(module, "_hf_hook") and hasattr(module, "_old_forward")
-
-
 def install_outer_hook(module: nn.Module, hook: ModelHook, call: Callable | None = None) -> Callable:
     """Register `hook` as dcache's hook on `module`; returns the forward it installed (for `remove_outer_hook`).
-    accelerate's offload hook (enable_model_cpu_offload) wraps `forward` and restores `_old_forward` when it is
-    removed after every pipeline call: dcache goes *under* it, as the forward accelerate calls.
+    accelerate's offload hook (enable_model_cpu_offload) wraps `forward` and restores the forward it wrapped when it
+    is removed after every pipeline call: dcache goes *under* it, as the forward accelerate calls
+    (dcache.compat.accelerate).
     call: a frame put in front of the hook chain, `call(hook, *args, **kwargs)` with the chain as `hook.chain`
     (`transformer_call`); removing the hook removes it with the chain (the registry restores the forward it saw)."""
-    accelerate_forward = module.forward if has_accelerate_hook(module) else None
+    accelerate_forward = module.forward if has_offload_hook(module) else None
     if accelerate_forward is not None:
-        module.forward = module._old_forward
+        module.forward = wrapped_forward(module)
     own_forward = module.forward
     HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, HOOK_NAME)
     if call is not None:
@@ -198,7 +196,8 @@ def install_outer_hook(module: nn.Module, hook: ModelHook, call: Callable | None
         module.forward = functools.update_wrapper(functools.partial(call, hook), own_forward)
     installed = module.forward
     if accelerate_forward is not None:
-        module._old_forward, module.forward = module.forward, accelerate_forward
+        set_wrapped_forward(module, module.forward)
+        module.forward = accelerate_forward
     return installed
 
 
@@ -210,8 +209,8 @@ def remove_outer_hook(module: nn.Module, installed: Callable, recurse: bool) -> 
     restored = module.forward
     if outer is not installed:  # someone (accelerate) wrapped dcache: keep their wrapper
         module.forward = outer
-    if getattr(module, "_old_forward", None) is installed:
-        module._old_forward = restored
+    if wrapped_forward(module) is installed:
+        set_wrapped_forward(module, restored)
 
 
 _TIMESTEP_NAMES = ("timestep", "timesteps", "t", "time_step", "sigma", "sigmas")

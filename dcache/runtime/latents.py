@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ..compat.torch import tensor_version
+
 
 def call_latents(hidden: Any, latents_fn: Any, arguments: dict[str, Any] | None) -> torch.Tensor | None:
     """[B, C, T, H, W] latents of one transformer call, or None (no known layout)."""
@@ -65,7 +67,7 @@ def _grid(key: torch.Tensor, ids: torch.Tensor) -> tuple[int, int]:
     """(rows, columns) spanned by image ids [L, 3] (`key`: the tensor the model was given). A pipeline passes the
     same ids tensor at every step: it is read to the host once (one sync per generation, not per call)."""
     known = _GRIDS.get(id(key))
-    if known is not None and known[0]() is key and known[1] == key._version:
+    if known is not None and known[0]() is key and known[1] == tensor_version(key):
         return known[2], known[3]
     span = (ids[:, 1:3].amax(dim=0) - ids[:, 1:3].amin(dim=0) + 1).tolist()
     if key.is_inference():  # no version counter (torch.inference_mode): read every call, never remembered
@@ -73,7 +75,7 @@ def _grid(key: torch.Tensor, ids: torch.Tensor) -> tuple[int, int]:
     if len(_GRIDS) > 64:  # forget the ids of finished generations
         for k in [k for k, v in _GRIDS.items() if v[0]() is None]:
             del _GRIDS[k]
-    _GRIDS[id(key)] = (weakref.ref(key), key._version, int(span[0]), int(span[1]))
+    _GRIDS[id(key)] = (weakref.ref(key), tensor_version(key), int(span[0]), int(span[1]))
     return int(span[0]), int(span[1])
 
 

@@ -33,6 +33,7 @@ import torch
 from diffusers.hooks import HookRegistry, ModelHook
 
 from ..compat.diffusers import original_forward
+from ..compat.torch import tensor_version, view_base
 from ..model.adapters import Invariant, submodule
 
 _SLOTS = 4  # distinct keys kept per module (e.g. image and text ids, CFG branches with other text lengths)
@@ -44,8 +45,9 @@ def _identity(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         if value.is_inference():
             raise _Unversioned
-        root = value._base if value._base is not None else value
-        return (root, value._version, value.storage_offset(), tuple(value.shape), value.stride(), value.dtype)
+        base = view_base(value)
+        root = base if base is not None else value
+        return (root, tensor_version(value), value.storage_offset(), tuple(value.shape), value.stride(), value.dtype)
     return value
 
 
@@ -104,7 +106,7 @@ class _MemoHook(ModelHook):
                 value = bound.get(name)
                 if isinstance(value, torch.Tensor) and value.is_inference():
                     return None
-                key.append((value, value._version) if isinstance(value, torch.Tensor) else value)
+                key.append((value, tensor_version(value)) if isinstance(value, torch.Tensor) else value)
             return tuple(key)
         part = _shape if spec.key == "shapes" else _identity
         try:
@@ -123,13 +125,13 @@ class _MemoHook(ModelHook):
         if key is None:
             return forward(*args, **kwargs)
         for entry_key, out, versions in self.entries:
-            if _same(entry_key, key) and all(t._version == v for t, v in versions):
+            if _same(entry_key, key) and all(tensor_version(t) == v for t, v in versions):
                 self.hits += 1
                 return out
         out = forward(*args, **kwargs)
         if any(t.is_inference() for t in _tensors(out)):  # no version counter to prove it unwritten later
             return out
-        self.entries.insert(0, (key, out, [(t, t._version) for t in _tensors(out)]))
+        self.entries.insert(0, (key, out, [(t, tensor_version(t)) for t in _tensors(out)]))
         del self.entries[_SLOTS:]
         return out
 

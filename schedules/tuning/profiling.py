@@ -30,10 +30,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 import dcache
 from dcache import Action, Granularity, Plan, Schedule
+from dcache.compat.torch import tree_flatten
 from dcache.model.adapters import composed_indices, reuse_composed_inputs
 from dcache.schedule import CallContext
 

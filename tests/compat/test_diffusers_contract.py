@@ -211,3 +211,27 @@ def test_eval_frame_callback_tells_a_compiled_region_in_a_skipped_frame():
     assert seen[1:] == [True], \
         "eval_frame_callback() is None in a frame torch.compile skips inside a compiled region (dcache.compat.torch)"
 
+
+
+def test_from_pretrained_records_where_a_model_was_loaded_from(tmp_path):
+    model = make_transformer()
+    assert compat.loaded_from(model) is None, "a model built in code has a _name_or_path (compat.loaded_from)"
+    model.save_pretrained(tmp_path / "transformer")
+    loaded = type(model).from_pretrained(str(tmp_path / "transformer"))
+    assert compat.loaded_from(loaded) == str(tmp_path / "transformer"), \
+        "from_pretrained no longer records its path in config._name_or_path (dcache.compat.diffusers.loaded_from)"
+
+
+def test_qwen_image_blocks_modulate_with_shift_scale_and_gate():
+    torch.manual_seed(0)
+    block = diffusers.models.transformers.transformer_qwenimage.QwenImageTransformerBlock(
+        dim=32, num_attention_heads=2, attention_head_dim=16)
+    x, params = torch.randn(2, 5, 32), torch.randn(2, 3 * 32)
+    shift, scale, gate = params.chunk(3, dim=-1)
+    out = compat.qwen_image_modulate(block, x, params)
+    assert isinstance(out, tuple) and len(out) == 2, \
+        "QwenImageTransformerBlock._modulate no longer returns (modulated, gate) (compat.qwen_image_modulate)"
+    torch.testing.assert_close(out[0], x * (1 + scale[:, None]) + shift[:, None], msg=lambda m: (
+        f"QwenImageTransformerBlock._modulate is no longer x * (1 + scale) + shift "
+        f"(dcache.compat.diffusers.qwen_image_modulate): {m}"))
+    torch.testing.assert_close(out[1], gate[:, None])

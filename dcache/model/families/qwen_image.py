@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...compat.diffusers import qwen_image_modulate
 from ..adapters import ENCODER, HIDDEN, Adapter, BlockList, register_adapter
 from .patterns import image_shapes_latents
 from .tiny import TXT, Tiny, filled, latents, noise, per_sample, timestep
@@ -11,7 +12,7 @@ def qwen_image_modulated_input(block, args):
     # img_mod(temb) [B', 6*D] -> first half is (shift, scale, gate) of attention; with zero_cond_t the batch is 2B
     # and `modulate_index` [B, L] picks per token between the two halves. Result [B, L_img, D].
     img_mod_attn = block.img_mod(args["temb"]).chunk(2, dim=-1)[0]
-    return block._modulate(block.img_norm1(args[HIDDEN]), img_mod_attn, args.get("modulate_index"))[0]
+    return qwen_image_modulate(block, block.img_norm1(args[HIDDEN]), img_mod_attn, args.get("modulate_index"))[0]
 
 
 register_adapter(Adapter(

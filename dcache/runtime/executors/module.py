@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from diffusers.hooks import HookRegistry
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ...compat.torch import tree_flatten, tree_unflatten
 from ...model.adapters import composed_indices, reuse_composed_inputs, submodule
 from ..call_runtime import CallRuntime
 from ..call_state import CallState

@@ -54,9 +54,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dcache.actions import Granularity
+from dcache.compat.torch import tree_flatten, tree_unflatten
 from dcache.model.adapters import reuse_composed_inputs, submodule
 from dcache.model.families import adapter_for
 from dcache.plans.plan import Plan
