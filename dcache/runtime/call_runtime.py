@@ -12,6 +12,7 @@ its executor, meter and decision, which see nothing else of it:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -77,14 +78,24 @@ class CallRuntime:
     def count_call_blocks(self, missing: list[tuple[Any, tuple]]) -> None:
         """Count the FLOPs of the running call's blocks in one pass on fake tensors (its blocks ran in a compiled
         graph, where no counter sees them); `missing`: the (block, shape) keys it needs (FlopBook.count_blocks)."""
-        if self.call_inputs is None or self.call_forward is None:
+        if self.call_inputs is None:
             return
         args, kwargs = self.call_inputs
+        self._fake_pass(self.flops.count_blocks, args, kwargs, missing)
+
+    def count_lead(self, unit: Any, shape: tuple, args: tuple, kwargs: dict) -> None:
+        """Count what a transformer call on these arguments runs before its first block (FlopBook.count_lead)."""
+        self._fake_pass(functools.partial(self.flops.count_lead, unit, shape), args, kwargs)
+
+    def _fake_pass(self, count: Callable[..., None], args: tuple, kwargs: dict, *rest: Any) -> None:
+        """`count(forward, args, kwargs, *rest)`: a FlopBook pass of the transformer's forward on fake tensors."""
+        if self.call_forward is None:
+            return
         # the memos (dcache.runtime.step_invariant) run in the pass too: what they keep there is fake, put theirs back
         # after it
         kept = [(memo, list(memo.entries), memo.hits) for memo in self.memos]
         try:
-            self.flops.count_blocks(self.call_forward, args, kwargs, missing)
+            count(self.call_forward, args, kwargs, *rest)
         finally:
             for memo, entries, hits in kept:
                 memo.entries[:], memo.hits = entries, hits

@@ -70,9 +70,14 @@ class CallState(Generic[UnitState]):
     arguments: dict[str, Any] | None = None  # the call's bound arguments, once per call for the signal providers
     decided: "DecidedCall | None" = None  # a call decided when it opened, for the blocks' traced path
     phase: str = ""  # DECIDING / RESUMED under per-sample decisions (above)
-    prefix_flops: tuple[float, float] = (0.0, 0.0)  # (total, computed) FLOPs before the first block: signal probes
+    # (total, computed) FLOPs the call spent while it decided (phase DECIDING: the embedders, signal probes, the
+    # blocks before the decision block), counted besides its share of its sub-batch's (dcache.runtime.lanes)
+    prefix_flops: tuple[float, float] = (0.0, 0.0)
     shared: bool = False  # the call of a sub-batch of lanes: each lane records its own share (dcache.runtime.lanes)
     served: dict[Any, list[torch.Tensor]] = field(default_factory=dict)  # cache key -> what the decision read
+    # block index -> what each block before the decision block returned while the call decided (phase DECIDING),
+    # served when it resumes so that those blocks run once per call (dcache.runtime.lanes)
+    probe_outputs: dict[int, Any] = field(default_factory=dict)
 
 
 @dataclass

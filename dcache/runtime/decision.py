@@ -52,7 +52,7 @@ def _compute_non_finite(runtime: CallRuntime, units: Feasibility, call: CallStat
     served = {key: read_cached(runtime.schedule, call.bstate.units[key], action, call.step)
               for key, action in units.decided_served(call)}
     for (key, tensors), finite in zip(served.items(), finite_flags(list(served.values()))):
-        unit = _unit_of(key)
+        unit = unit_of(key)
         if finite:
             call.served[key] = tensors
         elif row[unit] != _COMPUTE:
@@ -61,10 +61,10 @@ def _compute_non_finite(runtime: CallRuntime, units: Feasibility, call: CallStat
     actions = "".join(row)
     if actions != call.actions:
         call.actions = actions
-        call.served = {k: v for k, v in call.served.items() if row[_unit_of(k)] != _COMPUTE}
+        call.served = {k: v for k, v in call.served.items() if row[unit_of(k)] != _COMPUTE}
 
 
-def _unit_of(key: Any) -> int:
+def unit_of(key: Any) -> int:
     """The action-row index of a cache key: a block's or module's index, a module's k-th call (index, k), or the
     one unit of the stack ("seg", list) and call scopes."""
     if isinstance(key, int):

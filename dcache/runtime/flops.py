@@ -12,7 +12,8 @@ own count, taken in the same pass. Counted once per (unit, input shape) for the 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -23,6 +24,26 @@ from torch.utils.flop_counter import FlopCounterMode
 class FlopsUncounted(UserWarning):
     """A unit's forward could not run on fake tensors, so its FLOPs are not counted (stats fall back to unit counts
     for it: the ideal speed-up then weighs that unit as the average one)."""
+
+
+def _batched(shape: Any) -> bool:
+    """A tensor shape with a batch dimension (not a call signature of several shapes)."""
+    return isinstance(shape, tuple) and len(shape) > 1 and isinstance(shape[0], int)
+
+
+class FirstBlockReached(Exception):
+    """Raised by the first block's hook in a lead-counting pass (FlopBook.count_lead): what ran before it counts."""
+
+
+@contextmanager
+def _faked(args: tuple, kwargs: dict) -> Iterator[tuple[tuple, dict]]:
+    """A fake-tensor mode, and the arguments' tensors as fake ones in it."""
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        yield tree_map(lambda t: fake.from_tensor(t) if isinstance(t, torch.Tensor) else t, (args, kwargs))
+
+
+def _why(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
 
 
 class FlopBook:
@@ -44,8 +65,12 @@ class FlopBook:
         self.enabled = enabled
         self.costs: dict[tuple[Any, tuple], float] = {}
         self.by_unit: dict[Any, float] = {}  # last known cost of each unit (any shape)
+        # (unit, its input shape less the batch dimension) -> the cost of one row: a shape not counted yet at this
+        # batch size (a sub-batch of per-sample lanes served before it ever computed) costs its rows' share
+        self.per_row: dict[tuple[Any, tuple], float] = {}
         self.counting = False  # True while a counting pass runs (hooks then pass through)
         self.counting_blocks = False  # a whole-call counting pass (count_blocks): every block counts its own share
+        self.counting_lead = False  # a pass that counts what runs before the first block (count_lead)
         self._open: list[tuple[Any, tuple, FlopCounterMode]] = []
         self.uncounted: dict[tuple[Any, tuple], str] = {}  # (unit, shape) -> why its count failed (tried once)
 
@@ -54,11 +79,19 @@ class FlopBook:
 
     def cost(self, unit: Any, shape: tuple) -> float | None:
         cost = self.costs.get((unit, shape))
-        return cost if cost is not None else self.by_unit.get(unit)
+        if cost is not None:
+            return cost
+        if _batched(shape):  # FLOPs are linear in the batch
+            row = self.per_row.get((unit, tuple(shape[1:])))
+            if row is not None:
+                return row * shape[0]
+        return self.by_unit.get(unit)
 
     def record(self, unit: Any, shape: tuple, flops: float) -> None:
         self.costs[(unit, shape)] = flops
         self.by_unit[unit] = flops
+        if _batched(shape) and shape[0] > 0:
+            self.per_row[(unit, tuple(shape[1:]))] = flops / shape[0]
 
     @torch.compiler.disable
     def count(self, unit: Any, shape: tuple, forward: Callable, args: tuple, kwargs: dict) -> None:
@@ -68,12 +101,10 @@ class FlopBook:
         self.counting = True
         try:
             try:
-                with FakeTensorMode(allow_non_fake_inputs=True) as fake:
-                    fake_args, fake_kwargs = tree_map(
-                        lambda t: fake.from_tensor(t) if isinstance(t, torch.Tensor) else t, (args, kwargs))
+                with _faked(args, kwargs) as (fake_args, fake_kwargs):
                     flops = self._run(forward, fake_args, fake_kwargs)
             except Exception as exc:  # an op without a fake kernel, data-dependent shapes, ...: leave it uncounted
-                why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                why = _why(exc)
                 self.uncounted[(unit, shape)] = why
                 warnings.warn(f"dcache: the FLOPs of unit {unit!r} (input shape {shape}) are not counted: its forward "
                               f"cannot run on fake tensors ({why}). Stats weigh it as an average unit; the measured "
@@ -94,16 +125,14 @@ class FlopBook:
             return
         self.counting = self.counting_blocks = True
         try:
-            with FakeTensorMode(allow_non_fake_inputs=True) as fake:
-                fake_args, fake_kwargs = tree_map(
-                    lambda t: fake.from_tensor(t) if isinstance(t, torch.Tensor) else t, (args, kwargs))
+            with _faked(args, kwargs) as (fake_args, fake_kwargs):
                 try:
                     forward(*fake_args, **fake_kwargs)
                 finally:
                     while self._open:
                         self._open.pop()[2].__exit__(None, None, None)
         except Exception as exc:  # as in `count`: leave the blocks uncounted, say so once
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            why = _why(exc)
             for key in missing:
                 if key not in self.costs:
                     self.uncounted[key] = why
@@ -116,6 +145,29 @@ class FlopBook:
         for key in missing:  # tried once, as `count` does
             if key not in self.costs:
                 self.uncounted.setdefault(key, "the counting pass did not reach this block")
+
+    @torch.compiler.disable
+    def count_lead(self, unit: Any, shape: tuple, forward: Callable, args: tuple, kwargs: dict) -> None:
+        """Count what one transformer call `forward(*args, **kwargs)` runs before its first block (the embedders), in
+        a pass on fake tensors that ends where the first block's hook raises FirstBlockReached. A pass, not a counter
+        around the real call: the blocks may be compiled, and dynamo must not meet a counter's dispatch mode there.
+        Left uncounted (cost None) where the pass fails."""
+        if not self.enabled or self.known(unit, shape) or (unit, shape) in self.uncounted:
+            return
+        self.counting = self.counting_lead = True
+        try:
+            with _faked(args, kwargs) as (fake_args, fake_kwargs):
+                counter = FlopCounterMode(display=False)
+                try:
+                    with counter:
+                        forward(*fake_args, **fake_kwargs)
+                except FirstBlockReached:
+                    pass
+            self.record(unit, shape, float(counter.get_total_flops()))
+        except Exception as exc:  # as in `count`, without a warning: this share is small and the rest is counted
+            self.uncounted[(unit, shape)] = _why(exc)
+        finally:
+            self.counting = self.counting_lead = False
 
     def _run(self, forward: Callable, args: tuple, kwargs: dict) -> float:
         counter = FlopCounterMode(display=False)

@@ -12,6 +12,9 @@ After the call every unit the call wrote is cut back into the lanes, row j to la
 references (probe residual, previous inputs, provider memories) are not merged: they were read and written when
 each lane decided on its own row.
 
+What each row already evaluated while it decided is not evaluated again for the sub-batch: the forecasts its finite
+check read (`merge_forecasts`: the rows' own, stacked).
+
 `merge_branches` returns None where the lanes' caches cannot be one batch (a low-precision cache, the CFG difference's
 state, Taylor tables at different steps, a cached tensor without a batch dimension): those rows then run one by one.
 """
@@ -22,7 +25,12 @@ from typing import Any
 
 import torch
 
+from ..actions import Action
 from .cache_state import BranchState, UnitHistory
+from .call_state import CallState
+from .decision import unit_of
+
+FORECAST = Action.FORECAST.value
 
 _Snapshot = tuple[int, Any, int, int]  # (id(tables), last_step, filled, number of kept samples) of a merged history
 
@@ -74,6 +82,21 @@ def _merge_history(hists: list[UnitHistory]) -> UnitHistory | None:
     return merged
 
 
+def merge_forecasts(calls: list[CallState]) -> dict[Any, list[torch.Tensor]]:
+    """The forecasts the rows' decisions evaluated (CallState.served of their FORECAST units, each [1, ...]), stacked
+    in row order, for the sub-batch's call to serve: a forecast is evaluated once per row, not again on the stacked
+    Taylor tables. A unit whose forecasts do not stack is left out (the sub-batch evaluates it)."""
+    first = calls[0]
+    merged = {}
+    for key, tensors in first.served.items():
+        if first.actions[unit_of(key)] != FORECAST or not all(key in c.served for c in calls):
+            continue
+        per_stream = [[c.served[key][i] for c in calls] for i in range(len(tensors))]
+        if all(len(c.served[key]) == len(tensors) for c in calls) and all(_stackable(ts, 0) for ts in per_stream):
+            merged[key] = [torch.cat(ts) for ts in per_stream]
+    return merged
+
+
 def _stackable(tensors: list[torch.Tensor], dim: int) -> bool:
     """One row each along `dim`, the same shape otherwise."""
     shape = tensors[0].shape
@@ -115,4 +138,4 @@ def _row(t: torch.Tensor, j: int, n: int, dim: int, key: Any) -> torch.Tensor:
     return row if dim == 0 else row.contiguous()  # a Taylor table is updated in place: its own memory
 
 
-__all__ = ["merge_branches", "split_branch"]
+__all__ = ["merge_branches", "split_branch", "merge_forecasts"]

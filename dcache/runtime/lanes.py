@@ -14,9 +14,19 @@ A call runs in two phases (`Lanes.run`):
              point (the embedders and probe blocks at batch 1; nothing for call scope): its signals are measured
              against its own references and its own schedule decides, so it takes the decision it takes alone.
     run      rows with the same action row at the same step run as one sub-batch, their caches stacked along the
-             batch dimension (dcache.runtime.lane_merge), and each sub-batch's outputs go back to its rows. Where every
-             row decided alike that sub-batch is the whole call on the arguments as given: an all-compute call is the
-             uncached batch, bit for bit. Rows that compute run together; rows that reuse are served together.
+             batch dimension (dcache.runtime.lane_merge), and each sub-batch's outputs go back to its rows. Rows that
+             compute run together; rows that reuse are served together.
+
+What a row ran while it decided is not run again where it can be served: the blocks before the decision block
+(FBCache's probe) return what they returned for each row then (`CallState.probe_outputs`, the rows' own stacked), and
+a forecast a row's finite check evaluated is served as evaluated (lane_merge.merge_forecasts). The one exception is a
+call where every row computes every unit: it runs whole, from its start, on the arguments as given, so it is the
+uncached batch, bit for bit (a probe block's output at batch 1 differs from its row of the batch's in the last bits);
+its probe blocks then run twice, once per row to decide and once in the batch. The embedders always run twice (at
+batch 1 to decide, then in the sub-batch): a model's forward cannot start at its first block. A row's FLOPs
+(`CallRecord.flops_total` / `flops_computed`, handle.stats()) are its share of its sub-batch's plus what its decide
+phase ran besides (the embedders, signal probes, and probe blocks not run again), counted as computed work: the stats'
+compute ratio is what a FLOP meter around the generation measures.
 
 A sample's output is its own run's up to the kernels' batch-size rounding (< 1e-6 on the bundled model). Arguments
 are split by row: every tensor whose first dimension is B (the latents, per-sample timesteps, text embeddings,
@@ -48,7 +58,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from ..actions import Action
 from .call_state import DECIDING, RESUMED, CallDecided, CallState
 from ..generations.records import GenerationRecord, StepTracker
-from .lane_merge import merge_branches, split_branch
+from .lane_merge import merge_branches, merge_forecasts, split_branch
 from ..schedule import Schedule
 
 if TYPE_CHECKING:  # the engine builds its lanes
@@ -57,6 +67,7 @@ if TYPE_CHECKING:  # the engine builds its lanes
 DECISIONS = ("sample", "batch")
 # The engine attributes one generation owns; a lane holds its own and swaps them in for its rows' call.
 _COMPUTE = Action.COMPUTE.value
+_LEAD = "lead"  # FLOP-book unit: what the transformer runs before its first block (the embedders), per argument shapes
 _LANE_STATE = ("tracker", "record", "record_ended", "branches", "schedule", "generations", "bytes_seen")
 
 
@@ -149,8 +160,10 @@ class Lanes:
             1. decide: each row's call opens in its lane, on its row alone, and runs up to its decision point (the
                signals measured there, the decision taken, CallDecided raised): the same decision as alone.
             2. run: rows with the same action row at the same step run as one sub-batch with their caches stacked
-               (dcache.runtime.lane_merge); where every row decided alike that is the whole call, as without dcache (an
-               all-compute call is the uncached batch, bit for bit). Each sub-batch's outputs go back to their rows.
+               (dcache.runtime.lane_merge), served what each row's blocks before the decision block returned in step
+               1; where every row decided alike that is the whole call. Where every row computes everything it runs
+               from its start on the arguments as given, as without dcache (the uncached batch, bit for bit). Each
+               sub-batch's outputs go back to their rows.
         """
         engine = self.engine
         ids = self.ids if self.ids is not None else tuple(range(rows))
@@ -174,7 +187,7 @@ class Lanes:
             for members in groups.values():
                 whole = len(members) == rows  # every row decided alike: the call runs on the batch as given
                 sub = (args, kwargs) if whole else take_rows(args, kwargs, rows, members)
-                out = self._run_group([lanes[r] for r in members], resume, *sub)
+                out = self._run_group([lanes[r] for r in members], resume, *sub, whole=whole)
                 if out is None:  # the caches cannot be stacked: one row at a time
                     for row in members:
                         outs[row] = self._run_group([lanes[row]], resume, *split_row(args, kwargs, rows, row))
@@ -213,29 +226,52 @@ class Lanes:
                 return resume(*args, **kwargs)  # closed by run_opened
             except CallDecided:
                 engine.executor.abort_call(call)  # the executor's per-call state restarts when the call resumes
+                # what it ran deciding; its embedders (what runs before the first block) run again in its sub-batch
+                call.prefix_flops = (call.flops_total, call.flops_computed + self._lead_flops(args, kwargs))
                 lane.call = call
                 engine.runtime.drop_call()
                 engine.guard.exit_call()
                 return None
 
-    def _run_group(self, members: list[Lane], resume: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    def _lead_flops(self, args: tuple, kwargs: dict) -> float:
+        """FLOPs the transformer runs before its first block on these arguments (counted once per argument shapes);
+        0 where the decision comes before the forward (call scope)."""
+        engine = self.engine
+        if engine.executor.kind == "call":
+            return 0.0
+        book = engine.runtime.flops
+        shapes = tuple(t.shape for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor))
+        if not book.known(_LEAD, shapes):
+            engine.runtime.count_lead(_LEAD, shapes, args, kwargs)
+        return book.costs.get((_LEAD, shapes), 0.0)
+
+    def _run_group(self, members: list[Lane], resume: Callable[..., Any], args: tuple, kwargs: dict,
+                   whole: bool = False) -> Any:
         """Run the decided calls of `members` (the same action row, step and branch) as one call on `args` (their
-        rows, in order). One member: its own call and cache. Several: one call on their stacked caches
-        (dcache.runtime.lane_merge), then each member's share of the call goes into its own record; None (nothing run)
-        where the caches cannot be stacked."""
+        rows, in order; `whole`: the batch as given). One member: its own call and cache. Several: one call on their
+        stacked caches (dcache.runtime.lane_merge), then each member's share of the call goes into its own record;
+        None (nothing run) where the caches cannot be stacked."""
         engine = self.engine
         first = members[0].call
-        if len(members) == 1:
+        if len(members) == 1:  # its own blocks before the decision block are served: what it runs alone
             with self._swap(members[0]):
                 self._reopen(members[0], first, args, kwargs)
                 return resume(*args, **kwargs)
+        computes_all = first.actions == _COMPUTE * len(first.actions)
         states = [lane.branches[first.branch] for lane in members]
-        merged = merge_branches(states, first.actions == _COMPUTE * len(first.actions))
+        merged = merge_branches(states, computes_all)
         if merged is None:
             return None
         bstate, before = merged
+        calls = [lane.call for lane in members]
+        # the whole batch computing everything runs from its start: the uncached batch, bit for bit (its probe blocks
+        # at batch 1, from the decisions, differ from the batch's in the last bits); otherwise the blocks before the
+        # decision block are served what they returned for each row, and the forecasts each row evaluated
+        from_start = whole and computes_all
+        probes = {} if from_start else {i: concat_rows([c.probe_outputs[i] for c in calls])
+                                        for i in first.probe_outputs if all(i in c.probe_outputs for c in calls)}
         group = replace(first, bstate=bstate, arguments=None, pre={}, flops_total=0.0, flops_computed=0.0, shared=True,
-                        served={})
+                        served=merge_forecasts(calls), probe_outputs=probes)
         with self._swap(members[0]):  # its schedule serves the group (the lanes' copies are configured alike)
             self._reopen(members[0], group, args, kwargs)
             out = resume(*args, **kwargs)  # run_opened closes `group`: it is recorded nowhere (no lane's record)
@@ -245,8 +281,11 @@ class Lanes:
             call, lane.call = lane.call, None
             call.stack_input = output_row(group.stack_input, j, n)
             call.stack_output = output_row(group.stack_output, j, n)
-            call.flops_total = call.prefix_flops[0] + group.flops_total / n  # FLOPs are linear in the batch
+            # its share of the sub-batch's FLOPs (linear in the batch) and what it ran deciding; where the blocks it
+            # ran deciding ran again in the sub-batch, they are computed work an uncached call does not do
+            call.flops_total = (0.0 if from_start else call.prefix_flops[0]) + group.flops_total / n
             call.flops_computed = call.prefix_flops[1] + group.flops_computed / n
+            call.probe_outputs, call.served = {}, {}
             with self._swap(lane):
                 engine.runtime.call_inputs = split_row(args, kwargs, n, j)
                 engine.record_call(call)
@@ -259,7 +298,7 @@ class Lanes:
             engine.guard.enter_call()
         if call is lane.call:
             lane.call = None
-            call.flops_total, call.flops_computed = call.prefix_flops  # the blocks before the decision run again
+            call.flops_total, call.flops_computed = call.prefix_flops  # what it ran deciding, counted once
         call.phase, call.unit, call.stack_input, call.stack_output = RESUMED, engine.executor.new_call(), None, None
         engine.runtime.open_call(call, args, kwargs)
 

@@ -68,13 +68,24 @@ def test_threshold_zero_is_bit_identical_under_every_setting():
 
 
 def test_stats_after_a_shape_change_are_exact():
-    """All-compute reports compute ratio 1 in the first generation at a new batch size or resolution."""
-    pipe = make_pipeline()
-    with dcache.apply(pipe, "fbcache", threshold=0.0) as handle:
-        for setting in SETTINGS[:4] + SETTINGS[7:9]:
-            call(pipe, setting)
-            stats = handle.stats()
-            assert stats.compute_ratio == pytest.approx(1.0), (setting, str(stats))
+    """All-compute reports compute ratio 1 in the first generation at a new batch size or resolution, with one
+    decision per batched call. With per-sample decisions (the default) its total is the same uncached block FLOPs,
+    and a batched call also counts as computed what its rows ran at batch 1 to decide (embedders, probe block)."""
+    settings, totals = SETTINGS[:4] + SETTINGS[7:9], []
+    for decisions in ("batch", "sample"):
+        pipe = make_pipeline()
+        with dcache.apply(pipe, "fbcache", threshold=0.0, decisions=decisions) as handle:
+            for i, setting in enumerate(settings):
+                call(pipe, setting)
+                stats = handle.stats()
+                if decisions == "batch":
+                    totals.append(stats.block_flops_total)
+                else:
+                    assert stats.block_flops_total == pytest.approx(totals[i]), (setting, str(stats))
+                if decisions == "batch" or not stats.per_sample:  # batch 1: nothing decided twice
+                    assert stats.compute_ratio == pytest.approx(1.0), (setting, str(stats))
+                else:
+                    assert stats.compute_ratio > 1.0, (setting, str(stats))
 
 
 def test_two_pipelines_with_their_own_handles():

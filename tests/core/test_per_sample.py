@@ -4,7 +4,9 @@ Reference: the same sample run alone (batch 1, the engine's ordinary path). Ever
 and each CFG half of a batched-CFG one, takes the decisions it takes alone (the same action per step and unit); the
 rows that decided alike run as one sub-batch, so outputs equal the sample's own run up to the kernels' batch-size
 rounding (float32 sums in another order: < 1e-6 on the bundled model, bounded here at 1e-5). A batch whose rows all
-decide alike runs as one call: all-compute is the uncached batch, bit for bit. `decisions="batch"` is the control
+decide alike runs as one call: all-compute is the uncached batch, bit for bit. What a row ran while deciding is
+counted as computed work, so handle.stats() matches a FLOP meter around the generation. `decisions="batch"` is the
+control
 showing that the comparison can fail: with one decision per batch, TeaCache gives the label-0 sample of [1, 3, 7, 0]
 at 16 steps an output 3.7e-3 away from its own run."""
 
@@ -258,3 +260,64 @@ def test_memory_report_sums_the_samples(pipe):
                 pipe(labels=LABELS, num_inference_steps=4, latents=noise, output_type="pt")
                 reports[mode] = handle.memory().by_branch
     assert reports["sample"] == reports["batch"] and reports["batch"], reports
+
+
+# ------------------------------------------------------------------------------------------ cost
+@pytest.fixture(scope="module")
+def motion():
+    from dcache.pipelines.bundled import load_motion_pipeline
+
+    return load_motion_pipeline()
+
+
+def _metered(pipe, labels, steps: int, **kwargs) -> tuple[float, torch.Tensor]:
+    """(FLOPs of one generation as torch's FlopCounterMode counts every op it runs, its clips)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as meter:
+        clips = pipe(labels=labels, num_inference_steps=steps, generator=torch.Generator().manual_seed(0),
+                     output_type="pt", **kwargs).frames
+    return meter.get_total_flops(), clips
+
+
+@pytest.mark.parametrize("batch, cfg_mode, knobs, steps", [
+    (4, "split", {}, 4),  # every row computes every call: each call runs whole, its probe block once more
+    (1, "batched", {}, 4),  # the same, the CFG halves of one sample as two rows
+    (4, "split", {"threshold": 0.1}, 12),  # rows decide differently: their probe outputs are served
+])
+def test_stats_computed_flops_match_a_flop_meter(motion, batch, cfg_mode, knobs, steps):
+    """Each row decides at batch 1, running the embedders and FBCache's probe block; where every row computes, the
+    call then runs whole from its start (the uncached batch, bit for bit), running the probe block again, and where
+    rows differ their sub-batches are served the probe outputs. Whatever runs is counted: the stats' computed FLOPs
+    over their uncached total equal a FLOP meter's cached over uncached FLOPs within 2% (the meter also counts the
+    work outside the blocks, in both). Before this was counted, the first two cases measured 1.258 and said 1.00."""
+    labels = [(3 * i) % 4 for i in range(batch)]
+    uncached, reference = _metered(motion, labels, steps, cfg_mode=cfg_mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DCacheHealthWarning)
+        with dcache.apply(motion, "fbcache", **knobs) as handle:
+            cached, images = _metered(motion, labels, steps, cfg_mode=cfg_mode)
+    stats = handle.stats()
+    assert len(stats.per_sample) == (2 * batch if cfg_mode == "batched" else batch)  # a lane per row
+    measured = stats.block_flops_computed / stats.block_flops_total
+    assert measured == pytest.approx(cached / uncached, rel=0.02), (measured, cached / uncached)
+    if knobs:
+        reused = [s["units_reused"] for s in stats.per_sample]
+        assert len(set(reused)) > 1, reused  # the rows did decide differently (8, 6, 6, 6 reused)
+    else:
+        assert stats.units_reused == 0 and torch.equal(images, reference)
+
+
+def test_forecasts_are_evaluated_once_per_row(pipe, monkeypatch):
+    """A forecast a row's decision evaluated (its finite check) is what its sub-batch serves, stacked with the other
+    rows': each forecast unit of each row is evaluated once, not again on the stacked Taylor tables."""
+    from dcache.runtime.cache_state import UnitHistory
+
+    evaluated = []
+    forecast = UnitHistory.forecast
+    monkeypatch.setattr(UnitHistory, "forecast", lambda self, step: evaluated.append(step) or forecast(self, step))
+    batch, alone, stats, dynamic, together, own = _batch_and_alone(pipe, "seacache", [1, 3, 7, 0])
+    _assert_each_sample_alone(batch, alone)
+    assert together == own
+    forecasts = stats.units_forecast
+    assert forecasts > 0 and len(evaluated) == 2 * forecasts  # the batch's, then each sample's alone

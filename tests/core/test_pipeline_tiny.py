@@ -86,7 +86,9 @@ def test_plan_for_other_step_count_fails_clearly_or_interpolates(pipe):
 
 
 def test_cached_output_stays_close_to_uncached(pipe, reference):
-    with dcache.apply(pipe, "fbcache", threshold=0.1) as handle:
+    # 0.2: each sample decides at batch 1 with its own probe block, which a batched call where every sample computes
+    # runs again (stats count it); at 0.1 two reused calls of 24 per sample do not pay for that on 8 blocks
+    with dcache.apply(pipe, "fbcache", threshold=0.2) as handle:
         cached = generate(pipe)
     psnr = quality.psnr(cached, reference, dtype=torch.float32, floor=1e-12, at_floor=120.0)
     assert handle.stats().compute_ratio < 1.0

@@ -21,13 +21,14 @@ from typing import Any
 
 import torch
 from diffusers.hooks import HookRegistry
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ...model.adapters import HIDDEN, UnsupportedModelError
 from ..cache_ops import AUTOGRAD, TORCH_DIRECT, CacheOps, ops_for
 from ..call_runtime import CallRuntime
 from ..call_state import DECIDING, RESUMED, BlockSlot, CallDecided, CallState, DecidedCall, UnitState
 from ..decision import decide
+from ..flops import FirstBlockReached
 from ..hooks import HOOK_NAME, NOT_DECIDED, Entries, UnitHook
 from ..unit_store import keep_tensors, read_cached, residual_pairs
 from .base import UnitExecutor, UnitRun
@@ -43,6 +44,12 @@ def traced_ops() -> CacheOps:
 def traced_residuals(outs: list, ins: list) -> list[torch.Tensor]:
     """residual = out - in per stream, computed in the graph (ops.store without a buffer)."""
     return [o - x for o, x in residual_pairs(outs, ins)]
+
+
+def _kept(out: Any) -> Any:
+    """A copy of a block's output that the transformer may write into in place before the next block
+    (BlockList.adds_in_place)."""
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
 
 
 @dataclass(slots=True)
@@ -98,6 +105,8 @@ class HookedBlocks(UnitExecutor[UnitState]):
         call = runtime.call
         flops = runtime.flops
         if flops.counting:  # inside a FLOP-counting pass: a whole-call one counts every block on its own
+            if flops.counting_lead:  # a pass that counts what runs before the first block ends here
+                raise FirstBlockReached()
             if flops.counting_blocks:
                 hidden = slot.slots.read(args, kwargs)[0]
                 shape = hidden.shape if isinstance(hidden, torch.Tensor) else ()
@@ -115,7 +124,10 @@ class HookedBlocks(UnitExecutor[UnitState]):
                 call.stack_input = hidden
             else:
                 runtime.meter.on_stack_input(call, slot, hidden, args, kwargs)
-                call.prefix_flops = (call.flops_total, call.flops_computed)
+        if slot.index < self.decision_block and call.phase == RESUMED:
+            out = call.probe_outputs.get(slot.index)
+            if out is not None:  # it ran, and was counted, when the call decided: once per call
+                return False, out
         if slot.index == self.decision_block and (call.actions is None or call.phase == RESUMED):
             if call.actions is None:
                 decide(runtime, self, call)
@@ -153,6 +165,8 @@ class HookedBlocks(UnitExecutor[UnitState]):
         call.flops_computed += cost  # MODULE granularity: skipped modules subtract their share
         if slot.list_index not in self._verified_lists:
             self._verify_block_output(slot, hidden, out)
+        if slot.index < self.decision_block and call.phase == DECIDING:  # served when the call resumes
+            call.probe_outputs[slot.index] = _kept(out) if slot.spec.adds_in_place else out
         if not slot.exit_work:
             return out
         self.after_run(call, slot, hidden, encoder, out)
