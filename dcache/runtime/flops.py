@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
+
+from ..compat.torch import fake_tensor_mode, tree_map
 
 
 class FlopsUncounted(UserWarning):
@@ -38,7 +38,7 @@ class FirstBlockReached(Exception):
 @contextmanager
 def _faked(args: tuple, kwargs: dict) -> Iterator[tuple[tuple, dict]]:
     """A fake-tensor mode, and the arguments' tensors as fake ones in it."""
-    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+    with fake_tensor_mode() as fake:
         yield tree_map(lambda t: fake.from_tensor(t) if isinstance(t, torch.Tensor) else t, (args, kwargs))
 
 

@@ -53,9 +53,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterator, Sequence
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..actions import Action
+from ..compat.torch import tree_flatten, tree_map, tree_unflatten
 from .call_state import DECIDING, RESUMED, CallDecided, CallState
 from ..generations.records import GenerationRecord, StepTracker
 from .lane_merge import merge_branches, merge_forecasts, split_branch

@@ -39,12 +39,6 @@ ALLOWED = {
     # read inline in a frame dynamo skips (torch.compiler.disable(recursive=False)), where a compat helper would be
     # traced by dynamo; dcache.compat.diffusers.original_forward documents the attribute
     ("dcache/runtime/hooks.py", "fn_ref"),
-    # not yet on dcache.compat.torch (fake_tensor_mode, tree_flatten / tree_unflatten / tree_map): switch these
-    # modules to it and drop these lines
-    ("dcache/runtime/flops.py", "from torch._subclasses.fake_tensor import ..."),
-    ("dcache/runtime/flops.py", "from torch.utils._pytree import ..."),
-    ("dcache/runtime/lanes.py", "from torch.utils._pytree import ..."),
-    ("dcache/runtime/executors/hooked_blocks.py", "from torch.utils._pytree import ..."),
 }
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 from diffusers.hooks import HookRegistry
-from torch.utils._pytree import tree_flatten, tree_map
 
+from ...compat.torch import tree_flatten, tree_map
 from ...model.adapters import HIDDEN, UnsupportedModelError
 from ..cache_ops import AUTOGRAD, TORCH_DIRECT, CacheOps, ops_for
 from ..call_runtime import CallRuntime
