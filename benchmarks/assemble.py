@@ -247,9 +247,11 @@ PER_SAMPLE_TEXT = (
     "row decides alike, so each call runs whole and the difference is the decision step. Where rows decide "
     "differently they run as two sub-batches; what that adds besides the model (gathering each group's rows, "
     "stacking the lanes' caches and cutting them back, scattering the outputs) is the last column. At batch 1 "
-    "nothing is split. At batch 4 the decision step (four rows' embedders and TeaCache's modulated input at batch "
-    "1) adds about a tenth of a batched call on this CPU; the rows keep their batching. Methods that decide from "
-    "the step alone, and decisions='batch', run one batched call.")
+    "nothing is split. TeaCache decides from the modulated input: the decision step is four rows' embedders at "
+    "batch 1. FBCache decides from its first block's output: each row also runs that probe block at batch 1, and "
+    "where every row computes the whole-batch call runs it again (so that call equals the uncached batch bit for "
+    "bit): on this 8-block model that is the largest cost in the table; on a model of dozens of blocks the probe is "
+    "one of them. Methods that decide from the step alone, and decisions='batch', run one batched call.")
 
 
 def search_part(search: dict) -> str:

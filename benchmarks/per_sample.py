@@ -26,7 +26,10 @@ import time
 import warnings
 from pathlib import Path
 
-METHOD, KNOBS = "teacache", {"threshold": 0.0}  # reads a signal every call (per-sample lanes), reuses nothing
+# threshold 0: each reads a signal every call (per-sample lanes) and reuses nothing. TeaCache reads the modulated
+# input (the embedders only); FBCache runs a probe block first (its output is the signal), which per-sample
+# decisions run once per row at batch 1 and, when every row computes, once more in the whole-batch call.
+METHODS = {"teacache": {"threshold": 0.0}, "fbcache": {"threshold": 0.0}}
 
 
 def _clock(device: str) -> float:
@@ -98,6 +101,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {sorted(METHODS)}")
     ap.add_argument("--out", type=Path, default=None, help="write the table here (markdown)")
     args = ap.parse_args()
     import torch  # after --help: the scripts answer it before torch loads
@@ -112,22 +116,31 @@ def main() -> None:
     warnings.simplefilter("ignore", DCacheHealthWarning)  # threshold 0 reuses nothing on purpose
     calls_per_generation = 2 * args.steps  # split CFG: cond + uncond per step
     load_start = _load_average()
-    lines = [f"Bundled tiny model, {args.steps} steps, split CFG, {METHOD} {KNOBS} (every row computes every step), "
-             f"device {args.device}" + (", 1 thread, thread CPU time" if args.device == "cpu" else ", wall time")
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        ap.error(f"--methods: {unknown} not among {sorted(METHODS)}")
+    settings = ", ".join(f"{m} {METHODS[m]}" for m in methods)
+    lines = [f"Bundled tiny model (8 blocks), {args.steps} steps, split CFG, {settings} (every row computes every "
+             f"step), device {args.device}" + (", 1 thread, thread CPU time" if args.device == "cpu" else
+                                               ", wall time")
              + f"; median of {args.rounds} interleaved rounds; torch {torch.__version__}; load average LOAD.", "",
-             "| batch | decisions='batch' ms/call | decisions='sample' ms/call | per-sample cost ms/call | "
-             "two sub-batches: gather + cache stacking + scatter alone ms/call |", "|---|---|---|---|---|"]
-    for batch in [int(b) for b in args.batches.split(",")]:
-        times = {"batch": [], "sample": []}
-        for _ in range(args.rounds):
-            for mode in times:
-                with dcache.apply(pipe, METHOD, decisions=mode, **KNOBS):
-                    _generation(pipe, batch, 2, args.device)  # warm-up (first shapes, FLOP counting)
-                    times[mode].append(_generation(pipe, batch, args.steps, args.device) / calls_per_generation)
-        per = {mode: 1e3 * statistics.median(t) for mode, t in times.items()}
-        split = 1e3 * _gather_scatter(pipe, batch, args.device)
-        lines.append(f"| {batch} | {per['batch']:.2f} | {per['sample']:.2f} | {per['sample'] - per['batch']:+.2f} "
-                     f"| {split:.3f} |")
+             "| method | batch | decisions='batch' ms/call | decisions='sample' ms/call | per-sample cost ms/call | "
+             "two sub-batches: gather + cache stacking + scatter alone ms/call |", "|---|---|---|---|---|---|"]
+    batches = [int(b) for b in args.batches.split(",")]
+    split = {batch: 1e3 * _gather_scatter(pipe, batch, args.device) for batch in batches}  # the model's shapes only
+    for method in methods:
+        for batch in batches:
+            times = {"batch": [], "sample": []}
+            for _ in range(args.rounds):
+                for mode in times:
+                    with dcache.apply(pipe, method, decisions=mode, **METHODS[method]):
+                        _generation(pipe, batch, 2, args.device)  # warm-up (first shapes, FLOP counting)
+                        times[mode].append(_generation(pipe, batch, args.steps, args.device) / calls_per_generation)
+            per = {mode: 1e3 * statistics.median(t) for mode, t in times.items()}
+            cost = per["sample"] - per["batch"]
+            lines.append(f"| {method} | {batch} | {per['batch']:.2f} | {per['sample']:.2f} | {cost:+.2f} "
+                         f"({100 * cost / per['batch']:+.0f}%) | {split[batch]:.3f} |")
     load = f"{load_start} at the start, {_load_average()} at the end"
     text = "\n".join(lines).replace("load average LOAD", f"load average {load}") + "\n"
     print(text)
