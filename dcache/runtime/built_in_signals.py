@@ -98,18 +98,19 @@ def residual_rel_l1(view: ProviderView) -> torch.Tensor | None:
     return _residual_stats(view)[0:2] if _has_last_residual(view) else None
 
 
+def _mean_change(now: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor | None:
+    """mean|now - last| as [1]; None before a last value of the same shape."""
+    return (now - last).abs().mean().reshape(1) if last is not None and last.shape == now.shape else None
+
+
 def output_delta(view: ProviderView) -> torch.Tensor | None:
     """mean|v_t - v_last_compute|."""
-    last = view.last_output
-    return (view.output - last).abs().mean().reshape(1) if last is not None and last.shape == view.output.shape \
-        else None
+    return _mean_change(view.output, view.last_output)
 
 
 def input_delta_computed(view: ProviderView) -> torch.Tensor | None:
     """mean|x_t - x_last_compute|."""
-    last = view.last_hidden
-    return (view.hidden - last).abs().mean().reshape(1) if last is not None and last.shape == view.hidden.shape \
-        else None
+    return _mean_change(view.hidden, view.last_hidden)
 
 
 def output_mean(view: ProviderView) -> torch.Tensor:

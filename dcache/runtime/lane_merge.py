@@ -89,10 +89,11 @@ def merge_forecasts(calls: list[CallState]) -> dict[Any, list[torch.Tensor]]:
     first = calls[0]
     merged = {}
     for key, tensors in first.served.items():
-        if first.actions[unit_of(key)] != FORECAST or not all(key in c.served for c in calls):
+        if first.actions[unit_of(key)] != FORECAST \
+                or not all(key in c.served and len(c.served[key]) == len(tensors) for c in calls):
             continue
         per_stream = [[c.served[key][i] for c in calls] for i in range(len(tensors))]
-        if all(len(c.served[key]) == len(tensors) for c in calls) and all(_stackable(ts, 0) for ts in per_stream):
+        if all(_stackable(ts, 0) for ts in per_stream):
             merged[key] = [torch.cat(ts) for ts in per_stream]
     return merged
 
