@@ -31,23 +31,22 @@ def label_use(name: str, per_class: int, seed: int) -> list[tuple[float, float, 
     loader, script = MODELS[name]
     recipe = importlib.import_module(f"dcache.pipelines.{script}").RECIPE
     torch.set_num_threads(1)
-    torch.set_grad_enabled(False)
     pipe = getattr(bundled, loader)()
     model = torch.nn.ModuleDict({"transformer": pipe.transformer, "label_encoder": pipe.label_encoder})
-    num_classes = len(recipe.class_names)
-    samples, labels = held_out(recipe.draw, num_classes, per_class, seed)
+    samples, labels = held_out(recipe.draw, len(recipe.class_names), per_class, seed)
     x0 = recipe.to_latents(samples)
     noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
-    null = torch.full_like(labels, num_classes)
+    target = noise - x0  # what the model is trained to predict, at every t
+    null = torch.full_like(labels, pipe.label_encoder.null_label)
     rows = []
-    for t in TIMES:
-        t_batch = torch.full((len(labels),), t)
-        x_t = (1 - t) * x0 + t * noise
-        with_label, with_null = velocity(model, x_t, labels, t_batch), velocity(model, x_t, null, t_batch)
-        target = noise - x0
-        rows.append((t, torch.nn.functional.mse_loss(with_label, target).item(),
-                     torch.nn.functional.mse_loss(with_null, target).item(),
-                     ((with_label - with_null).norm() / with_label.norm()).item()))
+    with torch.no_grad():
+        for t in TIMES:
+            t_batch = torch.full((len(labels),), t)
+            x_t = (1 - t) * x0 + t * noise
+            with_label, with_null = velocity(model, x_t, labels, t_batch), velocity(model, x_t, null, t_batch)
+            rows.append((t, torch.nn.functional.mse_loss(with_label, target).item(),
+                         torch.nn.functional.mse_loss(with_null, target).item(),
+                         ((with_label - with_null).norm() / with_label.norm()).item()))
     return rows
 
 
