@@ -6,7 +6,7 @@
     images = pipe(["3", "one", "4"], generator=torch.Generator().manual_seed(0), output_type="pt").images
     load_digit_classifier().predict(images)                    # images: [3, 1, 16, 16] in [0, 1] -> tensor([3, 1, 4])
 
-    load_motion_pipeline()("right").frames[0]     # Wan family: 5 frames [5, 16, 16, 3] of a square moving right
+    load_motion_pipeline()("right").frames[0]     # Wan family: 5 frames [5, 16, 16, 3] of a scene moving right
     load_shapes_pipeline()("red circle").images[0]           # SD3 family: a PIL image of a red circle (128x128)
 
 | model | loader | judge | written by |
@@ -142,5 +142,5 @@ def metrics_table() -> str:
         row("accuracy, 10 steps, CFG", lambda m: f"{m['accuracy_cfg_10_steps']:.1%}"),
         row("Fréchet distance, default settings", lambda m: f"{at_default(m, 'frechet'):.2f}"),
         row("Fréchet distance, two real sets (floor)", lambda m: f"{floor(m):.2f}"),
-        row("training, seconds on 1 CPU thread", lambda m: f"{train_seconds(m):,.0f}"),
+        row("training, seconds (torch CPU threads)", lambda m: f"{train_seconds(m):,.0f} ({m['torch_threads']})"),
     ])

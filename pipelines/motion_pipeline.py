@@ -9,8 +9,9 @@ trained `AutoencoderKLWan`; here a `LabelEncoder` stands in for the text encoder
 `encoder_hidden_states`), and the latents are the pixels folded 2x2 into channels (`procedural_data`), which
 needs no VAE.
 
-Clips: `pipe("right").frames[0]` is a list of 5 PIL frames of a square moving right (prompts: "right", "left",
-"down", "up"). Latents [B, 12, 5, 8, 8] <-> frames [B, 5, 3, 16, 16] in [0, 1]; patch (1, 2, 2): 80 tokens.
+Clips: `pipe("right").frames[0]` is a list of 5 PIL frames of a scene moving right (a camera pan; prompts:
+"right", "left", "down", "up"). Latents [B, 12, 5, 8, 8] <-> frames [B, 5, 3, 16, 16] in [0, 1]; patch (1, 2, 2):
+80 tokens.
 """
 
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ PIL_SCALE = 4  # "pil" frames are upscaled with nearest-neighbour: 16x16 -> 64x6
 
 
 class MotionClipPipeline(ClassConditionalPipeline):
-    """Generates 5-frame 16x16 RGB clips of a square moving in the requested direction. Components: transformer,
+    """Generates 5-frame 16x16 RGB clips of a scene panning in the requested direction. Components: transformer,
     scheduler, label_encoder."""
 
     noun = "clip"
@@ -68,7 +69,7 @@ class MotionClipPipeline(ClassConditionalPipeline):
     ):
         """Generate one clip per requested direction, as `WanPipeline` does per prompt.
 
-            pipe("right").frames[0]                    # [5, 16, 16, 3] numpy frames of a square moving right
+            pipe("right").frames[0]                    # [5, 16, 16, 3] numpy frames of a scene moving right
             pipe(["up", "left"], output_type="pt")     # .frames: tensor [2, 5, 3, 16, 16] in [0, 1]
 
         Args:

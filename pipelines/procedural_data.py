@@ -3,7 +3,7 @@
 Every sample is drawn from a torch.Generator, so a seed fixes a data set exactly (train, held-out and evaluation
 sets are disjoint seeds). Shapes are rasterised at 4x resolution and average-pooled (anti-aliased edges).
 
-- Motion clips: [B, F=5, 3, 16, 16] in [0, 1]: a 4x4 square of a random bright colour on a dark background moves
+- Motion clips: [B, F=5, 3, 16, 16] in [0, 1]: a camera pan over a smooth random colour field, the content moving
   2 px per frame in one direction; class = direction (`MOTION_CLASSES`).
 - Shapes: [B, 3, 32, 32] in [0, 1]: one filled shape of random size and position on a dark background; class =
   shape x colour (`SHAPE_CLASSES`, 3 x 3 = 9).
@@ -76,43 +76,40 @@ def _uniform(n: int, low: float, high: float, generator: torch.Generator) -> tor
 # ---------------------------------------------------------------------------------------------------------------
 
 MOTION_CLASSES = ("right", "left", "down", "up")
-MOTION_STEPS = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])  # (dx, dy) per class
+MOTION_STEPS = torch.tensor([[1, 0], [-1, 0], [0, 1], [0, -1]])  # (dx, dy) per class: where the scene moves
 CLIP_FRAMES = 5
 CLIP_SIZE = 16
-SQUARE = 4  # side in pixels
-SPEED = 2.0  # pixels per frame
+SPEED = 2  # pixels per frame
+TEXTURE_GRID = 7  # the scene: random colours on a 7x7 grid, bicubically interpolated to the canvas
+CANVAS = CLIP_SIZE + SPEED * (CLIP_FRAMES - 1)  # 24: the 16x16 window travels 8 px over the clip
 
 
 def draw_clips(labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """labels [B] in 0..3 -> clips [B, 5, 3, 16, 16] in [0, 1].
+    """labels [B] in 0..3 -> clips [B, 5, 3, 16, 16] in [0, 1]: a camera pan over a smooth colour field.
 
-    The square's top-left corner starts uniformly where the whole path (8 px) stays inside the frame; its colour is
-    a random saturated hue (one channel ~1, one ~0.1, one uniform), the background a grey in [0, 0.15]."""
+    Scene: random RGB colours on a 7x7 grid, bicubically interpolated to a 24x24 canvas. Frame f is the 16x16
+    window at offset o_f = o_0 - f * SPEED * (dx, dy), so the scene's content moves SPEED px per frame in the class
+    direction (x_f(p) = x_0(p - 2 f (dx, dy))); along the motion the window starts at the canvas edge that leaves
+    room for the 8 px travel, across it at a random whole-pixel offset.
+
+    Why a pan and not a small moving object: every pixel then carries the motion, so the label decides much of
+    what a noisy clip becomes (a 4x4 square on a dark background is 6 % of the pixels, and a tiny Wan learnt to
+    ignore its label there), and content shifts by a fixed offset between frames, which the relative positions of
+    Wan's rotary attention express directly."""
     b = labels.shape[0]
-    step = MOTION_STEPS[labels] * SPEED  # [B, 2] = (dx, dy) per frame
+    coarse = torch.rand(b, 3, TEXTURE_GRID, TEXTURE_GRID, generator=generator)
+    scene = F.interpolate(coarse, size=(CANVAS, CANVAS), mode="bicubic", align_corners=True).clamp(0, 1)
+    step = MOTION_STEPS[labels] * SPEED  # [B, 2] = (dx, dy) of the content per frame
     travel = SPEED * (CLIP_FRAMES - 1)
-    free = CLIP_SIZE - SQUARE  # corner range of a still square
-    # along the motion the start leaves room for the travel; across it, anywhere
-    start = torch.stack([_uniform(b, 0, free, generator), _uniform(b, 0, free, generator)], 1)  # [B, 2]
-    start = torch.where(step > 0, start * (free - travel) / free, start)
-    start = torch.where(step < 0, travel + start * (free - travel) / free, start)
-    colours = _random_hues(b, generator)  # [B, 3]
-    backgrounds = _uniform(b, 0.0, 0.15, generator)
-    y, x = _grid(CLIP_SIZE)
+    across = torch.randint(0, travel + 1, (b, 2), generator=generator)
+    # the window moves against the content: content moving right = window starting at the right (offset travel)
+    start = torch.where(step > 0, torch.full_like(step, travel), torch.where(step < 0, 0, across))  # [B, 2] (x, y)
     frames = []
     for f in range(CLIP_FRAMES):
-        corner = start + f * step  # [B, 2]
-        cx, cy = corner[:, 0, None, None], corner[:, 1, None, None]
-        mask = (x >= cx) & (x < cx + SQUARE) & (y >= cy) & (y < cy + SQUARE)  # [B, S, S]
-        frames.append(_compose(mask, colours, backgrounds))
+        corner = start - f * step  # [B, 2] in [0, travel]
+        frames.append(torch.stack([scene[i, :, y:y + CLIP_SIZE, x:x + CLIP_SIZE]
+                                   for i, (x, y) in enumerate(corner.tolist())]))
     return torch.stack(frames, 1)  # [B, F, 3, 16, 16]
-
-
-def _random_hues(n: int, generator: torch.Generator) -> torch.Tensor:
-    """[n, 3] saturated colours: a random permutation of (0.95, 0.1, u), u ~ U(0.1, 0.95)."""
-    base = torch.stack([torch.full((n,), 0.95), torch.full((n,), 0.1), _uniform(n, 0.1, 0.95, generator)], 1)
-    order = torch.argsort(torch.rand(n, 3, generator=generator), dim=1)
-    return base.gather(1, order)
 
 
 # ---------------------------------------------------------------------------------------------------------------

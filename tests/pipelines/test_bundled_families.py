@@ -8,7 +8,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import PIL.Image
 import pytest
 import torch
@@ -135,9 +134,11 @@ def test_generations_at_the_default_settings(model, pipe, judge):
     assert (guided - unguided).abs().max().item() > 0.05  # guidance changes the samples
 
 
-@pytest.mark.xfail(strict=True, reason="the shipped tiny-motion and tiny-shapes do not yet follow their prompts "
-                                       "(docs/bundled-models.md); a retrained model that does turns this into a pass")
-def test_generations_follow_the_prompt(model, pipe, judge):
+def test_generations_follow_the_prompt(request, model, pipe, judge):
+    if model.name == "tiny-shapes":
+        request.node.add_marker(pytest.mark.xfail(
+            strict=True, reason="the shipped tiny-shapes draws the requested colour but rarely the requested shape "
+                                "(docs/bundled-models.md); a retrained model that does turns this into a pass"))
     assert generated_accuracy(pipe, judge, per_class=2, seed=7) >= MIN_GENERATED_ACCURACY
 
 
@@ -210,16 +211,14 @@ def test_pixel_latents_round_trip():
     assert clips_to_latents(clips).shape == (4, 12, 5, 8, 8) and images_to_latents(images).shape == (9, 12, 16, 16)
     assert torch.allclose(latents_to_clips(clips_to_latents(clips)), clips, atol=1e-6)
     assert torch.allclose(latents_to_images(images_to_latents(images)), images, atol=1e-6)
-    # the square moves SPEED px per frame in its class direction: centre of mass of the brightest channel
-    bright = clips.amax(2)  # [4, 5, 16, 16]: the square's strongest channel, or the grey background
-    background = bright.flatten(2).median(-1).values[..., None, None]  # the square covers 16 of 256 pixels
-    weights = (bright - background).clamp(min=0)
-    ys, xs = torch.meshgrid(torch.arange(16.0), torch.arange(16.0), indexing="ij")
-    cx = (weights * xs).sum((2, 3)) / weights.sum((2, 3))
-    cy = (weights * ys).sum((2, 3)) / weights.sum((2, 3))
-    dx, dy = (cx[:, -1] - cx[:, 0]) / 4, (cy[:, -1] - cy[:, 0]) / 4
-    expected = np.array([[2, 0], [-2, 0], [0, 2], [0, -2]], dtype=np.float32)
-    assert np.allclose(torch.stack([dx, dy], 1).numpy(), expected, atol=0.1)
+    # the scene moves SPEED px per frame in its class direction: frame f + 1 is frame f shifted by 2 (dx, dy)
+    # wherever both frames see the scene (the 8 px that enter at the trailing edge are new)
+    for clip, (dx, dy) in zip(clips, [(2, 0), (-2, 0), (0, 2), (0, -2)]):
+        for f in range(4):
+            moved = torch.roll(clip[f], shifts=(dy, dx), dims=(1, 2))[:, 2:14, 2:14]
+            assert torch.allclose(moved, clip[f + 1][:, 2:14, 2:14], atol=1e-6)
+            other = torch.roll(clip[f], shifts=(-dy, -dx), dims=(1, 2))[:, 2:14, 2:14]  # the opposite direction
+            assert (other - clip[f + 1][:, 2:14, 2:14]).abs().mean() > 0.02
 
 
 def test_the_docs_show_the_shipped_metrics():
