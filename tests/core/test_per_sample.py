@@ -283,7 +283,7 @@ def _metered(pipe, labels, steps: int, **kwargs) -> tuple[float, torch.Tensor]:
 @pytest.mark.parametrize("batch, cfg_mode, knobs, steps", [
     (4, "split", {}, 4),  # every row computes every call: each call runs whole, its probe block once more
     (1, "batched", {}, 4),  # the same, the CFG halves of one sample as two rows
-    (4, "split", {"threshold": 0.1}, 12),  # rows decide differently: their probe outputs are served
+    (4, "split", {"threshold": 0.25}, 12),  # rows decide differently: their probe outputs are served
 ])
 def test_stats_computed_flops_match_a_flop_meter(motion, batch, cfg_mode, knobs, steps):
     """Each row decides at batch 1, running the embedders and FBCache's probe block; where every row computes, the
@@ -303,7 +303,7 @@ def test_stats_computed_flops_match_a_flop_meter(motion, batch, cfg_mode, knobs,
     assert measured == pytest.approx(cached / uncached, rel=0.02), (measured, cached / uncached)
     if knobs:
         reused = [s["units_reused"] for s in stats.per_sample]
-        assert len(set(reused)) > 1, reused  # the rows did decide differently (8, 6, 6, 6 reused)
+        assert len(set(reused)) > 1, reused  # the rows did decide differently (10, 10, 11, 10 reused)
     else:
         assert stats.units_reused == 0 and torch.equal(images, reference)
 
