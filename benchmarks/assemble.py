@@ -520,12 +520,13 @@ def default_part() -> str:
 
 
 CFG_CHECK_INTRO = (
-    "`cfg_difference=True` must never make a generation worse than the same setting without it. It now serves the "
+    "`cfg_difference=True` should never make a generation worse than the same setting without it. It serves the "
     "unconditional calls through the difference only while that measures better than the branches' own caches at "
     "the steps both computed (docs/methods.md, keyframe; `dcache/runtime/cfg_difference.py`), and says when it fell "
-    "back, could not check, or had no split CFG to act on (the health notes column). The keyframe presets were "
-    "searched on tiny-digits at CFG 1.5; every guidance here is one they were not tuned at, and tiny-motion was never "
-    "tuned on.")
+    "back, could not check, or had no split CFG to act on (the health notes column). The check is evidence from those "
+    "steps, not a guarantee: where a row shows a negative difference, it ranked the paths wrongly. The keyframe "
+    "presets were searched on tiny-digits at CFG 1.5; every guidance here is one they were not tuned at, and "
+    "tiny-motion was never tuned on.")
 ADAPTIVE_INTRO = (
     "Placement without a search: `adaptive_keyframe` places its computed steps at run time from the forecast error "
     "it measures at each computed step, for a compute ratio (a hard budget) or an error tolerance. Beside it, uniform "
@@ -573,7 +574,7 @@ def build() -> str:
                  + "\n\n" + model_frontier_part("frontier_motion") + "\n\n" + model_frontier_part("frontier_shapes"))
     parts.append("## Forecasters beyond Taylor\n\n" + forecasters_part())
     parts.append("## Tuned on one model, measured on another\n\n" + transfer_part())
-    parts.append("## CFG difference: never below its own baseline\n\n"
+    parts.append("## CFG difference: checked against its own baseline\n\n"
                  + script_part("cfg_difference_check", "cfg_difference", CFG_CHECK_INTRO))
     parts.append("## Adaptive keyframes: placement without a search\n\n"
                  + script_part("adaptive", "adaptive", ADAPTIVE_INTRO))
