@@ -75,8 +75,8 @@ class KeyframeConfig(MethodConfig):
 
     The presets are model-specific: they were searched on the bundled tiny-digits model (28 steps, CFG 1.5) and do
     not transfer as they are (BENCHMARKS.md, "Tuned on one model, measured on another"). keyframe-5x loses to
-    uniform keyframes on tiny-shapes (SD3, 29.8 vs 30.8 dB) and tiny-motion (Wan, 20 steps, CFG 5: 23.4 vs 31.7 dB);
-    keyframe-8x holds on tiny-shapes (25.9 vs 23.2 dB) but not on tiny-motion (16.9 vs 24.5 dB). On another model
+    uniform keyframes on tiny-shapes (SD3, 29.8 vs 30.8 dB) and tiny-motion (Wan, 20 steps, CFG 5: 13.6 vs 20.7 dB);
+    keyframe-8x holds on tiny-shapes (25.9 vs 23.2 dB) but not on tiny-motion (6.5 vs 17.5 dB). On another model
     start from the default, uniform keyframes, search the keyframes on it (`dcache search --method keyframe`), or
     let `adaptive_keyframe` place them. `cfg_difference=True` checks itself: the difference is served only while it
     measures better than the branches' own caches at the steps both computed (else, and where the pipeline batches
