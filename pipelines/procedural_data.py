@@ -81,7 +81,8 @@ CLIP_FRAMES = 5
 CLIP_SIZE = 16
 SPEED = 2  # pixels per frame
 TEXTURE_GRID = 7  # the scene: random colours on a 7x7 grid, bicubically interpolated to the canvas
-CANVAS = CLIP_SIZE + SPEED * (CLIP_FRAMES - 1)  # 24: the 16x16 window travels 8 px over the clip
+TRAVEL = SPEED * (CLIP_FRAMES - 1)  # 8 px: how far the window moves over the clip
+CANVAS = CLIP_SIZE + TRAVEL  # 24
 
 
 def draw_clips(labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -100,13 +101,12 @@ def draw_clips(labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor
     coarse = torch.rand(b, 3, TEXTURE_GRID, TEXTURE_GRID, generator=generator)
     scene = F.interpolate(coarse, size=(CANVAS, CANVAS), mode="bicubic", align_corners=True).clamp(0, 1)
     step = MOTION_STEPS[labels] * SPEED  # [B, 2] = (dx, dy) of the content per frame
-    travel = SPEED * (CLIP_FRAMES - 1)
-    across = torch.randint(0, travel + 1, (b, 2), generator=generator)
-    # the window moves against the content: content moving right = window starting at the right (offset travel)
-    start = torch.where(step > 0, torch.full_like(step, travel), torch.where(step < 0, 0, across))  # [B, 2] (x, y)
+    across = torch.randint(0, TRAVEL + 1, (b, 2), generator=generator)
+    # the window moves against the content: content moving right = window starting at the right (offset TRAVEL)
+    start = torch.where(step > 0, torch.full_like(step, TRAVEL), torch.where(step < 0, 0, across))  # [B, 2] (x, y)
     frames = []
     for f in range(CLIP_FRAMES):
-        corner = start - f * step  # [B, 2] in [0, travel]
+        corner = start - f * step  # [B, 2] in [0, TRAVEL]
         frames.append(torch.stack([scene[i, :, y:y + CLIP_SIZE, x:x + CLIP_SIZE]
                                    for i, (x, y) in enumerate(corner.tolist())]))
     return torch.stack(frames, 1)  # [B, F, 3, 16, 16]

@@ -212,7 +212,7 @@ def test_pixel_latents_round_trip():
     assert torch.allclose(latents_to_clips(clips_to_latents(clips)), clips, atol=1e-6)
     assert torch.allclose(latents_to_images(images_to_latents(images)), images, atol=1e-6)
     # the scene moves SPEED px per frame in its class direction: frame f + 1 is frame f shifted by 2 (dx, dy)
-    # wherever both frames see the scene (the 8 px that enter at the trailing edge are new)
+    # away from the borders (the 2 px that enter at the trailing edge each frame are new)
     for clip, (dx, dy) in zip(clips, [(2, 0), (-2, 0), (0, 2), (0, -2)]):
         for f in range(4):
             moved = torch.roll(clip[f], shifts=(dy, dx), dims=(1, 2))[:, 2:14, 2:14]
