@@ -1,6 +1,6 @@
 """Does `cfg_difference=True` ever make a generation worse than the same setting without it?
 
-    python benchmarks/cfg_difference.py --out benchmarks/results/cfg_difference     # ~10 min on 2 shared cores
+    python benchmarks/cfg_difference.py --out benchmarks/results/cfg_difference     # ~8 min, 1 thread
     python benchmarks/cfg_difference.py --quick                                     # 1 model, 1 guidance (smoke)
 
 For each bundled model with split CFG (tiny-digits, tiny-motion) and guidance 2, 4 and 5, the keyframe presets
@@ -10,7 +10,14 @@ difference, on the held-out seeds of benchmarks/transfer.py's protocol (one unme
 every sample against the uncached sample of the same seed and guidance; compute ratio from the block meter). One
 row runs tiny-shapes (batched CFG: one call for both branches) with the option on, to show it is said to do
 nothing there. The `notes` column is what the handle's health said (cfg_difference_fallback: the difference was
-measured worse than the branches' own caches and not served). Writes <out>/cfg_difference.json and .md.
+measured worse than the branches' own caches and not served).
+
+"Served calls' error" separates what the difference changes from everything else the preset caches: the PSNR of
+each row against a twin of the preset whose uncond branch computes at every cond keyframe (so the uncond calls the
+difference would serve are computed there, and nothing else changes). A higher figure with the difference means it
+served those calls closer to the computed ones; a lower PSNR against the uncached samples despite that means the
+own caches' error at those calls had been cancelling error made earlier in the generation.
+Writes <out>/cfg_difference.json and .md.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 import sys
 from pathlib import Path
 
@@ -45,13 +53,14 @@ import transfer  # noqa: E402  (the held-out protocol: load_model, uncached, mea
 import dcache  # noqa: E402
 from dcache.eval.runner import _git_commit  # noqa: E402
 from dcache.files.atomic import atomic_write_text  # noqa: E402
+from dcache.quality import psnr_per_image  # noqa: E402
 
 PRESETS = ("keyframe-5x", "keyframe-8x")
 
 
-def contender(preset: str, cfg_difference: bool, notes: list) -> transfer.Contender:
+def contender(preset: str, cfg_difference: bool, notes: list, **knobs) -> transfer.Contender:
     def enable(pipe):
-        handle = dcache.apply(pipe, preset, scope="call", cfg_difference=cfg_difference)
+        handle = dcache.apply(pipe, preset, scope="call", cfg_difference=cfg_difference, **knobs)
 
         def remove():
             notes[:] = handle.stats().health.get("notes", [])
@@ -62,38 +71,59 @@ def contender(preset: str, cfg_difference: bool, notes: list) -> transfer.Conten
     return transfer.Contender("dcache", name, "tiny-digits tuning batch, CFG 1.5", enable)
 
 
+def mean_psnr(outputs: dict, against: dict) -> float:
+    return statistics.mean(p for seed in outputs for p in psnr_per_image(
+        transfer.as_images(outputs[seed]), transfer.as_images(against[seed])).tolist())
+
+
 def run(model_name: str, guidance: float, seeds: int, steps: int | None, with_plain: bool = True) -> list:
+    """Per preset: without and with the difference, and the twin that computes the uncond calls at every cond
+    keyframe (the calls the difference serves, computed): PSNR against the twin is the error of the served calls
+    alone, PSNR against the uncached samples that error plus everything else the preset caches."""
     model = transfer.load_model(model_name, seeds, per_class=2)
     meter = _peers.BlockMeter(model.pipe.transformer)
     transfer.uncached(model, meter, steps, guidance_scale=guidance)
     rows = []
     for preset in PRESETS:
+        twin: dict = {}
+        if with_plain:
+            cond = dcache.presets()[preset].overrides["keyframes"]
+            transfer.measure(model, contender(preset, False, [], uncond_keyframes=cond), meter, steps, twin,
+                             guidance_scale=guidance)
         for cfg in ((False, True) if with_plain else (True,)):
             notes: list = []
-            row = transfer.measure(model, contender(preset, cfg, notes), meter, steps, guidance_scale=guidance)
+            outputs: dict = {}
+            row = transfer.measure(model, contender(preset, cfg, notes), meter, steps, outputs,
+                                   guidance_scale=guidance)
             row.update(guidance=guidance, preset=preset, cfg_difference=cfg, notes=list(notes))
+            if twin and outputs:
+                row["psnr_vs_twin"] = mean_psnr(outputs, twin)
             rows.append(row)
             print(f"{model_name} g={guidance} {row['contender']}: ratio {row.get('compute_ratio', 0):.3f} "
-                  f"PSNR {row.get('psnr', float('nan')):.2f} {notes}", flush=True)
+                  f"PSNR {row.get('psnr', float('nan')):.2f} vs twin {row.get('psnr_vs_twin', float('nan')):.2f} "
+                  f"{notes}", flush=True)
     meter.remove()
     return rows
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | guidance | preset (call scope) | compute ratio | PSNR without | PSNR with cfg_difference "
-             "| with - without | health notes |", "|---|---:|---|---:|---:|---:|---:|---|"]
+             "| with - without | served calls' error: without | with | health notes |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     pairs: dict[tuple, dict] = {}
     for r in rows:
         pairs.setdefault((r["model"], r["guidance"], r["preset"]), {})[r["cfg_difference"]] = r
+    twin = lambda r: f"{r['psnr_vs_twin']:.2f}" if r and "psnr_vs_twin" in r else "–"  # noqa: E731
     for (model, g, preset), pair in pairs.items():
         on, off = pair.get(True, {}), pair.get(False)
         if "error" in on:
-            lines.append(f"| tiny-{model} | {g:g} | {preset} | – | – | did not run: {on['error'][:120]} | – | – |")
+            lines.append(f"| tiny-{model} | {g:g} | {preset} | – | – | did not run: {on['error'][:120]} | – | – | – "
+                         f"| – |")
             continue
         base = f"{off['psnr']:.2f}" if off else "–"
         gain = f"{on['psnr'] - off['psnr']:+.2f}" if off else "–"
         lines.append(f"| tiny-{model} | {g:g} | {preset} | {on['compute_ratio']:.3f} | {base} | {on['psnr']:.2f} "
-                     f"| {gain} | {', '.join(on['notes']) or '–'} |")
+                     f"| {gain} | {twin(off)} | {twin(on)} | {', '.join(on['notes']) or '–'} |")
     return "\n".join(lines)
 
 

@@ -175,7 +175,9 @@ def uncached(model: Model, meter: _peers.BlockMeter, steps: int | None, **call: 
     model.flops = meter.flops
 
 
-def measure(model: Model, contender: Contender, meter: _peers.BlockMeter, steps: int | None, **call: Any) -> dict:
+def measure(model: Model, contender: Contender, meter: _peers.BlockMeter, steps: int | None,
+            outputs: dict[int, torch.Tensor] | None = None, **call: Any) -> dict:
+    """One contender's row; `outputs` (optional) receives its held-out samples, seed -> tensor."""
     row: dict[str, Any] = {"model": model.name, "library": contender.library, "contender": contender.name,
                            "tuned_on": contender.tuned_on}
     start = time.perf_counter()
@@ -187,7 +189,8 @@ def measure(model: Model, contender: Contender, meter: _peers.BlockMeter, steps:
     try:
         generate(model.pipe, model.labels, 0, steps, **call)  # the tuning generation (self-calibration), unmeasured
         meter.reset()
-        psnrs, correct, outputs = [], 0, {}
+        psnrs, correct = [], 0
+        outputs = {} if outputs is None else outputs
         with meter.count():
             for seed in model.seeds:
                 outputs[seed] = generate(model.pipe, model.labels, seed, steps, **call)
