@@ -523,10 +523,12 @@ CFG_CHECK_INTRO = (
     "`cfg_difference=True` should never make a generation worse than the same setting without it. It serves the "
     "unconditional calls through the difference only while that measures better than the branches' own caches at "
     "the steps both computed (docs/methods.md, keyframe; `dcache/runtime/cfg_difference.py`), and says when it fell "
-    "back, could not check, or had no split CFG to act on (the health notes column). The check is evidence from those "
-    "steps, not a guarantee: where a row shows a negative difference, it ranked the paths wrongly. The keyframe "
-    "presets were searched on tiny-digits at CFG 1.5; every guidance here is one they were not tuned at, and "
-    "tiny-motion was never tuned on.")
+    "back, could not check, or had no split CFG to act on (the health notes column). The check scores the served "
+    "calls' own error; the two \"served calls' error\" columns measure exactly that (PSNR against a twin of the "
+    "preset whose uncond branch computes those calls), and it improved in every row where the difference was served. "
+    "What the check cannot see is whether the own caches' error at those calls was cancelling error made earlier "
+    "in the generation: where a row is negative, it was (the reading below). The keyframe presets were searched on "
+    "tiny-digits at CFG 1.5; every guidance here is one they were not tuned at, and tiny-motion was never tuned on.")
 ADAPTIVE_INTRO = (
     "Placement without a search: `adaptive_keyframe` places its computed steps at run time from the forecast error "
     "it measures at each computed step, for a compute ratio (a hard budget) or an error tolerance. Beside it, uniform "
