@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import statistics
 import sys
 from pathlib import Path
 
@@ -53,7 +52,6 @@ import transfer  # noqa: E402  (the held-out protocol: load_model, uncached, mea
 import dcache  # noqa: E402
 from dcache.eval.runner import _git_commit  # noqa: E402
 from dcache.files.atomic import atomic_write_text  # noqa: E402
-from dcache.quality import psnr_per_image  # noqa: E402
 
 PRESETS = ("keyframe-5x", "keyframe-8x")
 
@@ -69,11 +67,6 @@ def contender(preset: str, cfg_difference: bool, notes: list, **knobs) -> transf
 
     name = f"{preset}{' + cfg_difference' if cfg_difference else ''}, call scope"
     return transfer.Contender("dcache", name, "tiny-digits tuning batch, CFG 1.5", enable)
-
-
-def mean_psnr(outputs: dict, against: dict) -> float:
-    return statistics.mean(p for seed in outputs for p in psnr_per_image(
-        transfer.as_images(outputs[seed]), transfer.as_images(against[seed])).tolist())
 
 
 def run(model_name: str, guidance: float, seeds: int, steps: int | None, with_plain: bool = True) -> list:
@@ -97,7 +90,7 @@ def run(model_name: str, guidance: float, seeds: int, steps: int | None, with_pl
                                    guidance_scale=guidance)
             row.update(guidance=guidance, preset=preset, cfg_difference=cfg, notes=list(notes))
             if twin and outputs:
-                row["psnr_vs_twin"] = mean_psnr(outputs, twin)
+                row["psnr_vs_twin"] = transfer.mean_psnr(transfer.psnrs_against(outputs, twin))
             rows.append(row)
             print(f"{model_name} g={guidance} {row['contender']}: ratio {row.get('compute_ratio', 0):.3f} "
                   f"PSNR {row.get('psnr', float('nan')):.2f} vs twin {row.get('psnr_vs_twin', float('nan')):.2f} "

@@ -160,6 +160,18 @@ def as_images(x: torch.Tensor) -> torch.Tensor:
     return x if x.ndim == 4 else x.flatten(1, 2)
 
 
+def psnrs_against(outputs: dict[int, torch.Tensor], references: dict[int, torch.Tensor]) -> list[float]:
+    """PSNR of every sample of `outputs` (seed -> samples) against the sample of the same seed in `references`."""
+    return [p for seed, out in outputs.items()
+            for p in psnr_per_image(as_images(out), as_images(references[seed])).tolist()]
+
+
+def mean_psnr(psnrs: list[float]) -> float:
+    """Mean over the finite PSNRs (a sample identical to its reference is +inf); +inf when all are."""
+    finite = [p for p in psnrs if math.isfinite(p)]
+    return statistics.mean(finite) if finite else math.inf
+
+
 def load_model(name: str, seeds: int, per_class: int) -> Model:
     spec = BUNDLED[name]
     pipe = spec.load()
@@ -189,17 +201,13 @@ def measure(model: Model, contender: Contender, meter: _peers.BlockMeter, steps:
     try:
         generate(model.pipe, model.labels, 0, steps, **call)  # the tuning generation (self-calibration), unmeasured
         meter.reset()
-        psnrs, correct = [], 0
         outputs = {} if outputs is None else outputs
         with meter.count():
             for seed in model.seeds:
                 outputs[seed] = generate(model.pipe, model.labels, seed, steps, **call)
-        for seed, out in outputs.items():
-            psnrs += psnr_per_image(as_images(out), as_images(model.reference[seed])).tolist()
-            correct += int((model.judge.predict(out) == torch.tensor(model.labels)).sum())
-        finite = [p for p in psnrs if math.isfinite(p)]
-        row.update(compute_ratio=meter.flops / model.flops,
-                   psnr=statistics.mean(finite) if finite else math.inf,
+        psnrs = psnrs_against(outputs, model.reference)
+        correct = sum(int((model.judge.predict(out) == torch.tensor(model.labels)).sum()) for out in outputs.values())
+        row.update(compute_ratio=meter.flops / model.flops, psnr=mean_psnr(psnrs),
                    psnr_min=min(psnrs), accuracy=correct / (len(model.labels) * len(model.seeds)),
                    samples=len(psnrs))
     except Exception as exc:  # noqa: BLE001
