@@ -14,10 +14,11 @@ Scenarios (one pipeline, same seeds for every library; `benchmarks/methods.py`'s
 Models (`--model`, `_models.py`): on tiny-digits the scenarios above, with the keyframes of KEYFRAMES (searched on
 its tuning batch), uniform keyframes, the same keyframes with the FoCa forecaster and adaptive_keyframe. On tiny-
 motion (Wan video, UniPC, 20 steps, split CFG 5) and tiny-shapes (SD3, 28 steps, batched CFG 4): the model's own
-steps and CFG mode at its guidance ("cfg5" / "cfg4") and without CFG ("nocfg"), bands 0.20 and 0.125 (0.15 at tiny-
-motion's 20 steps); their keyframes are searched on that model's tuning batch (seed 0, never a reported seed) and
-shown beside keyframes nobody tuned (uniform spacing), the same keyframes with the FoCa forecaster,
-adaptive_keyframe and, where the step count matches, the keyframes searched on tiny-digits.
+steps and CFG mode at its guidance ("cfg5" / "cfg4") and without CFG ("nocfg"), bands 0.20 and 0.125 (0.25, 0.2 and
+0.15 at tiny-motion's 20 steps); their keyframes are searched on that model's tuning batch (seed 0, never a reported
+seed) and shown beside keyframes nobody tuned (uniform spacing), the same keyframes with the FoCa forecaster and with
+L2P (fitted on tuning seeds 1 and 2, its ridge chosen on seed 0), adaptive_keyframe and, where the step count
+matches, the keyframes searched on tiny-digits.
 
 Per scenario: the uncached references (tuning batch: labels 0-9, seed 0; held-out: seeds 1000.. x labels 0-9; the
 seed-to-seed FD scale from as many uncached samples of seeds 2000..), then each contender's knob is searched on the
@@ -175,7 +176,9 @@ ALL = {  # model -> scenario name -> Scenario; steps, guidance and CFG mode are 
     "digits": {s.name: s for s in (Scenario("cfg1.5", 28, 1.5, LOW), Scenario("cfg3", 28, 3.0, LOW),
                                    Scenario("nocfg", 28, 1.0, LOW), Scenario("steps10", 10, 1.5, (0.5, 0.3)))},
     # 20 steps: 0.125 falls between 2 and 3 computed steps per branch, so its low band is 0.15 (3 of 20, 6.7x)
-    "motion": {s.name: s for s in (Scenario("cfg5", 20, 5.0, (0.2, 0.15)), Scenario("nocfg", 20, 1.0, (0.2, 0.15)))},
+    # 0.25 as well: the methods sweep's lowest band, where dcache's untuned rows only tie diffusers' SeaCache on it
+    "motion": {s.name: s for s in (Scenario("cfg5", 20, 5.0, (0.25, 0.2, 0.15)),
+                                   Scenario("nocfg", 20, 1.0, (0.25, 0.2, 0.15)))},
     "shapes": {s.name: s for s in (Scenario("cfg4", 28, 4.0, LOW, "batched"),
                                    Scenario("nocfg", 28, 1.0, LOW, "batched"))},
 }
@@ -245,7 +248,7 @@ def transferred_plans(model: str, scenario: Scenario) -> dict[str, dict]:
 
 def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_dit: bool,
                calibration_run, diff_plans: dict[str, dict] | None = None, bench=None,
-               model: str = "digits") -> list[Contender]:
+               model: str = "digits", l2p_plans: dict[str, dict] | None = None) -> list[Contender]:
     """dcache's keyframes (searched on this model's tuning batch), uniform keyframes nobody tuned (and on
     tiny-motion / tiny-shapes tiny-digits' ones where the step count matches), its FoCa forecaster on the searched
     keyframes, adaptive_keyframe, SeaCache's cadence, and the peers that apply to the model's transformer in its
@@ -283,6 +286,10 @@ def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_di
     if digits_plans:
         out.append(keyframe_contender(digits_plans, "call", "keyframe call digits-tuned",
                                       note="tiny-digits' searched keyframes (KEYFRAMES) replayed unchanged"))
+    if l2p_plans:
+        out.append(keyframe_contender(l2p_plans, "call", "keyframe call l2p",
+                                      note=f"the searched keyframes with L2P fitted on tuning seeds {L2P_FIT_SEEDS} "
+                                           f"and its ridge chosen on {searched_on}"))
     if diff_plans:
         out.insert(1, keyframe_contender(diff_plans, "call", "keyframe call cfg-diff",
                                          note="uneven CFG budgets with the uncond branch served through the CFG "
@@ -392,6 +399,28 @@ def searched_plans(bench, scenario: Scenario, log) -> dict[str, dict]:
     return plans
 
 
+L2P_FIT_SEEDS = (1, 2)  # calibration runs of the L2P fit: tuning seeds, neither the one that scores nor a held-out one
+L2P_RIDGES = (10.0, 1.0, 0.1, 0.01)  # fit_l2p's default (chosen on tiny-digits) and weaker pulls towards Taylor
+
+
+def l2p_plans(bench, plans: dict[str, dict], log) -> dict[str, dict]:
+    """Per searched plan: the L2P forecaster (dcache.schedules.forecasters.l2p) fitted on the tuning batch's labels
+    at seeds L2P_FIT_SEEDS with the plan's keyframes, its ridge the one of L2P_RIDGES whose cached generation of
+    the tuning batch (seed 0) is closest to uncached, as a user fits it on their own prompts."""
+    from dcache.schedules.tuning.l2p_fit import l2p_statistics, solve_l2p
+
+    runs = [lambda seed=seed: bench.run(bench.pipe, bench.tune_labels, seed, bench.mode) for seed in L2P_FIT_SEEDS]
+    out = {}
+    for name, setting in plans.items():
+        stats = l2p_statistics(bench.pipe, runs, "keyframe", order=setting.get("order", 2), progress=False,
+                               window=2, **{k: v for k, v in setting.items() if k != "order"})
+        scored = [(_tuning_psnr(bench, **setting, forecaster=solve_l2p(stats, r)), r) for r in L2P_RIDGES]
+        psnr, ridge = max(scored)
+        log(f"    l2p {name}: ridge {ridge:g} (tuning PSNR {', '.join(f'{r:g}: {p:.2f}' for p, r in scored)})")
+        out[name] = {**setting, "forecaster": solve_l2p(stats, ridge)}
+    return out
+
+
 def _tuning_psnr(bench, **setting) -> float:
     import dcache
 
@@ -485,11 +514,13 @@ def run_scenario(model: str, scenario: Scenario, args, log) -> dict:
     searched = args.search or model != "digits" or scenario.name not in KEYFRAMES
     plans = searched_plans(bench, scenario, log) if searched else KEYFRAMES[scenario.name]
     diff_plans = cfg_difference_plans(bench, scenario, plans, args.search or args.search_cfg_difference, log)
+    fitted = {} if quick else l2p_plans(bench, plans, log)
     calibrate = lambda pipe: bench.tune(pipe, bench.mode)  # noqa: E731
     sweeper = methods.Sweeper(bench, log)
     results = []
     for c in contenders(scenario, plans, quick, cache_dit=not (args.no_cache_dit or quick),
-                        calibration_run=calibrate, diff_plans=diff_plans, bench=bench, model=model):
+                        calibration_run=calibrate, diff_plans=diff_plans, bench=bench, model=model,
+                        l2p_plans=fitted):
         if args.contenders and not re.search(args.contenders, c.label):
             continue
         t0 = time.time()
