@@ -62,8 +62,11 @@ class _RecordEveryCall(Schedule):
         return Action.COMPUTE
 
 
+AUTO_RIDGES = (10.0, 1.0, 0.1, 0.01)  # the pulls towards Taylor that ridge="auto" tries, strongest first
+
+
 def fit_l2p(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyframe", *, window: int = 2,
-            order: int = 2, ridge: float = 10.0, progress: bool = True, **knobs: Any) -> dict:
+            order: int = 2, ridge: float | str = 10.0, progress: bool = True, **knobs: Any) -> dict:
     """The `forecaster=` spec {"name": "l2p", "window", "fitted_steps", "weights"} of `method` (with `knobs`, in call
     scope) fitted on `runs` (callables that each run one generation of `target`, a pipeline or transformer).
 
@@ -71,9 +74,56 @@ def fit_l2p(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyfr
     order: pass the same `order` to the method); ridge: lambda in units of the mean squared norm of a history value
     (0: plain least squares). The defaults are the best of a sweep on the bundled digits model's tuning batch
     (window 2-4, ridge 0-10: benchmarks/results/forecasters_tuning_l2p.json), where every setting stayed below
-    Taylor order 2 and a stronger pull towards it did best: evidence about that model only."""
-    return solve_l2p(l2p_statistics(target, runs, method, window=window, order=order, progress=progress, **knobs),
-                     ridge)
+    Taylor order 2 and a stronger pull towards it did best: evidence about that model only. ridge="auto" chooses it
+    on the first run instead (choose_ridge: one more uncached and one cached generation per AUTO_RIDGES value)."""
+    if isinstance(ridge, str) and ridge != "auto":
+        raise ValueError(f"fit_l2p: ridge={ridge!r} must be a number >= 0 or 'auto' (chosen on the first run, which "
+                         f"must then return its sample as a tensor).")
+    statistics = l2p_statistics(target, runs, method, window=window, order=order, progress=progress, **knobs)
+    if ridge == "auto":
+        ridge = choose_ridge(target, runs[0], statistics, method, order=order, progress=progress, **knobs)[0]
+    return solve_l2p(statistics, ridge)
+
+
+def choose_ridge(target: Any, run: Callable[[], Any], statistics: dict, method: str = "keyframe", *,
+                 ridges: Sequence[float] = AUTO_RIDGES, order: int = 2, progress: bool = True,
+                 **knobs: Any) -> tuple[float, dict[float, float]]:
+    """The ridge of `ridges` whose fitted table, served by `method` in call scope, keeps what `run` returns closest
+    to its uncached result: (ridge, {ridge: error}), error = |sample - sample_uncached|^2 / |sample_uncached|^2 over
+    the returned sample (a tensor, a list of tensors, or a pipeline output with `images` / `frames` tensors:
+    output_type="pt"). A cached generation forecasts from its own drifted history, which the fit's least squares
+    (one forecast from the uncached history: it always prefers the weakest pull) cannot see; the finished sample
+    does. `run` must be deterministic (a seeded generator)."""
+    if not ridges or any(r < 0 for r in ridges):
+        raise ValueError(f"choose_ridge: ridges={tuple(ridges)!r} must be one or more numbers >= 0.")
+    with torch.no_grad():
+        reference = _sample(run())
+        errors = {}
+        for r in ridges:
+            with dcache.apply(target, method, scope="call", order=order, forecaster=solve_l2p(statistics, r),
+                              **knobs):
+                sample = _sample(run())
+            if sample.shape != reference.shape:
+                raise ValueError(f"choose_ridge: the cached run returned {tuple(sample.shape)} values, the uncached "
+                                 f"one {tuple(reference.shape)}: pass a run that returns the same sample each time.")
+            errors[r] = float((sample - reference).square().sum()) / max(float(reference.square().sum()), 1e-30)
+            if progress:
+                print(f"fit_l2p: ridge {r:g}: relative squared error of the sample {errors[r]:.3e}", flush=True)
+    return min(errors, key=errors.get), errors
+
+
+def _sample(result: Any) -> torch.Tensor:
+    """What a run returned, as one flat float64 tensor on the host."""
+    for name in ("images", "frames"):
+        if isinstance(getattr(result, name, None), torch.Tensor):
+            result = getattr(result, name)
+    if isinstance(result, (list, tuple)) and result and all(isinstance(t, torch.Tensor) for t in result):
+        return torch.cat([t.detach().to("cpu", torch.float64).flatten() for t in result])
+    if isinstance(result, torch.Tensor):
+        return result.detach().to("cpu", torch.float64).flatten()
+    raise ValueError(f"fit_l2p(ridge='auto') compares the sample a run returns with its uncached one, but the first "
+                     f"run returned {type(result).__name__}: return a tensor (a pipeline called with "
+                     f"output_type='pt', or its .images / .frames).")
 
 
 def l2p_statistics(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyframe", *, window: int = 3,

@@ -323,6 +323,38 @@ def test_l2p_fitted_on_a_run_is_exact_where_no_polynomial_in_the_step_is():
     assert max(float((t - r).abs().max()) for t, r in zip(taylor, reference)) > 1e-3
 
 
+def test_l2p_auto_ridge_keeps_the_run_closest_to_uncached():
+    """choose_ridge scores each ridge by the relative squared error of what the cached run returns (here every step's
+    output) against the uncached run (recomputed here by serving each table); on the cubic toy plain least squares is
+    exact, so it wins, and fit_l2p(ridge="auto") returns the table of the best of AUTO_RIDGES."""
+    from dcache.schedules.tuning.l2p_fit import AUTO_RIDGES, choose_ridge, fit_l2p, l2p_statistics, solve_l2p
+
+    model = _quadratic_toy()
+    n, keyframes = 12, (0.0, 1 / 11, 3 / 11, 5 / 11, 8 / 11)
+    timesteps = [1.0 - 0.5 * a + 0.3 * a * a - 0.2 * a ** 3 for a in (s / n for s in range(n))]
+    run = lambda: _generate(model, timesteps)  # noqa: E731
+    stats = l2p_statistics(model, [run], "keyframe", keyframes=keyframes, window=3, order=2, num_steps=n,
+                           progress=False)
+    ridge, errors = choose_ridge(model, run, stats, "keyframe", ridges=(1e3, 1.0, 0.0), keyframes=keyframes,
+                                 num_steps=n, progress=False)
+    reference = run()
+    for r, error in errors.items():
+        cached = _generate(model, timesteps, "keyframe", scope="call", keyframes=keyframes, order=2,
+                           forecaster=solve_l2p(stats, r))
+        expected = sum(float((c - f).square().sum()) for c, f in zip(cached, reference)) / sum(
+            float(f.square().sum()) for f in reference)
+        assert error == pytest.approx(expected, rel=1e-6, abs=1e-15)
+    assert ridge == 0.0 and errors[0.0] < 1e-10 < errors[1.0] < errors[1e3]
+    auto = fit_l2p(model, [run], "keyframe", keyframes=keyframes, window=3, ridge="auto", num_steps=n, progress=False)
+    _, auto_errors = choose_ridge(model, run, stats, "keyframe", ridges=AUTO_RIDGES, keyframes=keyframes,
+                                  num_steps=n, progress=False)
+    assert auto == solve_l2p(stats, min(auto_errors, key=auto_errors.get))
+    with pytest.raises(ValueError, match="'auto'"):
+        fit_l2p(model, [run], "keyframe", keyframes=keyframes, ridge="best", num_steps=n, progress=False)
+    with pytest.raises(ValueError, match="output_type='pt'"):  # a run that returns no sample cannot be scored
+        choose_ridge(model, lambda: None, stats, "keyframe", keyframes=keyframes, num_steps=n, progress=False)
+
+
 def test_l2p_fit_never_fits_the_calibration_data_worse_than_taylor():
     """J(w) = sum |sum_k w_k D(s_k) - D(t)|^2 over the recorded runs: the ridge solution towards the Taylor weights p
     has J(w*) + lam |w* - p|^2 <= J(p), so J(w*) <= J(p) for every lambda; lambda -> inf gives p back."""
