@@ -329,6 +329,12 @@ def frontier_part(frontier: dict) -> str:
     return "\n".join(lines)
 
 
+def _l2p_tuning(data: dict) -> str:
+    """Where a run's L2P rows were fitted, if it has any."""
+    has = any(r["method"] == "keyframe call l2p" for sc in data["scenarios"] for r in sc["results"])
+    return " and L2P fitted on its tuning seeds 1-2 with its ridge chosen on seed 0" if has else ""
+
+
 def model_frontier_part(stem: str) -> str:
     """The frontier of a bundled model other than tiny-digits (benchmarks/frontier.py --model): per scenario and
     band the best row of each library, dcache's margin over the best peer, and the PSNR target."""
@@ -339,8 +345,9 @@ def model_frontier_part(stem: str) -> str:
     title = meta.get("model_title", stem)
     lines = [
         f"### {title}", "",
-        f"Tuned on: dcache's keyframes searched on {title}'s tuning batch (seed 0), every other dcache default on "
-        f"tiny-digits; each peer's knob swept on the same tuning batch. Measured on: held-out seeds "
+        f"Tuned on: dcache's keyframes searched on {title}'s tuning batch (seed 0){_l2p_tuning(data)}, every "
+        f"other dcache default on tiny-digits; each peer's knob swept on the same tuning batch. Measured on: held-out "
+        f"seeds "
         f"{data['scenarios'][0]['heldout_seeds'][0]}..{data['scenarios'][0]['heldout_seeds'][-1]} x every class; "
         f"{meta['date'][:10]}, commit {meta['git_commit']}, load average {meta['load_start']} at the start, "
         f"{meta.get('load_end', '?')} at the end.", "",
@@ -362,7 +369,7 @@ def model_frontier_part(stem: str) -> str:
     if notes.is_file():
         lines += ["", notes.read_text().split("\n## ", 1)[0].strip()]
     lines += ["", f"![held-out PSNR vs compute ratio](benchmarks/results/{stem}_pareto.png)", "",
-              f"Every row, the searched keyframes and the uniform / FoCa / adaptive / transferred rows: "
+              f"Every row, the searched keyframes and the uniform / FoCa / L2P / adaptive / transferred rows: "
               f"{_link(stem + '.md')}. Rerun: `{RERUN[stem]}`."]
     return "\n".join(lines)
 

@@ -629,8 +629,9 @@ def write_report(data: dict, out: Path) -> tuple[Path, Path, Path]:
     meta = data["meta"]
     title = meta.get("model_title", "tiny-digits (Flux)")
     tuned = ("keyframes searched on tiny-digits' tuning batch (seed 0)" if meta.get("model", "digits") == "digits"
-             else f"keyframes searched on {title}'s tuning batch (seed 0) in this run; every other dcache default "
-                  f"chosen on tiny-digits")
+             else f"keyframes searched on {title}'s tuning batch (seed 0) in this run (L2P, where a row has it: "
+                  f"fitted on tuning seeds {L2P_FIT_SEEDS[0]}-{L2P_FIT_SEEDS[-1]}, its ridge chosen on seed 0); every "
+                  f"other dcache default chosen on tiny-digits")
     lines = [f"# Beyond 4x: the frontier below compute ratio 0.25 on {title}", "", "```", meta["command"], "```", "",
              f"**Tuned on:** {tuned}. **Measured on:** {title}'s held-out seeds (below), never searched on.", "",
              f"Commit {meta['git_commit']} · {meta['date']} · {meta.get('runtime_s', 0) / 60:.1f} min · torch "
