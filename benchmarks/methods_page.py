@@ -97,6 +97,18 @@ def forecasters_section(results: dict | None) -> list[str]:
            "with dcache.apply(pipe, \"taylorseer\", "
            "forecaster={\"name\": \"spectrum\", \"degree\": 2, \"ridge\": 0.0}):",
            "    pipe(\"3\", num_inference_steps=8)",
+           "",
+           "# L2P learns its weights on calibration runs of your own prompts (seeded, returning tensors), at the step",
+           "# count and keyframes it will serve; ridge=\"auto\" picks, on the first run, the pull towards Taylor",
+           "import torch",
+           "from dcache.schedules.tuning.l2p_fit import fit_l2p",
+           "",
+           "frames = (0.0, 0.3, 0.6, 0.9)",
+           "runs = [lambda seed=seed: pipe(\"3\", num_inference_steps=8, output_type=\"pt\",",
+           "                               generator=torch.Generator().manual_seed(seed)) for seed in (1, 2)]",
+           "spec = fit_l2p(pipe, runs, \"keyframe\", keyframes=frames, ridge=\"auto\")",
+           "with dcache.apply(pipe, \"keyframe\", scope=\"call\", keyframes=frames, forecaster=spec):",
+           "    pipe(\"3\", num_inference_steps=8)",
            "```"]
     for name, cls in sorted(FORECASTERS.items()):
         module = inspect.getmodule(cls)
