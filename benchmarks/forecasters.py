@@ -9,7 +9,8 @@ Schedule: keyframe in call scope (the whole transformer call forecast between ke
 <= 0.25), uniform keyframes f_i = i / k (i = 0..k-1, k = round(ratio * steps)), the same for both CFG branches, at
 each model's default steps and guidance. Contenders: the engine's Taylor table of order 1 and 2, and each forecaster
 of dcache.schedules.forecasters at its default settings (order 2 serves while its window fills); L2P's table is
-fitted per model and ratio (`fit_l2p`) on that model's tuning seeds 0 and 1, with the same keyframes. The defaults were
+fitted per model and ratio (`fit_l2p`) on that model's tuning seeds 0 and 1, with the same keyframes ("l2p-auto": the
+same with ridge="auto", the ridge chosen by seed 0's cached sample against its uncached one). The defaults were
 chosen by `--tune`: each forecaster's settings swept on tiny-digits only, on its tuning batch (seed 0, never a
 reported seed), best mean PSNR over the two ratios; tiny-motion and tiny-shapes were not tuned on.
 Held-out generations: seeds 1000.. (`--seeds`), each a batch of every class x `--per-class`; PSNR per sample
@@ -34,7 +35,7 @@ MODELS = {  # name: (loader, what it stands for)
     "shapes": ("load_shapes_pipeline", "SD3, batched CFG 4, 28 steps"),
 }
 RATIOS = (0.25, 0.14)
-FORECASTERS = ("taylor-o1", "taylor-o2", "foca", "hyca", "spectrum", "dmd", "l2p")
+FORECASTERS = ("taylor-o1", "taylor-o2", "foca", "hyca", "spectrum", "dmd", "l2p", "l2p-auto")
 L2P_DEFAULT = {"window": 2, "ridge": 10.0}  # fit_l2p's defaults, chosen by --tune on tiny-digits (..._l2p.json)
 L2P_SEEDS = {"tune": (1, 2), "report": (0, 1)}  # its calibration runs: never a seed the row is measured on
 
@@ -74,10 +75,12 @@ def setting(name: str | dict, pipe=None, labels=None, keyframes_=None, seeds=())
     """apply() settings of a contender; L2P is fitted first on `seeds` (generations of `pipe` with the keyframes)."""
     if isinstance(name, str) and name.startswith("taylor-o"):
         return {"order": int(name[-1])}
-    if name == "l2p" or (isinstance(name, dict) and name.get("name") == "l2p"):
+    if name in ("l2p", "l2p-auto") or (isinstance(name, dict) and name.get("name") == "l2p"):
         from dcache.schedules.tuning.l2p_fit import fit_l2p
 
         knobs = {**L2P_DEFAULT, **({k: v for k, v in name.items() if k != "name"} if isinstance(name, dict) else {})}
+        if name == "l2p-auto":  # the ridge chosen on the first calibration run (fit_l2p's ridge="auto")
+            knobs["ridge"] = "auto"
         runs = [lambda seed=seed: generate(pipe, labels, seed) for seed in seeds]
         return {"order": 2, "forecaster": fit_l2p(pipe, runs, "keyframe", keyframes=keyframes_, order=2,
                                                   progress=False, **knobs)}
