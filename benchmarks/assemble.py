@@ -560,7 +560,8 @@ def forecasters_part() -> str:
         "[forecasters_tuning.json](benchmarks/results/forecasters_tuning.json), L2P's "
         "[forecasters_tuning_l2p.json](benchmarks/results/forecasters_tuning_l2p.json)); tiny-motion and tiny-shapes "
         "were not tuned on. L2P's table is fitted per model and ratio on that model's tuning seeds 0 and 1 "
-        "(calibration runs, as a user fits it on their own prompts); the rows are measured on held-out seeds.",
+        "(calibration runs, as a user fits it on their own prompts), at its default ridge (`l2p`) and with the "
+        "ridge chosen on seed 0 by `fit_l2p(ridge=\"auto\")` (`l2p-auto`); the rows are measured on held-out seeds.",
         table,
         f"Measured from commit {result.get('git_commit')}, held-out seeds {result['seeds']} x every class x "
         f"{result['per_class']}, {result['machine']}, {result['seconds']} s. Rerun: `{RERUN['forecasters']}`."])
