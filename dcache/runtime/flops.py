@@ -46,18 +46,26 @@ def _why(exc: Exception) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
 
 
+_BOOKS_PER_MODEL = 8  # books a model keeps: one per layout (stack, block, module units) and counting on / off
+
+
 class FlopBook:
     @classmethod
     def for_model(cls, model: torch.nn.Module, layout: tuple, enabled: bool = True) -> "FlopBook":
         """The model's book, kept on the model across `dcache.apply` / `remove`: FLOPs depend on the architecture
         and the shapes only, and counting them costs a few tens of milliseconds per shape (a FlopCounterMode pass
         over every block), which would otherwise show in every re-applied run (an A/B timing loop). `layout`
-        (block classes in order, module units) must match, else a new book is started."""
-        book = model.__dict__.get("_dcache_flop_book")
-        if book is None or book.enabled != enabled or book.layout != layout:
-            book = cls(enabled)
-            book.layout = layout
-            model.__dict__["_dcache_flop_book"] = book  # plain attribute: not a submodule, not in state_dict
+        (block classes in order, module units) must match, else a new book is started. The model keeps one book per
+        layout (the last _BOOKS_PER_MODEL): methods of other unit kinds, applied in turn (an A/B loop, `dcache
+        estimate --cache all`), each find their own book instead of recounting every block."""
+        books: list[FlopBook] = model.__dict__.setdefault("_dcache_flop_books", [])  # plain attribute: no submodule
+        for book in books:
+            if book.enabled == enabled and book.layout == layout:
+                return book
+        book = cls(enabled)
+        book.layout = layout
+        books.append(book)
+        del books[:-_BOOKS_PER_MODEL]
         return book
 
     def __init__(self, enabled: bool = True):

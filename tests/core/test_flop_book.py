@@ -1,5 +1,6 @@
 """The FLOP book lives on the model across apply / remove: a re-applied cache does not pay the counting pass again,
-and its compute ratio is the same as the first handle's; another layout (other module units) starts a new book."""
+and its compute ratio is the same as the first handle's; another layout (other module units) starts a new book, kept
+beside the first: going back to the first layout finds its counts."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ def test_reapplying_reuses_the_counts_and_gives_the_same_ratio():
     with dcache.apply(pipe, "taylorseer") as module_level:  # module units: another layout, another book
         assert module_level.engine.flops is not book
         generate(pipe)
+    with dcache.apply(pipe, EveryOther()) as back:  # the first layout again: its book was kept
+        assert back.engine.flops is book
+        generate(pipe)
+    assert book.costs == counted
     assert 0.0 < ratio < 1.0 and len(counted) == len(first.engine.blocks)
 
 
