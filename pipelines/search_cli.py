@@ -267,6 +267,9 @@ def search_command(
     base_plans: str = typer.Option("", help="DisCa: comma-separated base plan files whose skipped cells it learns to "
                                             "forecast (default: the DP plans at --budget)"),
     train_seeds: int = typer.Option(2, help="DisCa: calibration runs (seeds seed, seed+1, ...) it trains on"),
+    forecaster: str = typer.Option("taylor", help="keyframe: what serves between keyframes, taylor (the Taylor "
+                                                  "series) or l2p (L2P fitted per budget on the calibration set, its "
+                                                  "ridge chosen there; kept where it scores better than Taylor)"),
     device: str = typer.Option(AUTO, help=DEVICE_HELP),
     dtype: str = typer.Option(AUTO, help=DTYPE_HELP),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: 1 for the bundled model on the CPU, "
@@ -288,7 +291,8 @@ def search_command(
         raise typer.BadParameter(f"--scope {scope!r} must be one of {', '.join(SCOPE_CHOICES)}.")
     check_search_arguments(method, model=model, steps=steps, budget=budget, threads=threads, pop_size=pop_size,
                            generations=generations, granularity=granularity, forecast_order=forecast_order,
-                           max_span=max_span, base_plans=base_plans, train_seeds=train_seeds, seed=seed)
+                           max_span=max_span, base_plans=base_plans, train_seeds=train_seeds, seed=seed,
+                           forecaster=forecaster)
     stages = Progress(enabled=progress)
     stages.stage(f"loading {model or 'the bundled tiny model'} on {describe(device, dtype)}")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
@@ -301,7 +305,7 @@ def search_command(
                                seed=seed, guidance=scales, scope=scope, pop_size=pop_size, generations=generations,
                                resume=resume, max_span=max_span, iterations=iterations, progress=progress,
                                base_plans=base_plans, train_seeds=train_seeds, online_iterations=online_iterations,
-                               forecast_order=forecast_order, granularity=granularity,
+                               forecast_order=forecast_order, granularity=granularity, forecaster=forecaster,
                                on_generation=None if progress else _generation_line(generations))
     except (ValueError, FileNotFoundError) as exc:
         # a damaged or foreign checkpoint (StateFileError), a resume with other settings, an --out that leads
@@ -318,7 +322,7 @@ def search_command(
 
 def check_search_arguments(method: str, *, model: str | None, steps: int, budget: str, threads: int | None,
                            pop_size: int, generations: int, granularity: str, forecast_order: int, max_span: int,
-                           base_plans: str, train_seeds: int, seed: int) -> None:
+                           base_plans: str, train_seeds: int, seed: int, forecaster: str = "taylor") -> None:
     """Everything `dcache search` can check before the model loads (typer.BadParameter naming the option)."""
     from dcache.plans.plan import Plan
     from dcache.schedules.tuning import search
@@ -339,7 +343,9 @@ def check_search_arguments(method: str, *, model: str | None, steps: int, budget
         if method == "lemica":
             search.LeMiCaConfig(budgets=counts, max_span=max_span, forecast_order=forecast_order)
         if method == "keyframe":
-            search.KeyframeSearchConfig(budgets=counts)
+            search.KeyframeSearchConfig(budgets=counts, forecaster=forecaster)
+        elif forecaster != "taylor":
+            raise ValueError(f"--forecaster {forecaster} applies to --method keyframe only.")
         if method == "disca" and train_seeds < 1:
             raise ValueError(f"--train-seeds {train_seeds} must be >= 1.")
         for name in [p.strip() for p in base_plans.split(",") if p.strip()] if method == "disca" else []:
@@ -364,7 +370,7 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                progress: bool = True, seed_methods: tuple[str, ...] = REUSE_SEEDS,
                on_generation=None, base_plans: str = "", train_seeds: int = 2,
                online_iterations: int | None = None, forecast_order: int = 0, granularity: str = "module",
-               guidance: list[float] | None = None, scope: str = "blocks") -> dict:
+               guidance: list[float] | None = None, scope: str = "blocks", forecaster: str = "taylor") -> dict:
     """The search behind `dcache search`, on an already loaded pipeline; returns the front (as in front.json).
     `guidance`: the calibration set's scales (None / []: the pipeline's default; several: scored by the worst).
     `scope`: "blocks" keeps the plans as searched; "call" / "auto" rescore the front's stack plans in call scope / in
@@ -392,7 +398,8 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                              generations=generations, resume=resume, max_span=max_span, iterations=iterations,
                              progress=progress, seed_methods=seed_methods, on_generation=on_generation,
                              base_plans=base_plans, train_seeds=train_seeds, online_iterations=online_iterations,
-                             forecast_order=forecast_order, granularity=granularity, scope=scope)
+                             forecast_order=forecast_order, granularity=granularity, scope=scope,
+                             forecaster=forecaster)
 
 
 class CountedGenerations:
@@ -417,14 +424,15 @@ def _search_front(method: str, pipe: Any, is_tiny: bool, calib, search, *, budge
                   prompt_list: list[str], seed: int, scales: list[float], pop_size: int, generations: int,
                   resume: bool, max_span: int, iterations: int | None, progress: bool, seed_methods: tuple[str, ...],
                   on_generation, base_plans: str, train_seeds: int, online_iterations: int | None,
-                  forecast_order: int, granularity: str, scope: str) -> dict:
+                  forecast_order: int, granularity: str, scope: str, forecaster: str = "taylor") -> dict:
     template = search.make_template(calib)
     front = _run_method(method, pipe, is_tiny, calib, template, budget=budget, out=out, steps=steps,
                         prompts=prompt_list, seed=seed, scales=scales, pop_size=pop_size, generations=generations,
                         resume=resume, max_span=max_span, iterations=iterations, progress=progress,
                         seed_methods=seed_methods, on_generation=on_generation, base_plans=base_plans,
                         train_seeds=train_seeds, online_iterations=online_iterations,
-                        forecast_order=forecast_order, granularity=granularity, scope=scope)
+                        forecast_order=forecast_order, granularity=granularity, scope=scope,
+                        forecaster=forecaster)
     if scope == "blocks" or method == "keyframe":  # the keyframe search chooses its scope itself
         return front
     from dcache.schedules.tuning.search.scope_choice import SCOPES
@@ -436,7 +444,7 @@ def _run_method(method: str, pipe: Any, is_tiny: bool, calib, template, *, budge
                 prompts: list[str], seed: int, scales: list[float], pop_size: int, generations: int, resume: bool,
                 max_span: int, iterations: int | None, progress: bool, seed_methods: tuple[str, ...],
                 on_generation, base_plans: str, train_seeds: int, online_iterations: int | None,
-                forecast_order: int, granularity: str, scope: str = "blocks") -> dict:
+                forecast_order: int, granularity: str, scope: str = "blocks", forecaster: str = "taylor") -> dict:
     """One search method on the calibration set; writes and returns its front."""
     from dcache.schedules.tuning import search
 
@@ -454,7 +462,7 @@ def _run_method(method: str, pipe: Any, is_tiny: bool, calib, template, *, budge
         cfg = search.LeMiCaConfig(budgets=counts, max_span=max_span, forecast_order=forecast_order)
         return search.lemica_search(calib, out, cfg, template=template, progress=progress)
     if method == "keyframe":
-        cfg = search.KeyframeSearchConfig(budgets=counts, scope=scope)
+        cfg = search.KeyframeSearchConfig(budgets=counts, scope=scope, forecaster=forecaster)
         return search.keyframe_search(calib, out, cfg, template=template, progress=progress)
     if method == "dp":
         return search.dp_search(calib, out, search.DPConfig(budgets=counts), template=template, progress=progress)

@@ -108,3 +108,38 @@ def test_dcache_search_keyframe_writes_plans_and_setups(tmp_path):
     setup = json.loads((out / "setups" / "keyframe-k3.setup.json").read_text())
     assert setup["method"] == "keyframe" and setup["scope"] == "call" and len(setup["knobs"]["keyframes"]) == 3
     assert "setup.json" in result.output
+
+
+def test_l2p_is_fitted_per_budget_kept_only_where_it_scores_better_and_its_setup_replays_it(tmp_path, tiny_pipe):
+    """forecaster="l2p": per budget L2P is fitted on the calibration set for the found placement and kept only where
+    its calibration quality beats the Taylor series' (saved in the score file) by min_gain; the plan and the setup
+    carry its table and replay the quality the front reports."""
+    calib = make_calibration(tiny_pipe, steps=STEPS)
+    front = keyframe_search(calib, tmp_path, KeyframeSearchConfig(budgets=(3, 2), rounds=0, forecaster="l2p"),
+                            progress=False)
+    scores = json.loads((tmp_path / SCORES_FILE).read_text())["scores"]
+    reference = calib.reference()
+    kinds = set()
+    for found in front["config"]["found"]:
+        taylor = scores[f"{found['order']}|call|{','.join(map(str, found['steps']))}"]
+        kinds.add(found["forecaster"])
+        if found["forecaster"] == "l2p":
+            assert found["quality"] > taylor + 0.03
+        else:
+            assert found["quality"] == taylor
+        name = f"keyframe-k{found['budget']}"
+        setup = json.loads((tmp_path / "setups" / f"{name}.setup.json").read_text())
+        plan = json.loads((tmp_path / "plans" / f"{name}.plan.json").read_text())
+        served = setup["knobs"].get("forecaster", {"name": "taylor"})["name"]
+        assert served == found["forecaster"] == plan.get("extras", {}).get("forecaster", {"name": "taylor"})["name"]
+        point = next(p for p in front["points"] if p["name"] == name)
+        assert point["quality"] == pytest.approx(found["quality"], abs=1e-6)  # the plan records what was scored
+        for spec in (tmp_path / "plans" / f"{name}.plan.json", tmp_path / "setups" / f"{name}.setup.json"):
+            with dcache.apply(tiny_pipe, str(spec)):
+                images = calib.generate().float().cpu()
+            assert calib.quality_fn(images, reference) == pytest.approx(point["quality"], abs=1e-6), spec
+    assert "l2p" in kinds  # on the bundled model at 8 steps L2P wins at least one budget: the path is exercised
+    with pytest.raises(ValueError, match="taylor, l2p"):
+        KeyframeSearchConfig(forecaster="spectrum")
+    result = CliRunner().invoke(app, ["search", "--method", "lemica", "--forecaster", "l2p", "--steps", "6"])
+    assert result.exit_code == 2 and "--method keyframe only" in result.output

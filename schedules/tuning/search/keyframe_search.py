@@ -9,6 +9,8 @@ branch this search
   2. moves one keyframe at a time by -2..+2 steps while the calibration quality rises by more than `min_gain`
      (coordinate ascent, at most `rounds` passes),
   3. tries the placement with order 1 and keeps the better order,
+  4. with `forecaster="l2p"`, fits the L2P forecaster (dcache.schedules.tuning.l2p_fit, ridge="auto") on the
+     calibration set for that placement and keeps it where it scores better than the Taylor series,
 
 scoring each setting by one calibration generation (the calibration's quality_fn, e.g. PSNR to the uncached images;
 the worst guidance scale with several). Every score is saved to <out>/keyframe-scores.json as it is measured, so a
@@ -43,6 +45,7 @@ from .core import Calibration, FrontPoint, Template, is_main_process, make_templ
 SCORES_FILE = "keyframe-scores.json"
 MAX_SCORES_BYTES = 16 << 20  # one "order|steps" key per scored setting: a search scores a few hundred
 SCOPES = ("blocks", "call", "auto")
+FORECASTERS = ("taylor", "l2p")  # what serves between keyframes: the Taylor series, or L2P fitted here
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class KeyframeSearchConfig:
     scope: str = "call"  # "blocks" | "call" | "auto" (searched in call scope, the better scope kept per budget)
     rounds: int = 6  # coordinate-ascent passes over the keyframes
     min_gain: float = 0.03  # quality gain (dB for PSNR) a move must bring to be taken
+    forecaster: str = "taylor"  # "l2p": also fit L2P per budget on the calibration set, kept where it scores better
 
     def __post_init__(self) -> None:
         if not self.budgets or any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in self.budgets):
@@ -62,6 +66,8 @@ class KeyframeSearchConfig:
             raise ValueError(f"rounds={self.rounds!r} must be an int >= 0 (0 keeps the best uniform placement).")
         if not is_number(self.min_gain, 0.0):
             raise ValueError(f"min_gain={self.min_gain!r} must be a finite number >= 0.")
+        if self.forecaster not in FORECASTERS:
+            raise ValueError(f"forecaster={self.forecaster!r} must be one of {', '.join(FORECASTERS)} (--forecaster).")
 
 
 def fractions(steps: list[int], num_steps: int) -> tuple[float, ...]:
@@ -155,11 +161,16 @@ def keyframe_search(calib: Calibration, out_dir: str | os.PathLike,
             if config.scope == "auto" and score(order, "blocks", steps) > score(order, "call", steps):
                 scope = "blocks"
             setting = {"keyframes": fractions(steps, n), "order": order}
-            found.append({"budget": k, "steps": steps, "scope": scope, **setting,
-                          "quality": score(order, scope, steps)})
+            quality, served = score(order, scope, steps), "taylor"
+            if config.forecaster == "l2p":
+                fitted = _fit_l2p(calib, reference, setting, scope)
+                if fitted[0] > quality + config.min_gain:
+                    quality, served, setting["forecaster"] = fitted[0], "l2p", fitted[1]
+            found.append({"budget": k, "steps": steps, "scope": scope, "forecaster": served,
+                          **{key: v for key, v in setting.items() if key != "forecaster"}, "quality": quality})
             plan = _record_plan(calib, setting, scope, k)
             points.append(FrontPoint(f"keyframe-k{k}", plan, measure(calib, template, plan)))
-            Setup(method="keyframe", knobs={"keyframes": list(setting["keyframes"]), "order": order},
+            Setup(method="keyframe", knobs={**setting, "keyframes": list(setting["keyframes"])},
                   scope=scope).save(out / "setups" / f"keyframe-k{k}.setup.json")
             bar.update(1)
     return write_front(out, "keyframe", points, config={**asdict(config), "budgets": list(config.budgets),
@@ -193,6 +204,23 @@ def _best_placement(score: Callable[[list[int]], float], k: int, n: int,
     return quality, steps
 
 
+def _fit_l2p(calib: Calibration, reference: torch.Tensor, setting: dict, scope: str) -> tuple[float, dict]:
+    """(calibration quality, forecaster spec) of L2P fitted on the calibration set for this placement: its table from
+    the uncached run's Deltas, its ridge the one whose cached run is closest to uncached (fit_l2p(ridge="auto")).
+    The table is fitted at the calibration's step count; at another count the Taylor series serves instead."""
+    from dcache.schedules.tuning.l2p_fit import fit_l2p
+
+    with quiet(), torch.no_grad():
+        spec = fit_l2p(calib.pipe, [calib.generate], "keyframe", ridge="auto", progress=False, **setting)
+    handle = dcache.apply(calib.pipe, "keyframe", scope=scope, count_flops=False, forecaster=spec, **setting)
+    try:
+        with quiet(), torch.no_grad():
+            value = float(calib.quality_fn(calib.generate().detach().float().cpu(), reference))
+    finally:
+        handle.remove()
+    return (value if math.isfinite(value) else -1e9), spec
+
+
 def _record_plan(calib: Calibration, setting: dict, scope: str, k: int):
     """The plan of one keyframe setting, recorded on the calibration set (count_flops: the front's compute ratio)."""
     handle = dcache.apply(calib.pipe, "keyframe", scope=scope, **setting)
@@ -202,7 +230,8 @@ def _record_plan(calib: Calibration, setting: dict, scope: str, k: int):
         plan = handle.plan()
     finally:
         handle.remove()
-    plan.provenance.update(method="keyframe", config={**setting, "keyframes": list(setting["keyframes"]),
+    named = {"forecaster": setting["forecaster"]["name"]} if "forecaster" in setting else {}  # its table: extras
+    plan.provenance.update(method="keyframe", config={**setting, **named, "keyframes": list(setting["keyframes"]),
                                                       "scope": scope, "budget": k},
                            calibration=dict(calib.settings))
     return plan
