@@ -1,6 +1,7 @@
 """Suite-wide settings, so that `pytest` and `python -m pytest` behave the same from any directory.
 
-- One intra-op thread: the test models are tiny, so one thread is fastest (and fair on a 2-core CI).
+- One intra-op thread, in this process and the ones tests start: the test models are tiny, so one thread is fastest
+  (and fair on a 2-core CI).
 - Import names: the package is imported as `dcache`, `dcache.kernels`, `dcache.schedules`, ... only. Neither the
   repository root nor tests/ stays on sys.path (`python -m pytest` puts the working directory there): the root's
   source folders (kernels/, schedules/, pipelines/, eval/) and tests/' folders of the same names would otherwise be
@@ -18,6 +19,11 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+# ... and in every process a test starts (fresh interpreters, `accelerate launch`, pytest in pytest): torch's default
+# of one OpenMP thread per core oversubscribes the CPU the other pytest worker (and any other job) is using, and its
+# spin-waiting threads then slow the process many times over (measured: the plugin test's fresh process, 17 s on an
+# idle core, took 73 s beside one busy process with its default 2 threads).
+os.environ["OMP_NUM_THREADS"] = "1"
 
 _TESTS = Path(__file__).resolve().parent
 _HIDDEN = {_TESTS, _TESTS.parent}
