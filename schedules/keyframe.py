@@ -29,8 +29,11 @@ Memory: (order + 1) tensors per cached unit and branch (stack granularity: one r
 in call scope).
 
 `forecaster` replaces the Taylor series between keyframes by another extrapolation of the computed keyframes
-('foca', 'hyca', 'spectrum', 'dmd': dcache.schedules.forecasters); Spectrum and FoCa use every kept keyframe at its
-true step, which uneven keyframes need (the Taylor table only knows the last gap's length).
+('foca', 'hyca', 'spectrum', 'dmd', 'l2p': dcache.schedules.forecasters); Spectrum and FoCa use every kept keyframe
+at its true step, which uneven keyframes need (the Taylor table only knows the last gap's length). L2P is fitted for
+one placement and step count on calibration runs (fit_l2p, ridge="auto"; `dcache search --method keyframe
+--forecaster l2p` does both): on the bundled video model it is the best forecaster on searched and uniform keyframes
+alike at 0.25 and 0.15 (BENCHMARKS.md, "Forecasters beyond Taylor" and the tiny-motion frontier).
 """
 
 from __future__ import annotations
