@@ -10,6 +10,7 @@
   importable as `zoo`, `toy_models`, `real_pipelines` and `state_fuzz`.
 """
 
+import importlib.abc
 import importlib.util
 import os
 import sys
@@ -38,12 +39,21 @@ def _hidden(entry: str) -> bool:
 
 sys.path[:] = [entry for entry in sys.path if not _hidden(entry)]
 
-for _name in ("zoo", "toy_models", "real_pipelines", "state_fuzz"):
-    if _name not in sys.modules:
-        _spec = importlib.util.spec_from_file_location(_name, _TESTS / f"{_name}.py")
-        _module = importlib.util.module_from_spec(_spec)
-        sys.modules[_name] = _module
-        _spec.loader.exec_module(_module)
+
+class _Helpers(importlib.abc.MetaPathFinder):
+    """Finds the shared helpers by name when a test first imports them, not at start-up: zoo imports every model family
+    and so diffusers (~5 s), which a pytest process that runs no zoo test (the fresh sessions of
+    tests/meta/test_prompt_exit.py) need not pay."""
+
+    NAMES = ("zoo", "toy_models", "real_pipelines", "state_fuzz")
+
+    def find_spec(self, name, path=None, target=None):
+        if path is None and name in self.NAMES:
+            return importlib.util.spec_from_file_location(name, _TESTS / f"{name}.py")
+        return None
+
+
+sys.meta_path.insert(0, _Helpers())
 
 
 # Leave as soon as the summary is printed (also after Ctrl-C, which ends in the same summary). Measured on one compile
