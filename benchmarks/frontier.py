@@ -400,24 +400,24 @@ def searched_plans(bench, scenario: Scenario, log) -> dict[str, dict]:
 
 
 L2P_FIT_SEEDS = (1, 2)  # calibration runs of the L2P fit: tuning seeds, neither the one that scores nor a held-out one
-L2P_RIDGES = (10.0, 1.0, 0.1, 0.01)  # fit_l2p's default (chosen on tiny-digits) and weaker pulls towards Taylor
 
 
 def l2p_plans(bench, plans: dict[str, dict], log) -> dict[str, dict]:
     """Per searched plan: the L2P forecaster (dcache.schedules.forecasters.l2p) fitted on the tuning batch's labels
-    at seeds L2P_FIT_SEEDS with the plan's keyframes, its ridge the one of L2P_RIDGES whose cached generation of
-    the tuning batch (seed 0) is closest to uncached, as a user fits it on their own prompts."""
-    from dcache.schedules.tuning.l2p_fit import l2p_statistics, solve_l2p
+    at seeds L2P_FIT_SEEDS with the plan's keyframes, its ridge the one of fit_l2p's AUTO_RIDGES whose cached
+    generation of the tuning batch (seed 0) is closest to uncached, as a user fits it on their own prompts."""
+    from dcache.schedules.tuning.l2p_fit import AUTO_RIDGES, l2p_statistics, solve_l2p
 
     runs = [lambda seed=seed: bench.run(bench.pipe, bench.tune_labels, seed, bench.mode) for seed in L2P_FIT_SEEDS]
     out = {}
     for name, setting in plans.items():
         stats = l2p_statistics(bench.pipe, runs, "keyframe", order=setting.get("order", 2), progress=False,
                                window=2, **{k: v for k, v in setting.items() if k != "order"})
-        scored = [(_tuning_psnr(bench, **setting, forecaster=solve_l2p(stats, r)), r) for r in L2P_RIDGES]
+        tables = {r: solve_l2p(stats, r) for r in AUTO_RIDGES}
+        scored = [(_tuning_psnr(bench, **setting, forecaster=table), r) for r, table in tables.items()]
         psnr, ridge = max(scored)
         log(f"    l2p {name}: ridge {ridge:g} (tuning PSNR {', '.join(f'{r:g}: {p:.2f}' for p, r in scored)})")
-        out[name] = {**setting, "forecaster": solve_l2p(stats, ridge)}
+        out[name] = {**setting, "forecaster": tables[ridge]}
     return out
 
 

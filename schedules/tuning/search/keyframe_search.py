@@ -137,16 +137,8 @@ def keyframe_search(calib: Calibration, out_dir: str | os.PathLike,
     book = ScoreBook(out / SCORES_FILE, {**calib.settings, "num_steps": n})
 
     def score(order: int, scope: str, steps: list[int]) -> float:
-        def run() -> float:
-            knobs = dict(keyframes=fractions(steps, n), order=order)
-            handle = dcache.apply(calib.pipe, "keyframe", scope=scope, count_flops=False, **knobs)
-            try:
-                with quiet(), torch.no_grad():
-                    value = float(calib.quality_fn(calib.generate().detach().float().cpu(), reference))
-            finally:
-                handle.remove()
-            return value if math.isfinite(value) else (1e9 if value > 0 else -1e9)
-        return book.get(_key(order, scope, steps), run)
+        return book.get(_key(order, scope, steps),
+                        lambda: _quality(calib, reference, scope, keyframes=fractions(steps, n), order=order))
 
     search_scope = "blocks" if config.scope == "blocks" else "call"
     points, found = [], []
@@ -212,13 +204,18 @@ def _fit_l2p(calib: Calibration, reference: torch.Tensor, setting: dict, scope: 
 
     with quiet(), torch.no_grad():
         spec = fit_l2p(calib.pipe, [calib.generate], "keyframe", ridge="auto", progress=False, **setting)
-    handle = dcache.apply(calib.pipe, "keyframe", scope=scope, count_flops=False, forecaster=spec, **setting)
+    return _quality(calib, reference, scope, forecaster=spec, **setting), spec
+
+
+def _quality(calib: Calibration, reference: torch.Tensor, scope: str, **knobs: Any) -> float:
+    """The calibration quality of the keyframe method with `knobs` (a non-finite one as +-1e9: JSON-safe, ranked)."""
+    handle = dcache.apply(calib.pipe, "keyframe", scope=scope, count_flops=False, **knobs)
     try:
         with quiet(), torch.no_grad():
             value = float(calib.quality_fn(calib.generate().detach().float().cpu(), reference))
     finally:
         handle.remove()
-    return (value if math.isfinite(value) else -1e9), spec
+    return value if math.isfinite(value) else (1e9 if value > 0 else -1e9)
 
 
 def _record_plan(calib: Calibration, setting: dict, scope: str, k: int):
