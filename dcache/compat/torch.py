@@ -8,6 +8,7 @@ import torch
 from torch._C._dynamo.eval_frame import get_eval_frame_callback
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # `eval_frame_callback() is not None` inside a torch.compile region, also in a frame dynamo skips
 # (`torch.compiler.disable`), where the public `torch.compiler.is_compiling()` is False; None in plain eager code.
@@ -72,5 +73,26 @@ def foreach_lerp_(targets: list[torch.Tensor], ends: list[torch.Tensor], weight:
     torch._foreach_lerp_(targets, ends, weight)
 
 
-__all__ = ["eval_frame_callback", "fake_tensor_mode", "foreach_lerp_", "tensor_version", "tree_flatten", "tree_map",
-           "tree_unflatten", "view_base"]
+# ---- dispatch modes ------------------------------------------------------------------------------------------------
+# A context manager whose `__torch_dispatch__(func, types, args, kwargs)` sees every aten op that runs inside it
+# (dcache.memory.meta_ops answers ops on meta tensors from their remembered output shapes). Relies on:
+# torch.utils._python_dispatch.TorchDispatchMode (torch 2.0 and later; FlopCounterMode and FakeTensorMode are built on
+# it); modes entered later handle an op first, and a mode is switched off while its own `__torch_dispatch__` runs. If
+# it moved, `dcache estimate` would fail at import; if the nesting changed, FLOPs counted inside it could drop.
+DispatchMode = TorchDispatchMode
+
+
+def op_is_functional(func) -> bool:
+    """Whether the aten op `func` neither writes to an argument nor returns a view of one (`add`, `mm`: yes;
+    `add_`, `view`, an `out=` overload: no).
+
+    Relies on: an OpOverload's `_schema` (`torch._C.FunctionSchema`, torch 1.x and later) with `is_mutable` and each
+    return's `alias_info` (None unless it aliases an input). If they changed, the meta-op memo would treat a view as a
+    new tensor (shapes stay right, aliasing is lost) or stop remembering anything (estimates get slower, not wrong).
+    """
+    schema = func._schema
+    return not schema.is_mutable and not any(r.alias_info is not None for r in schema.returns)
+
+
+__all__ = ["DispatchMode", "eval_frame_callback", "fake_tensor_mode", "foreach_lerp_", "op_is_functional",
+           "tensor_version", "tree_flatten", "tree_map", "tree_unflatten", "view_base"]

@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..compat.torch import DispatchMode, op_is_functional
 
 
 class _Unkeyable(Exception):
@@ -64,13 +65,11 @@ def _functional(func: Any) -> bool:
     """No argument written and no output aliasing an input (views, in-place and out= ops run every time)."""
     known = _FUNCTIONAL.get(func)
     if known is None:
-        schema = func._schema
-        known = _FUNCTIONAL[func] = not schema.is_mutable and not any(r.alias_info is not None
-                                                                      for r in schema.returns)
+        known = _FUNCTIONAL[func] = op_is_functional(func)
     return known
 
 
-class MetaOpMemo(TorchDispatchMode):
+class MetaOpMemo(DispatchMode):
     """Remembers (op, input metadata) -> output metadata for functional ops on meta tensors; `known` is shared by
     the uses of one model (`for_model`), so a second method estimated on it runs almost nothing."""
 

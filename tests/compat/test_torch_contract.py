@@ -63,3 +63,29 @@ def test_foreach_lerp_moves_each_target_toward_its_end():
     compat.foreach_lerp_(targets, ends, 0.25)
     assert torch.allclose(targets[0], torch.full((3,), 0.25)) and torch.allclose(targets[1], torch.full((2,), 1.5)), \
         "torch._foreach_lerp_ no longer computes t += w (e - t) in place (dcache.compat.torch.foreach_lerp_)"
+
+
+def test_a_dispatch_mode_sees_each_op_and_nests_under_a_later_mode():
+    class Seen(compat.DispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    outer, inner = Seen(), Seen()
+    with outer, inner:
+        torch.ones(2, device="meta") * 3
+    assert "aten.mul.Tensor" in inner.ops, "a TorchDispatchMode no longer sees aten ops (dcache.compat.torch)"
+    assert "aten.mul.Tensor" in outer.ops, \
+        "an op run by a later-entered mode no longer reaches the earlier one (dcache.compat.torch.DispatchMode)"
+
+
+def test_op_is_functional_tells_writes_and_views_from_new_tensors():
+    aten = torch.ops.aten
+    assert compat.op_is_functional(aten.mul.Tensor) and compat.op_is_functional(aten.mm.default)
+    assert not compat.op_is_functional(aten.add_.Tensor), "an in-place op reads as functional (op_is_functional)"
+    assert not compat.op_is_functional(aten.view.default), "a view reads as functional (op_is_functional)"
+    assert not compat.op_is_functional(aten.mul.out), "an out= overload reads as functional (op_is_functional)"
