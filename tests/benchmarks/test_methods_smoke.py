@@ -72,7 +72,8 @@ def test_quick_benchmark_table_has_dcache_and_diffusers_rows(tmp_path, monkeypat
 def test_quick_benchmark_runs_on_the_other_bundled_models(tmp_path, monkeypatch, model, cfg_mode, diffusers_applies):
     """--model runs the sweep on tiny-motion (Wan, split CFG) and tiny-shapes (SD3, batched CFG) in the model's own
     CFG mode; where diffusers' caches cannot be put on the transformer the report says so instead of dropping them."""
-    md = run_script(monkeypatch, ["--model", model, "--quick", "--no-cache-dit", "--repeats", "1", "--out", str(tmp_path)])
+    md = run_script(monkeypatch, ["--model", model, "--quick", "--no-cache-dit", "--repeats", "1",
+                                  "--out", str(tmp_path)])
 
     assert md.name == f"methods_{model}_quick.md"
     data = json.loads((tmp_path / f"methods_{model}_quick.json").read_text())
