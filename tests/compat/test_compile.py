@@ -1,7 +1,7 @@
 """torch.compile of the transformer (whole model) and of its blocks (regional), composed with dcache.
 
 On CPU the graphs are compiled with a counting backend that runs them eagerly (what backend="eager" does), so the
-tests measure what dynamo does -- graphs, recompiles, graph breaks -- not codegen; one inductor case is `slow`.
+tests measure what dynamo does -- graphs, recompiles, graph breaks -- not codegen; one inductor case is `long`.
 
   * outputs of compiled + dcache match eager + dcache (the same decisions, the same numbers);
   * no recompilation storm: a second identical generation compiles nothing new, and dynamo never reaches its
@@ -196,7 +196,7 @@ def _contains_in_order(ops: list[str], want: list[str]) -> bool:
     return all(any(o == w for o in it) for w in want)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_inductor_regional_matches_eager(eager_outputs):
     """One real codegen case (inductor, regional, static stack plan); ~90 s of C++ compilation on a small CPU."""
     with fresh_dynamo():

@@ -169,14 +169,16 @@ def test_signal_schedule_keeps_its_eager_hooks():
     block, after a host read: its block hooks stay eager frames (the documented graph breaks: each block's forward a
     graph of its own, at most blocks + 3 graphs run per call). Compiled outputs and decisions are still
     bit-identical to eager dcache, and fullgraph=True refuses it with dynamo's own error."""
+    # decisions="batch" on both sides: a traced call takes one decision for its whole batch (per-sample lanes would
+    # put a Python loop in the graph; BatchDecisionsWarning), so eager is compared at the same decisions
     pipe = make_pipeline()
-    handle = dcache.apply(pipe, "fbcache", threshold=0.5)
+    handle = dcache.apply(pipe, "fbcache", threshold=0.5, decisions="batch")
     want = generate(pipe, 3.0)
     plan = handle.plan()
     handle.remove()
     with fresh_dynamo(fail_on_recompile_limit_hit=True):
         pipe = make_pipeline()
-        handle = dcache.apply(pipe, "fbcache", threshold=0.5)
+        handle = dcache.apply(pipe, "fbcache", threshold=0.5, decisions="batch")
         counter = RunCounter()
         pipe.transformer.compile(backend=counter)
         got = generate(pipe, 3.0)

@@ -1,7 +1,7 @@
 """Soak: many consecutive generations with varying settings on one applied pipeline.
 
 No growth in hooks, scheduler wrappers, generation records or live tensor memory, and identical outputs for repeated
-identical calls. 200 generations by default; 500 in the `slow` run.
+identical calls. 200 generations in `make test`; 500 with `--run-long` (tests/compat/conftest.py).
 """
 
 from __future__ import annotations
@@ -54,6 +54,6 @@ def test_soak_200_generations():
     soak(200)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_soak_500_generations():
     soak(500)
