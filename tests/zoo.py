@@ -57,6 +57,10 @@ class ZooEntry:
 
 
 ZOO: dict[str, ZooEntry] = {}
+# families whose forward reads tensor values (MoE token counts, .item(), autocast): they cannot run on meta tensors,
+# so a cache-memory estimate refuses them (dcache.memory.estimate)
+READS_TENSOR_VALUES = frozenset({"hunyuan_video15", "lumina2", "hidream", "mochi", "hunyuan_video_framepack",
+                                 "omnigen"})
 
 
 # ---- deterministic inputs ---------------------------------------------------------------------------------------

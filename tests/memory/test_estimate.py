@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from zoo import ZOO
+from zoo import READS_TENSOR_VALUES, ZOO
 
 import dcache
 from dcache.memory.estimate import estimate
@@ -81,9 +81,7 @@ def test_forecast_order_multiplies_the_stack_cache(pipe):
     assert order2 == 3 * order0
 
 
-@pytest.mark.parametrize("name", [n for n in ZOO if n not in
-                                  {"hunyuan_video15", "lumina2", "hidream", "mochi", "hunyuan_video_framepack",
-                                   "omnigen"}])
+@pytest.mark.parametrize("name", [n for n in ZOO if n not in READS_TENSOR_VALUES])
 def test_estimate_equals_measured_on_the_zoo(name):
     """Transformer-only use: two calls per step named by call order (call0 / call1)."""
     entry = ZOO[name]

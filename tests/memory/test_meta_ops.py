@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from zoo import ZOO
+from zoo import READS_TENSOR_VALUES, ZOO
 
 from dcache.compat.torch import tree_map
 from dcache.memory.estimate import meta_model, to_meta
@@ -33,11 +33,7 @@ def _forward(model, inputs, memo: MetaOpMemo | None):
     return _metadata(out), counter.get_total_flops()
 
 
-# forwards that read tensor values (MoE token counts, .item(), autocast): no meta forward to compare with
-READS_VALUES = {"hunyuan_video15", "lumina2", "hidream", "mochi", "hunyuan_video_framepack", "omnigen"}
-
-
-@pytest.mark.parametrize("family", sorted(set(ZOO) - READS_VALUES))
+@pytest.mark.parametrize("family", sorted(set(ZOO) - READS_TENSOR_VALUES))  # the rest has no meta forward
 def test_remembered_outputs_equal_torchs_meta_kernels(family):
     entry = ZOO[family]
     model = meta_model(entry.make_model())
