@@ -322,7 +322,7 @@ def search_command(
 
 def check_search_arguments(method: str, *, model: str | None, steps: int, budget: str, threads: int | None,
                            pop_size: int, generations: int, granularity: str, forecast_order: int, max_span: int,
-                           base_plans: str, train_seeds: int, seed: int, forecaster: str = "taylor") -> None:
+                           base_plans: str, train_seeds: int, seed: int, forecaster: str) -> None:
     """Everything `dcache search` can check before the model loads (typer.BadParameter naming the option)."""
     from dcache.plans.plan import Plan
     from dcache.schedules.tuning import search
@@ -424,7 +424,7 @@ def _search_front(method: str, pipe: Any, is_tiny: bool, calib, search, *, budge
                   prompt_list: list[str], seed: int, scales: list[float], pop_size: int, generations: int,
                   resume: bool, max_span: int, iterations: int | None, progress: bool, seed_methods: tuple[str, ...],
                   on_generation, base_plans: str, train_seeds: int, online_iterations: int | None,
-                  forecast_order: int, granularity: str, scope: str, forecaster: str = "taylor") -> dict:
+                  forecast_order: int, granularity: str, scope: str, forecaster: str) -> dict:
     template = search.make_template(calib)
     front = _run_method(method, pipe, is_tiny, calib, template, budget=budget, out=out, steps=steps,
                         prompts=prompt_list, seed=seed, scales=scales, pop_size=pop_size, generations=generations,
@@ -444,7 +444,7 @@ def _run_method(method: str, pipe: Any, is_tiny: bool, calib, template, *, budge
                 prompts: list[str], seed: int, scales: list[float], pop_size: int, generations: int, resume: bool,
                 max_span: int, iterations: int | None, progress: bool, seed_methods: tuple[str, ...],
                 on_generation, base_plans: str, train_seeds: int, online_iterations: int | None,
-                forecast_order: int, granularity: str, scope: str = "blocks", forecaster: str = "taylor") -> dict:
+                forecast_order: int, granularity: str, scope: str = "blocks", forecaster: str) -> dict:
     """One search method on the calibration set; writes and returns its front."""
     from dcache.schedules.tuning import search
 
