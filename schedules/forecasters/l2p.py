@@ -21,9 +21,9 @@ weights of the Taylor forecast of the same order through the last order + 1 valu
 lambda -> inf gives Taylor back and the fitted weights never fit the calibration data worse than it.
 The least squares score one forecast from the uncached history; a cached generation forecasts from its own drifted
 history, which a weaker pull can amplify, so lambda is a choice per model: fit_l2p(..., ridge="auto") runs the first
-calibration input cached with each of lambda = 10, 1, 0.1, 0.01 and keeps the one whose finished sample is closest
-to the uncached run's (with 4 uniform keyframes it chose 10 on tiny-digits at CFG 1.5, 1 on tiny-shapes at CFG 4 and
-0.01 on tiny-motion at CFG 5).
+calibration input cached with each of lambda = 10, 1, 0.1, 0.01, 0.001 and 0 (plain least squares) and keeps the one
+whose finished sample is closest to the uncached run's (with 4 uniform keyframes and lambda down to 0.01 it chose 10
+on tiny-digits at CFG 1.5, 1 on tiny-shapes at CFG 4 and 0.01, the weakest offered, on tiny-motion at CFG 5).
 
 At run time a (t, s) the table lacks (another cadence, another step count, the first steps of a generation) is served
 by the engine's Taylor table instead. When it helps: a fixed cadence (keyframe, fixed_interval, a plan) at low
