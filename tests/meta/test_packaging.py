@@ -28,6 +28,7 @@ PACKAGE_OF = {"kernels": "dcache.kernels", "dcache": "dcache", "schedules": "dca
               "cli": "dcache.pipelines.cli"}
 FOLDER_OF = {"tuning": Path("schedules/tuning")}  # a layer nested in another's folder; the others: their own name
 CLI_FILE = Path("pipelines/cli.py")
+MAIN_FILE = Path("dcache/__main__.py")  # `python -m dcache`: the command line's second door, in its layer
 # Optional packages of the eval / search extras (dcache/optional_deps.py): only tuning and the layers above import
 # them.
 OPTIONAL_ABOVE_TUNING = {"matplotlib", "accelerate", "pymoo", "torchmetrics"}
@@ -65,6 +66,8 @@ def _module_name(path: Path) -> str:
     rel = path.relative_to(ROOT)
     if rel == CLI_FILE:
         return PACKAGE_OF["cli"]
+    if rel == MAIN_FILE:
+        return "dcache.__main__"
     parts = [PACKAGE_OF[rel.parts[0]], *rel.parts[1:-1]]
     if path.stem != "__init__":
         parts.append(path.stem)
@@ -125,13 +128,14 @@ def _layer_of(module: str) -> str | None:
 
 
 def _files_of(layer: str) -> list[Path]:
-    """The layer's source files: its folder, less the command line file and the folders of layers nested in it."""
+    """The layer's source files: its folder, less the command line files and the folders of layers nested in it."""
     if layer == "cli":
-        return [ROOT / CLI_FILE]
+        return [ROOT / CLI_FILE, ROOT / MAIN_FILE]
     folder = FOLDER_OF.get(layer, Path(layer))
     nested = [FOLDER_OF[other] for other in FOLDER_OF if other != layer and FOLDER_OF[other].parts[0] == layer]
     return [path for path in sorted((ROOT / folder).rglob("*.py"))
-            if (rel := path.relative_to(ROOT)) != CLI_FILE and not any(rel.is_relative_to(n) for n in nested)]
+            if (rel := path.relative_to(ROOT)) not in (CLI_FILE, MAIN_FILE)
+            and not any(rel.is_relative_to(n) for n in nested)]
 
 
 def test_the_import_reader_sees_dynamic_and_relative_imports():

@@ -51,3 +51,12 @@ def test_names_of_the_package_resolve_on_first_use():
     assert {"apply", "Plan", "Handle", "methods", "MethodConfig"} <= set(dir(dcache))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         dcache.nope  # noqa: B018
+
+
+def test_python_dash_m_dcache_is_the_command_line():
+    """`python -m dcache` runs the same command line as the `dcache` script (no scripts folder on PATH needed)."""
+    done = subprocess.run([sys.executable, "-m", "dcache", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "python -m dcache" in done.stdout and "generate" in done.stdout and "estimate" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "dcache", "nope"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "nope" in bad.stderr  # the script's own usage error, not a traceback
