@@ -157,6 +157,12 @@ def check_inside(root: str | os.PathLike, path: str | os.PathLike, what: str, fi
     return full
 
 
+# Suffixes of the files dcache and its users write: an output folder that does not exist yet and is named like
+# one (`--out cat.png`) is a file name given where a folder is meant, refused instead of becoming a folder `cat.png/`.
+FILE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".mp4", ".webm",
+                           ".avi", ".mov", ".json", ".md", ".txt", ".csv", ".html", ".safetensors", ".pt", ".pth"})
+
+
 class OutputDirError(ValueError):
     """An output folder that cannot be used; the message names it and the fix."""
 
@@ -168,6 +174,10 @@ def prepare_out_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
     if path.exists() and not path.is_dir():
         raise OutputDirError(f"{flag} {str(path)!r} is a file, not a folder; pass a folder path (it is created if "
                              f"missing).")
+    if not path.exists() and path.suffix.lower() in FILE_SUFFIXES:
+        raise OutputDirError(f"{flag} {str(path)!r} names a {path.suffix} file, but {flag} is the folder the "
+                             f"results are written into (grid.png, stats.json, ...); pass a folder path, e.g. "
+                             f"{str(path.with_suffix(''))!r}.")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):

@@ -42,17 +42,18 @@ def read_only_folder(tmp_path):
 @pytest.mark.parametrize("command", [["generate", "--steps", "2"], ["generate", "--prompts", "0,1", "--steps", "2"],
                                      ["eval", "--methods", "fora", "--steps", "2"]],
                          ids=["generate", "batch", "eval"])
-@pytest.mark.parametrize("where", ["file", "under_a_file", "read_only"])
+@pytest.mark.parametrize("where", ["file", "under_a_file", "read_only", "names_a_file"])
 def test_an_unusable_out_is_one_line_and_exit_code_2(tmp_path, command, where):
     file = tmp_path / "taken"
     file.write_text("x")
-    out = {"file": str(file), "under_a_file": str(file / "sub"), "read_only": read_only_folder(tmp_path)}[where]
+    out = {"file": str(file), "under_a_file": str(file / "sub"), "read_only": read_only_folder(tmp_path),
+           "names_a_file": str(tmp_path / "cat.png")}[where]  # a file name where a folder is meant
     result = runner.invoke(app, command + ["--out", out])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and f"--out {out!r}" in lines[0] and "Traceback" not in result.output, result.output
     assert "pass a folder" in lines[0]
-    assert file.read_text() == "x"
+    assert file.read_text() == "x" and not (tmp_path / "cat.png").exists()
 
 
 def test_empty_prompts_are_an_error_not_the_builtin_set(tmp_path):
