@@ -17,6 +17,32 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="dcache: feature caching for diffusion transformers in diffusers pipelines.")
 
 
+def _print_versions(asked: bool) -> None:
+    """--version: dcache's version and those of what it runs on (what a bug report needs), read from the installed
+    packages' metadata: nothing is imported, so it answers in a fraction of a second."""
+    if not asked:
+        return
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    typer.echo(f"dcache {of('dcache')} (torch {of('torch')}, diffusers {of('diffusers')}, "
+               f"python {platform.python_version()})")
+    raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_versions, is_eager=True,
+                                          help="print the versions of dcache, torch, diffusers and python, and exit")
+             ) -> None:
+    """dcache: feature caching for diffusion transformers in diffusers pipelines."""
+
+
 def _parse_overrides(pairs: list[str]) -> dict:
     from .runner import parse_overrides
 

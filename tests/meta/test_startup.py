@@ -35,10 +35,11 @@ def run(args: list[str]) -> tuple[str, dict, str]:
 
 
 @pytest.mark.parametrize("args, heavy", [(["--help"], ("torch", "diffusers", "torchao")),
+                                         (["--version"], ("torch", "diffusers", "torchao")),
                                          (["methods"], ("diffusers", "torchao"))])
 def test_start_up_imports_only_what_the_command_needs_and_is_quiet(args, heavy):
     out, modules, noise = run(args)
-    assert "generate" in out or "magcache" in out  # the command did its work
+    assert "generate" in out or "magcache" in out or "dcache 0" in out  # the command did its work
     assert not [name for name in heavy if modules[name]], modules
     assert not [word for word in NOISE if word in noise], noise
     assert noise == ""
@@ -60,3 +61,16 @@ def test_python_dash_m_dcache_is_the_command_line():
     assert "python -m dcache" in done.stdout and "generate" in done.stdout and "estimate" in done.stdout
     bad = subprocess.run([sys.executable, "-m", "dcache", "nope"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "nope" in bad.stderr  # the script's own usage error, not a traceback
+
+
+def test_version_names_dcache_torch_diffusers_and_python():
+    """`dcache --version`: one line a bug report can quote, the versions read from the installed packages."""
+    import platform
+    from importlib.metadata import version
+
+    import dcache
+
+    out, _, _ = run(["--version"])
+    assert out == (f"dcache {version('dcache')} (torch {version('torch')}, diffusers {version('diffusers')}, "
+                   f"python {platform.python_version()})\n")
+    assert version("dcache") == dcache.__version__  # the package's own constant and its metadata agree
