@@ -22,8 +22,8 @@ the model and the prompt. With split CFG the first branch of the generation plac
 others compute at the same steps, so the branches' forecast errors stay correlated and cancel in the guided
 velocity (a batched-CFG call decided per sample runs each half on its own: use decisions="batch" there). The
 decision reads only the step and past measurements, so it works in block and call scope with every forecaster
-(`forecaster=`); like any schedule that reads a signal, a ControlNet cannot follow it (give the ControlNet its own
-schedule).
+(`forecaster=`), and a ControlNet can follow it (controlnet="follow": the ControlNet, which runs first, is given the
+decision the transformer will take with the errors it will read, and computes at the same steps).
 
 Memory: the cache's (order + 1) tensors per branch, plus the same again for the error measurement's own forecast
 history (latent-sized in call scope, the stack residual's size in block scope; counted as signal memory).
@@ -77,7 +77,7 @@ class AdaptiveKeyframeConfig(MethodConfig):
 
     Use it on a model or prompts no keyframe search was run on: ask for a compute ratio (a hard budget; the errors
     decide where the computed steps go) or an error tolerance (the budget follows the model). It reads one signal
-    measured after computed calls, so it runs in call scope.
+    measured after computed calls, so it runs in call scope and a ControlNet can follow it (controlnet="follow").
 
     Example (the bundled tiny model, 28 steps, split CFG: 7 computed calls per branch):
         >>> import dcache

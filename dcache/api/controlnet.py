@@ -10,11 +10,13 @@ Settings:
                               one ControlNet call between cond and uncond), else it forecasts where the row
                               forecasts and reuses otherwise (Taylor order: the transformer schedule's). The
                               ControlNet runs before the transformer, so the decision is asked ahead of the
-                              transformer's call, of a copy of its schedule: only a schedule that decides from
-                              the step alone (no signals this generation: fixed_interval, fora, keyframe, a plan,
-                              a calibrated magcache, ...) can be followed; under one that reads signals measured
-                              during the call (fbcache's probe, teacache's modulated input, an uncalibrated
-                              magcache) the ControlNet computes every step and ControlNetNotFollowed says so.
+                              transformer's call, of a copy of its schedule: a schedule that decides from the
+                              step and from signals measured after the transformer's earlier computed calls
+                              (fixed_interval, fora, keyframe, a plan, magcache, adaptive_keyframe, ...) can be
+                              followed, the copy reading the values the transformer's own decision will read;
+                              under one that reads signals measured during the call itself (fbcache's probe,
+                              teacache's modulated input, easycache's input change) the ControlNet computes every
+                              step and ControlNetNotFollowed says so.
     controlnet="fixed_interval" (a method or preset name; a method config file written by config.to_json(); a
     MethodConfig) or controlnet={"method": "fixed_interval", "interval": 3, ...}
                               its own schedule and knobs, deciding before each ControlNet call from the step
@@ -235,7 +237,8 @@ def _describe(resolved: Any) -> str:
 class FollowerSchedule(Schedule):
     """controlnet='follow': at each ControlNet call, the transformer engine's decision for the same step and branch
     (the one it took if its call ran, else the one it will take: asked of a copy of its schedule, whose own state is
-    untouched), one unit: COMPUTE if any followed unit computes, else FORECAST if any forecasts, else REUSE."""
+    untouched, with the post-call signals the branch's decision will read), one unit: COMPUTE if any followed unit
+    computes, else FORECAST if any forecasts, else REUSE."""
 
     granularity = Granularity.STACK
 
@@ -248,7 +251,7 @@ class FollowerSchedule(Schedule):
     def decide(self, ctx: CallContext) -> str:
         leader = self.leader
         schedule, record = leader.schedule, leader.record
-        if schedule.signals:
+        if leader.meter.pre:  # measured during the transformer's own call of this step, which runs after this one
             self._warn(schedule)
             return COMPUTE
         if record is None:
@@ -266,8 +269,10 @@ class FollowerSchedule(Schedule):
                 continue
             twin = twin or _twin(schedule)
             bstate = leader.branches.get(name)
+            # signals measured after the branch's earlier computed calls: what its own decision will read
+            signals = leader.meter.peek_post(bstate) if bstate is not None and schedule.signals else {}
             asked = CallContext(step=step, num_steps=record.num_steps, branch=name,
-                                call_index=len(record.calls) + i, timestep=ctx.timestep, signals={},
+                                call_index=len(record.calls) + i, timestep=ctx.timestep, signals=signals,
                                 last_compute_step=bstate.last_compute_step if bstate is not None else None)
             rows.append(normalize_actions(twin.decide(asked), len(leader.units)))
         cells = "".join(rows)
@@ -277,7 +282,7 @@ class FollowerSchedule(Schedule):
         if self.warned:
             return
         self.warned = True
-        names = ", ".join(sorted(signal_name(s) for s in schedule.signals))
+        names = ", ".join(sorted(signal_name(s) for s in self.leader.meter.pre))
         warnings.warn(f"controlnet='follow': {schedule.name!r} decides from signals measured during the transformer's "
                       f"call ({names}), which runs after the ControlNet at every step, so the ControlNet computes at "
                       f"every step of such a generation. To cache it, give it its own schedule: controlnet={{"

@@ -169,6 +169,16 @@ class SignalMeter:
         merged.update(values)
         return {resolve_signal(k): v for k, v in merged.items()}
 
+    def peek_post(self, bstate: BranchState) -> dict[Signal | str, float]:
+        """The post signals the branch's next decision will read (`read` with no pre signals), without delivering
+        them: a follower asks a copy of the schedule for that decision ahead of the call (controlnet='follow').
+        One host transfer when values are pending; the branch's state is untouched."""
+        values = dict(bstate.post_values)
+        if bstate.pending_post:
+            names = list(bstate.pending_post)
+            values.update(self._to_host(names, [bstate.pending_post[k] for k in names]))
+        return {resolve_signal(k): v for k, v in values.items()}
+
     def flush(self, bstate: BranchState) -> None:
         """Bring the post signals still pending at a generation's end to the host (calibration reads them from the
         record)."""

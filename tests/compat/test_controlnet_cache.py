@@ -11,6 +11,7 @@ sees every call, served or not). fixed_interval at 4 steps computes steps 0, 2, 
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -140,6 +141,29 @@ def test_follow_a_schedule_with_a_forecaster(flux):
         out, n = forwards.during(lambda: _run(spec, pipe, num_inference_steps=12))
         cn = handle.stats(expert="controlnet")
     assert n == cn.units_computed < 12 and cn.units_forecast > 0
+    assert 0.0 < _rel(out, reference) < 0.05
+
+
+@pytest.mark.parametrize("knobs", [dict(compute_ratio=0.34), dict(compute_ratio=None, tolerance=0.05)],
+                         ids=["ratio", "tolerance"])
+def test_follow_an_adaptive_placement(case, knobs):
+    """adaptive_keyframe places the transformer's computed steps from the forecast errors measured after its earlier
+    computed calls. The ControlNet runs first at every step, so "follow" asks a copy of the schedule with the errors
+    the transformer's own decision will read: it computes at exactly the transformer's computed steps (uneven under a
+    tolerance: the errors move them) and forecasts between them, with no ControlNetNotFollowed warning."""
+    spec, pipe, forwards = case
+    reference = _run(spec, pipe, num_inference_steps=12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ControlNetNotFollowed)
+        with dcache.apply(pipe, "adaptive_keyframe", scope="call", controlnet="follow", **knobs) as handle:
+            out, n = forwards.during(lambda: _run(spec, pipe, num_inference_steps=12))
+            stats = handle.stats()
+    transformer, controlnet = stats.experts["transformer"], stats.experts["controlnet"]
+    computed = [j for j, row in enumerate(transformer.per_step) if "C" in "".join(row.values())]
+    assert [j for j, row in enumerate(controlnet.per_step) if row["call0"] == "C"] == computed
+    assert n == len(computed) < 12 and controlnet.units_forecast == 12 - n
+    if "tolerance" in knobs:  # the measured errors placed them: not one gap throughout
+        assert len({b - a for a, b in zip(computed, computed[1:])}) > 1, computed
     assert 0.0 < _rel(out, reference) < 0.05
 
 
