@@ -25,8 +25,9 @@ calibration input cached with each of lambda = 10, 1, 0.1, 0.01, 0.001 and 0 (pl
 whose finished sample is closest to the uncached run's (with 4 uniform keyframes and lambda down to 0.01 it chose 10
 on tiny-digits at CFG 1.5, 1 on tiny-shapes at CFG 4 and 0.01, the weakest offered, on tiny-motion at CFG 5).
 
-At run time a (t, s) the table lacks (another cadence, another step count, the first steps of a generation) is served
-by the engine's Taylor table instead. When it helps: a fixed cadence (keyframe, fixed_interval, a plan) at low
+At run time a (t, s) the table lacks (another cadence, another step count) is served by the engine's Taylor table
+instead, and a DCacheHealthWarning says so once per forecaster, naming the step count or the missing entry and the
+refit. When it helps: a fixed cadence (keyframe, fixed_interval, a plan) at low
 compute ratios, on the step count and guidance it was fitted at; the weights are fitted on the call's Delta and are
 used as they are for stacks, blocks and modules too. Memory: `window` tensors per cached unit and branch.
 """
@@ -34,9 +35,12 @@ used as they are for stacks, blocks and modules too. Memory: `window` tensors pe
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, ClassVar
 
 import torch
+
+from dcache.generations.health import DCacheHealthWarning
 
 from .base import HistoryForecaster, Knob, weighted_sum
 
@@ -66,17 +70,40 @@ class L2PForecaster(HistoryForecaster):
                                  f"dcache.schedules.tuning.l2p_fit.fit_l2p.")
         self.served = 0  # forecasts served from the table / by the Taylor fallback (for tests and reports)
         self.fallbacks = 0
+        self._said: set[str] = set()  # the fallbacks already warned about (once per forecaster and kind)
+
+    def reset(self, generation) -> None:
+        super().reset(generation)
+        if self.weights and self.fitted_steps not in (0, self.num_steps):
+            count = f"has {self.num_steps} steps" if self.num_steps else "has no known step count"
+            self._say("steps", f"forecaster l2p: its table was fitted at {self.fitted_steps} steps and this "
+                               f"generation {count}, so every forecast uses the Taylor table of the schedule's order "
+                               f"instead (the weights belong to the step grid they were fitted on). Refit with "
+                               f"dcache.schedules.tuning.l2p_fit.fit_l2p on runs at the step count you generate at.")
 
     def __call__(self, hist, step: int) -> list[torch.Tensor]:
         samples = hist.samples[-self.window:]
         weights = None
         if samples and (self.fitted_steps in (0, self.num_steps)):
-            weights = self.weights.get(table_key(step, [s for s, _ in samples]))
+            key = table_key(step, [s for s, _ in samples])
+            weights = self.weights.get(key)
+            if weights is None and self.weights:
+                self._say("placement", f"forecaster l2p: its table has no weights for the forecast at step {step} "
+                                       f"from computed steps {[s for s, _ in samples]} ({key!r}): it was fitted for "
+                                       f"another placement of the computed steps (other keyframes, another "
+                                       f"schedule). Such forecasts use the Taylor table of the schedule's order; "
+                                       f"refit with fit_l2p using the method and knobs you generate with.")
         if weights is None:
             self.fallbacks += 1
             return hist.forecast(step)  # the engine's Taylor table of the schedule's order
         self.served += 1
         return [weighted_sum(weights, [values[i] for _, values in samples]) for i in range(len(samples[-1][1]))]
+
+    def _say(self, kind: str, message: str) -> None:
+        """A table that cannot serve is not silent: warned once per forecaster and kind (DCacheHealthWarning)."""
+        if kind not in self._said:
+            self._said.add(kind)
+            warnings.warn(message, DCacheHealthWarning, stacklevel=3)
 
 
 def _valid_entry(key: Any, value: Any, window: int) -> bool:

@@ -7,11 +7,14 @@ forecaster applied by hand to the uncached Deltas."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import toy_models as toy
 import torch
 
 import dcache
+from dcache.generations.health import DCacheHealthWarning
 from dcache.plans.plan import PlanError
 from dcache.schedules.forecasters import FORECASTERS, build_forecaster
 from dcache.schedules.forecasters.dmd import matrix_power
@@ -406,10 +409,35 @@ def test_l2p_serves_taylor_where_its_table_has_no_entry():
     f = L2PForecaster(weights={"4|0,2": [0.5, 1.5]}, window=2, fitted_steps=10)
     f.num_steps = 10
     torch.testing.assert_close(f(History(), 4)[0], torch.full((3,), 3.5))  # 0.5 * 1 + 1.5 * 2
-    assert f(History(), 5)[0].tolist() == [-1.0] * 3  # no entry for step 5: Taylor
+    with pytest.warns(DCacheHealthWarning, match=r"no weights for the forecast at step 5 .*'5\|0,2'.*refit"):
+        assert f(History(), 5)[0].tolist() == [-1.0] * 3  # no entry for step 5: Taylor
     f.num_steps = 20  # another step count than the table's: Taylor everywhere
     assert f(History(), 4)[0].tolist() == [-1.0] * 3
     assert (f.served, f.fallbacks) == (1, 2)
+
+
+def test_an_l2p_table_that_cannot_serve_says_so_once():
+    """Fitted at 12 steps on one placement: a generation at 14 steps, or with other keyframes, is served by Taylor
+    (the same images as without the table) and a DCacheHealthWarning names why and the fix, once per forecaster;
+    the fitted setting serves from the table without a warning."""
+    from dcache.schedules.tuning.l2p_fit import fit_l2p
+
+    model = _quadratic_toy()
+    n, keyframes = 12, (0.0, 1 / 11, 3 / 11, 5 / 11, 8 / 11)
+    timesteps = [1.0 - 0.5 * a + 0.3 * a * a - 0.2 * a ** 3 for a in (s / n for s in range(n))]
+    spec = fit_l2p(model, [lambda: _generate(model, timesteps)], "keyframe", keyframes=keyframes, window=3,
+                   ridge=0.0, num_steps=n, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DCacheHealthWarning)
+        _generate(model, timesteps, "keyframe", scope="call", keyframes=keyframes, order=2, forecaster=spec)
+    longer = [1.0 - 0.5 * a + 0.3 * a * a - 0.2 * a ** 3 for a in (s / (n + 2) for s in range(n + 2))]
+    for steps, frames, reason in ((longer, keyframes, r"fitted at 12 steps and this generation has 14 steps"),
+                                  (timesteps, (0.0, 2 / 11, 4 / 11, 8 / 11), r"fitted for another placement")):
+        with pytest.warns(DCacheHealthWarning, match=reason) as said:
+            served = _generate(model, steps, "keyframe", scope="call", keyframes=frames, order=2, forecaster=spec)
+        assert len([w for w in said if issubclass(w.category, DCacheHealthWarning)]) == 1
+        taylor = _generate(model, steps, "keyframe", scope="call", keyframes=frames, order=2)
+        assert all(torch.equal(a, b) for a, b in zip(served, taylor))
 
 
 @pytest.mark.parametrize("weights", [{"4|0,2": [1.0]}, {"4|2,0": [1.0, 1.0]}, {"2|0,2": [1.0, 1.0]},
