@@ -103,8 +103,9 @@ def _controlnet_section() -> list[str]:
              "call adds its own samples, exactly as an uncached call does); block and module units never contain "
              "them. The ControlNet model itself runs every step unless `dcache.apply(pipe, method, controlnet=...)` "
              "caches it too, as one unit per call with its own state: `controlnet='follow'` (the transformer's "
-             "schedule decides, for schedules that decide from the step alone) or its own schedule "
-             "(`controlnet={'method': 'fixed_interval', 'interval': 3}`); a reused call serves the cached per-block "
+             "schedule decides, for schedules that decide from the step and from what earlier computed calls "
+             "measured) or its own schedule (`controlnet={'method': 'fixed_interval', 'interval': 3}`); a reused "
+             "call serves the cached per-block "
              "samples, rescaled to its conditioning scale; each net of a multi-ControlNet has its own cache "
              "(docs/pipelines.md, tests/compat/test_controlnet_cache.py on Flux and Qwen-Image).", "",
              "| transformer | between-block additions |", "|---|---|"]
