@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--keyframes", default="",
                     help="comma-separated names of benchmarks/frontier.py's no-CFG keyframe plans (e.g. 6,4: 6 and 4 "
                          "computed steps of 28) for keyframe rows in block and call scope; '' for none")
+    ap.add_argument("--forecasters", default="",
+                    help="comma-separated forecasters (foca, hyca, spectrum, dmd, l2p) served between the --keyframes "
+                         "plans' keyframes in call scope: their cost per call beside the Taylor rows; '' for none")
+    ap.add_argument("--adaptive", default="",
+                    help="comma-separated compute ratios for adaptive_keyframe rows in call scope (e.g. 0.214,0.143); "
+                         "'' for none")
     ap.add_argument("--out", type=Path, default=SCRATCH,
                     help="folder for overhead.md (default benchmarks/out/, git-ignored; --out benchmarks/results "
                          "refreshes the table BENCHMARKS.md is assembled from)")
@@ -187,6 +193,36 @@ def keyframe_contenders(names: list[str]) -> list[Row]:
     return rows
 
 
+def forecaster_contenders(names: list[str], forecasters: list[str]) -> list[Row]:
+    """The same no-CFG keyframe plans in call scope with another forecaster between the keyframes
+    (dcache.schedules.forecasters at its defaults): what each costs per call beside the Taylor rows. L2P is fitted
+    once, on one generation of the timed input (its default ridge): its table's cost, not its quality, is timed."""
+    from frontier import KEYFRAMES
+
+    rows = []
+    for name in names:
+        setting = dict(KEYFRAMES["nocfg"][name])
+        for forecaster in forecasters:
+            def enable(p, c=setting, f=forecaster, fitted={}):  # noqa: B006  (one fit per row, kept across rounds)
+                if f == "l2p" and "spec" not in fitted:
+                    from dcache.schedules.tuning.l2p_fit import fit_l2p
+
+                    fitted["spec"] = fit_l2p(p, [lambda: generate(p)], "keyframe", progress=False, **c)
+                spec = fitted["spec"] if f == "l2p" else f
+                return dcache.apply(p, "keyframe", scope="call", forecaster=spec, **c).remove
+
+            rows.append(Row("dcache", f"keyframe scope=call {forecaster}", f"plan {name} (frontier nocfg)", enable))
+    return rows
+
+
+def adaptive_contenders(ratios: list[float]) -> list[Row]:
+    """adaptive_keyframe in call scope at each compute ratio: the cost of measuring its forecast error after every
+    computed call and placing the next one."""
+    return [Row("dcache", "adaptive_keyframe scope=call", f"compute_ratio={r:g}",
+                lambda p, r=r: dcache.apply(p, "adaptive_keyframe", scope="call", compute_ratio=r).remove)
+            for r in ratios]
+
+
 def magcache_contenders(ratios: list[float], settings: tuple[tuple[float, int, float], ...]) -> list[Row]:
     """MagCache at identical decisions: the same ratio table, threshold, K and retention in all three rows."""
     from diffusers import MagCacheConfig
@@ -245,7 +281,8 @@ def measure_ratio(pipe, meter: BlockMeter, bare_flops: float, row: Row) -> None:
 def run(rounds: int, log: Callable[[str], None], thresholds: tuple[float, ...] = THRESHOLDS,
         magcache_thresholds: tuple[tuple[float, int, float], ...] = tuple(
             (t, MAGCACHE_K, MAGCACHE_RETENTION) for t in MAGCACHE_THRESHOLDS),
-        cache_dit: bool = True, keyframes: tuple[str, ...] = ()) -> tuple[dict, list[Row]]:
+        cache_dit: bool = True, keyframes: tuple[str, ...] = (), forecasters: tuple[str, ...] = (),
+        adaptive: tuple[float, ...] = ()) -> tuple[dict, list[Row]]:
     from _peers import calibrate_diffusers_magcache
 
     torch.set_num_threads(1)
@@ -260,6 +297,8 @@ def run(rounds: int, log: Callable[[str], None], thresholds: tuple[float, ...] =
         ratios, _ = calibrate_diffusers_magcache(pipe, lambda: generate(pipe), STEPS)
         rows += magcache_contenders(ratios, magcache_thresholds)
     rows += keyframe_contenders(list(keyframes))
+    rows += forecaster_contenders(list(keyframes), list(forecasters))
+    rows += adaptive_contenders(list(adaptive))
     for row in rows:
         row.pipe = load_tiny_pipeline()
         row_meter = BlockMeter(row.pipe.transformer)  # before the cache, see _peers.BlockMeter
@@ -351,12 +390,18 @@ def main(argv: list[str] | None = None) -> Path:
     thresholds = tuple(float(t) for t in args.thresholds.split(","))
     mag = parse_magcache(args.magcache_thresholds)
     keyframes = tuple(k.strip() for k in args.keyframes.split(",") if k.strip())
+    forecasters = tuple(f.strip() for f in args.forecasters.split(",") if f.strip())
+    adaptive = tuple(float(r) for r in args.adaptive.split(",") if r.strip())
+    if forecasters and not keyframes:
+        ap.error("--forecasters serves between the --keyframes plans' keyframes: pass --keyframes too (e.g. 6,4)")
     meta, rows = run(args.rounds, lambda m: print(m, flush=True), thresholds, mag, cache_dit=not args.no_cache_dit,
-                     keyframes=keyframes)
+                     keyframes=keyframes, forecasters=forecasters, adaptive=adaptive)
     lines = report(meta, rows)
     lines += ["", f"Command: `python benchmarks/overhead.py --rounds {args.rounds} --thresholds {args.thresholds} "
                   f"--magcache-thresholds {args.magcache_thresholds}"
                   + (f" --keyframes {args.keyframes}" if keyframes else "")
+                  + (f" --forecasters {args.forecasters}" if forecasters else "")
+                  + (f" --adaptive {args.adaptive}" if adaptive else "")
                   + (" --no-cache-dit" if args.no_cache_dit else "")
                   + f"` ({(time.time() - t0) / 60:.1f} min)."]
     notes = RESULTS / "overhead_notes.md"
