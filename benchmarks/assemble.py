@@ -30,7 +30,9 @@ RERUN = {
                       "benchmarks/results",
     "methods_shapes": "python benchmarks/methods.py --model shapes --heldout-seeds 5 --repeats 5 --out "
                       "benchmarks/results",
-    "overhead": "python benchmarks/overhead.py --out benchmarks/results --rounds 9",
+    "overhead": "python benchmarks/overhead.py --out benchmarks/results --rounds 9 --thresholds 0,0.1,0.2,0.4 "
+                "--magcache-thresholds 0.06,0.5,100:4:0,100:7:0 --keyframes 6,4 "
+                "--forecasters foca,hyca,spectrum,dmd,l2p --adaptive 0.214,0.143",
     "per_sample": "python benchmarks/per_sample.py --batches 1,4 --steps 8 --rounds 3 "
                   "--out benchmarks/results/per_sample.md",
     "search": "python benchmarks/search.py --out benchmarks/out/search   # then copy search.{md,json} to "
