@@ -341,27 +341,24 @@ def test_l2p_auto_ridge_keeps_the_run_closest_to_uncached():
     ridge, errors = choose_ridge(model, run, stats, "keyframe", ridges=(1e3, 1.0, 0.0), keyframes=keyframes,
                                  num_steps=n, progress=False)
     reference = run()
-    for r, error in errors.items():
-        cached = _generate(model, timesteps, "keyframe", scope="call", keyframes=keyframes, order=2,
-                           forecaster=solve_l2p(stats, r))
-        expected = sum(float((c - f).square().sum()) for c, f in zip(cached, reference)) / sum(
+
+    def served_error(spec: dict) -> float:  # relative squared error of the run served with this table
+        cached = _generate(model, timesteps, "keyframe", scope="call", keyframes=keyframes, order=2, forecaster=spec)
+        return sum(float((c - f).square().sum()) for c, f in zip(cached, reference)) / sum(
             float(f.square().sum()) for f in reference)
-        assert error == pytest.approx(expected, rel=1e-6, abs=1e-15)
+
+    for r, error in errors.items():
+        assert error == pytest.approx(served_error(solve_l2p(stats, r)), rel=1e-6, abs=1e-15)
     assert ridge == 0.0 and errors[0.0] < 1e-10 < errors[1.0] < errors[1e3]
     auto = fit_l2p(model, [run], "keyframe", keyframes=keyframes, window=3, ridge="auto", num_steps=n, progress=False)
     _, auto_errors = choose_ridge(model, run, stats, "keyframe", ridges=AUTO_RIDGES, keyframes=keyframes,
                                   num_steps=n, progress=False)
-    # fit_l2p recomputes the statistics (float64 sums whose rounding can follow the BLAS thread count): its table is
-    # the best ridge's up to that rounding, and far from every other ridge's
-    best = min(auto_errors, key=auto_errors.get)
-    assert sorted(auto_errors.values())[1] > 10 * auto_errors[best]  # a clear winner on this toy
-
-    def distance(spec: dict, r: float) -> float:
-        table = solve_l2p(stats, r)["weights"]
-        assert set(table) == set(spec["weights"])
-        return max(abs(a - b) for key in table for a, b in zip(table[key], spec["weights"][key]))
-
-    assert distance(auto, best) < 1e-9 and min(distance(auto, r) for r in AUTO_RIDGES if r != best) > 1e-6
+    ranked = sorted(auto_errors.values())
+    assert ranked[1] > 10 * ranked[0]  # a clear winner on this toy (plain least squares: the toy is exact for it)
+    # fit_l2p recomputes the statistics (float64 sums whose rounding can follow the BLAS thread count), and the
+    # toy's history is rank-deficient (every Delta is t(s) V), so the least-squares weights are not unique: compare
+    # what the table serves, not its numbers. The auto table serves the winner's error, not another ridge's.
+    assert served_error(auto) < ranked[1] / 10
     with pytest.raises(ValueError, match="'auto'"):
         fit_l2p(model, [run], "keyframe", keyframes=keyframes, ridge="best", num_steps=n, progress=False)
     with pytest.raises(ValueError, match="output_type='pt'"):  # a run that returns no sample cannot be scored
