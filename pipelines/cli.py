@@ -40,7 +40,7 @@ def _print_versions(asked: bool) -> None:
 def _options(version: bool = typer.Option(False, "--version", callback=_print_versions, is_eager=True,
                                           help="print the versions of dcache, torch, diffusers and python, and exit")
              ) -> None:
-    """dcache: feature caching for diffusion transformers in diffusers pipelines."""
+    pass  # the options of `dcache` itself (the help text is the Typer app's)
 
 
 def _parse_overrides(pairs: list[str]) -> dict:

@@ -193,9 +193,16 @@ class HealthMonitor:
             self._once(kind, message)
 
     def _once(self, kind: str, message: str) -> None:
-        if kind not in self._warned:
-            self._warned.add(kind)
-            warnings.warn(message, DCacheHealthWarning, stacklevel=4)
+        warn_once(self._warned, kind, message, stacklevel=4)
 
 
-__all__ = ["DCacheHealthWarning", "Health", "HealthMonitor", "quiet"]
+def warn_once(said: set[str], kind: str, message: str, stacklevel: int = 2) -> None:
+    """`message` as a DCacheHealthWarning unless `kind` is already in `said` (then added) or this thread is inside
+    quiet(): one warning per owner of `said` and kind (a handle's monitor, a forecaster)."""
+    if kind in said or getattr(_QUIET, "depth", 0):
+        return
+    said.add(kind)
+    warnings.warn(message, DCacheHealthWarning, stacklevel=stacklevel + 1)
+
+
+__all__ = ["DCacheHealthWarning", "Health", "HealthMonitor", "quiet", "warn_once"]

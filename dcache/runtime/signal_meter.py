@@ -173,18 +173,21 @@ class SignalMeter:
         """The post signals the branch's next decision will read (`read` with no pre signals), without delivering
         them: a follower asks a copy of the schedule for that decision ahead of the call (controlnet='follow').
         One host transfer when values are pending; the branch's state is untouched."""
-        values = dict(bstate.post_values)
-        if bstate.pending_post:
-            names = list(bstate.pending_post)
-            values.update(self._to_host(names, [bstate.pending_post[k] for k in names]))
+        values = {**bstate.post_values, **self._pending_on_host(bstate)}
         return {resolve_signal(k): v for k, v in values.items()}
 
     def flush(self, bstate: BranchState) -> None:
         """Bring the post signals still pending at a generation's end to the host (calibration reads them from the
         record)."""
         if bstate.pending_post:
-            names = list(bstate.pending_post)
-            self._deliver_post(bstate, self._to_host(names, [bstate.pending_post[k] for k in names]))
+            self._deliver_post(bstate, self._pending_on_host(bstate))
+
+    def _pending_on_host(self, bstate: BranchState) -> dict[str, Any]:
+        """The branch's pending post signals as host values (one transfer; {} when none are pending)."""
+        if not bstate.pending_post:
+            return {}
+        names = list(bstate.pending_post)
+        return self._to_host(names, [bstate.pending_post[k] for k in names])
 
     def _to_host(self, names: list[str], tensors: list[torch.Tensor]) -> dict[str, Any]:
         """{name: value}; a [2] tensor is (numerator, denominator), a vector provider's value a tuple of floats.

@@ -35,12 +35,11 @@ used as they are for stacks, blocks and modules too. Memory: `window` tensors pe
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, ClassVar
 
 import torch
 
-from dcache.generations.health import DCacheHealthWarning
+from dcache.generations.health import warn_once
 
 from .base import HistoryForecaster, Knob, weighted_sum
 
@@ -70,16 +69,17 @@ class L2PForecaster(HistoryForecaster):
                                  f"dcache.schedules.tuning.l2p_fit.fit_l2p.")
         self.served = 0  # forecasts served from the table / by the Taylor fallback (for tests and reports)
         self.fallbacks = 0
-        self._said: set[str] = set()  # the fallbacks already warned about (once per forecaster and kind)
+        self._said: set[str] = set()  # the fallbacks already warned about (warn_once: per forecaster and kind)
 
     def reset(self, generation) -> None:
         super().reset(generation)
         if self.weights and self.fitted_steps not in (0, self.num_steps):
             count = f"has {self.num_steps} steps" if self.num_steps else "has no known step count"
-            self._say("steps", f"forecaster l2p: its table was fitted at {self.fitted_steps} steps and this "
-                               f"generation {count}, so every forecast uses the Taylor table of the schedule's order "
-                               f"instead (the weights belong to the step grid they were fitted on). Refit with "
-                               f"dcache.schedules.tuning.l2p_fit.fit_l2p on runs at the step count you generate at.")
+            warn_once(self._said, "steps", (
+                f"forecaster l2p: its table was fitted at {self.fitted_steps} steps and this generation {count}, so "
+                f"every forecast uses the Taylor table of the schedule's order instead (the weights belong to the "
+                f"step grid they were fitted on). Refit with dcache.schedules.tuning.l2p_fit.fit_l2p on runs at the "
+                f"step count you generate at."))
 
     def __call__(self, hist, step: int) -> list[torch.Tensor]:
         samples = hist.samples[-self.window:]
@@ -87,23 +87,17 @@ class L2PForecaster(HistoryForecaster):
         if samples and (self.fitted_steps in (0, self.num_steps)):
             key = table_key(step, [s for s, _ in samples])
             weights = self.weights.get(key)
-            if weights is None and self.weights:
-                self._say("placement", f"forecaster l2p: its table has no weights for the forecast at step {step} "
-                                       f"from computed steps {[s for s, _ in samples]} ({key!r}): it was fitted for "
-                                       f"another placement of the computed steps (other keyframes, another "
-                                       f"schedule). Such forecasts use the Taylor table of the schedule's order; "
-                                       f"refit with fit_l2p using the method and knobs you generate with.")
+            if weights is None and self.weights and "placement" not in self._said:  # format the text once
+                warn_once(self._said, "placement", (
+                    f"forecaster l2p: its table has no weights for the forecast at step {step} from computed steps "
+                    f"{[s for s, _ in samples]} ({key!r}): it was fitted for another placement of the computed steps "
+                    f"(other keyframes, another schedule). Such forecasts use the Taylor table of the schedule's "
+                    f"order; refit with fit_l2p using the method and knobs you generate with."))
         if weights is None:
             self.fallbacks += 1
             return hist.forecast(step)  # the engine's Taylor table of the schedule's order
         self.served += 1
         return [weighted_sum(weights, [values[i] for _, values in samples]) for i in range(len(samples[-1][1]))]
-
-    def _say(self, kind: str, message: str) -> None:
-        """A table that cannot serve is not silent: warned once per forecaster and kind (DCacheHealthWarning)."""
-        if kind not in self._said:
-            self._said.add(kind)
-            warnings.warn(message, DCacheHealthWarning, stacklevel=3)
 
 
 def _valid_entry(key: Any, value: Any, window: int) -> bool:

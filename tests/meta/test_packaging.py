@@ -66,8 +66,6 @@ def _module_name(path: Path) -> str:
     rel = path.relative_to(ROOT)
     if rel == CLI_FILE:
         return PACKAGE_OF["cli"]
-    if rel == MAIN_FILE:
-        return "dcache.__main__"
     parts = [PACKAGE_OF[rel.parts[0]], *rel.parts[1:-1]]
     if path.stem != "__init__":
         parts.append(path.stem)
