@@ -327,24 +327,25 @@ def _fractions(steps: list[int], num_steps: int) -> tuple[float, ...]:
     return tuple(round(s / (num_steps - 1), 4) for s in steps)
 
 
-def search_keyframes(bench, scenario: Scenario, cond: int, uncond: int, order: int, log) -> dict:
+def search_keyframes(bench, scenario: Scenario, cond: int, uncond: int, order: int, log, measure=None,
+                     also: tuple[list[int], list[int]] | None = None, served: str = "Taylor") -> dict:
     """Keyframes for `cond` (+ `uncond`) computed calls maximising the tuning batch's PSNR: start from uniform
-    spacings ending at 80 / 90 / 100 % of the generation (uncond: each start's cond keyframes minus one), then move
-    one keyframe at a time by -2..+2 steps while the PSNR rises by > 0.03 dB."""
-    import dcache
-
-    n, ref = scenario.steps, bench.refs[("tune", bench.mode)]
+    spacings ending at 80 / 90 / 100 % of the generation (uncond: each start's cond keyframes minus one) and `also`
+    (cond, uncond step indices), then move one keyframe at a time by -2..+2 steps while the PSNR rises by > 0.03 dB.
+    measure(setting) -> tuning PSNR of a keyframe setting (default: the Taylor series of `order`, call scope);
+    `served` names what it serves in the log."""
+    n = scenario.steps
     tied = scenario.branches == 1 or uncond == cond
     seen: dict[tuple, float] = {}
+    measure = measure or (lambda setting: _tuning_psnr(bench, **setting))
 
     def score(sc: list[int], su: list[int]) -> float:
         key = (tuple(sc), tuple(su))
         if key not in seen:
-            kwargs = dict(keyframes=_fractions(sc, n), order=order, scope="call")
+            setting = dict(keyframes=_fractions(sc, n), order=order)
             if not tied:
-                kwargs["uncond_keyframes"] = _fractions(su, n)
-            with dcache.apply(bench.pipe, "keyframe", **kwargs):
-                seen[key] = methods.psnr(bench.tune(bench.pipe, bench.mode), ref)
+                setting["uncond_keyframes"] = _fractions(su, n)
+            seen[key] = measure(setting)
         return seen[key]
 
     def uniform(k: int, end: int) -> list[int]:
@@ -359,6 +360,8 @@ def search_keyframes(bench, scenario: Scenario, cond: int, uncond: int, order: i
             p = score(sc, su)
             if best is None or p > best[0]:
                 best = (p, sc, su)
+    if also is not None and score(*also) > best[0]:
+        best = (score(*also), *also)
     p, sc, su = best
     for _ in range(6):
         improved = False
@@ -377,7 +380,7 @@ def search_keyframes(bench, scenario: Scenario, cond: int, uncond: int, order: i
         if not improved:
             break
     log(f"    keyframes {cond}+{uncond if not tied or scenario.branches == 2 else 0} order {order}: cond {sc} uncond "
-        f"{su} -> tuning PSNR {p:.2f} ({len(seen)} settings)")
+        f"{su} -> tuning PSNR {p:.2f} ({served}, {len(seen)} settings)")
     return dict(keyframes=_fractions(sc, n), uncond_keyframes=None if tied else _fractions(su, n), order=order,
                 tune_psnr=p)
 
@@ -402,22 +405,46 @@ def searched_plans(bench, scenario: Scenario, log) -> dict[str, dict]:
 L2P_FIT_SEEDS = (1, 2)  # calibration runs of the L2P fit: tuning seeds, neither the one that scores nor a held-out one
 
 
-def l2p_plans(bench, plans: dict[str, dict], log) -> dict[str, dict]:
-    """Per searched plan: the L2P forecaster (dcache.schedules.forecasters.l2p) fitted on the tuning batch's labels
-    at seeds L2P_FIT_SEEDS with the plan's keyframes, its ridge the one of fit_l2p's AUTO_RIDGES whose cached
-    generation of the tuning batch (seed 0) is closest to uncached, as a user fits it on their own prompts."""
-    from dcache.schedules.tuning.l2p_fit import AUTO_RIDGES, l2p_statistics, solve_l2p
+def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log) -> dict[str, dict]:
+    """Per searched plan: keyframes searched again (search_keyframes, its starts and the plan's own placement) for the
+    L2P forecaster (dcache.schedules.forecasters.l2p) fitted per candidate placement on the tuning batch's labels at
+    seeds L2P_FIT_SEEDS (recorded once: l2p_fit.delta_grams), each candidate scored on the tuning batch (seed 0) at
+    every ridge of AUTO_RIDGES, its best ridge its score; as `dcache search --method keyframe --forecaster l2p` does on
+    a user's prompts. The plan's order stays (the ridge's prior and the fallback)."""
+    from dcache.schedules.tuning.l2p_fit import AUTO_RIDGES, delta_grams, l2p_statistics, solve_l2p
 
+    n = scenario.steps
     runs = [lambda seed=seed: bench.run(bench.pipe, bench.tune_labels, seed, bench.mode) for seed in L2P_FIT_SEEDS]
+    grams = delta_grams(bench.pipe, runs, progress=False)
+    fitted: dict[tuple, tuple[float, float, dict]] = {}  # placement -> (tuning PSNR, ridge, table)
+
+    def key(setting: dict) -> tuple:
+        return tuple(setting["keyframes"]), tuple(setting.get("uncond_keyframes") or ()), setting["order"]
+
+    def best_ridge(setting: dict) -> float:
+        if key(setting) not in fitted:
+            knobs = {k: v for k, v in setting.items() if k != "order"}
+            stats = l2p_statistics(bench.pipe, runs, "keyframe", order=setting["order"], progress=False, window=2,
+                                   grams=grams, **knobs)
+            tables = {r: solve_l2p(stats, r) for r in AUTO_RIDGES}
+            fitted[key(setting)] = max((_tuning_psnr(bench, **setting, forecaster=t), r, t) for r, t in tables.items())
+        return fitted[key(setting)][0]
+
     out = {}
     for name, setting in plans.items():
-        stats = l2p_statistics(bench.pipe, runs, "keyframe", order=setting.get("order", 2), progress=False,
-                               window=2, **{k: v for k, v in setting.items() if k != "order"})
-        tables = {r: solve_l2p(stats, r) for r in AUTO_RIDGES}
-        scored = [(_tuning_psnr(bench, **setting, forecaster=table), r) for r, table in tables.items()]
-        psnr, ridge = max(scored)
-        log(f"    l2p {name}: ridge {ridge:g} (tuning PSNR {', '.join(f'{r:g}: {p:.2f}' for p, r in scored)})")
-        out[name] = {**setting, "forecaster": tables[ridge]}
+        order = setting.get("order", 2)
+        steps = lambda fractions: [round(f * (n - 1)) for f in fractions]  # noqa: E731
+        sc = steps(setting["keyframes"])
+        su = steps(setting["uncond_keyframes"]) if setting.get("uncond_keyframes") else sc
+        found = search_keyframes(bench, scenario, len(sc), len(su), order, log, measure=best_ridge, also=(sc, su),
+                                 served="L2P")
+        placed = {k: v for k, v in found.items() if k != "tune_psnr" and v is not None}
+        psnr, ridge, table = fitted[key(placed)]
+        on_plan = dict(keyframes=_fractions(sc, n), order=order,
+                       **({} if len(su) == len(sc) else {"uncond_keyframes": _fractions(su, n)}))
+        log(f"    l2p {name}: ridge {ridge:g}, keyframes {placed['keyframes']} (tuning PSNR {psnr:.2f}; "
+            f"{best_ridge(on_plan):.2f} on the Taylor placement)")
+        out[name] = {**placed, "forecaster": table}
     return out
 
 
@@ -514,7 +541,7 @@ def run_scenario(model: str, scenario: Scenario, args, log) -> dict:
     searched = args.search or model != "digits" or scenario.name not in KEYFRAMES
     plans = searched_plans(bench, scenario, log) if searched else KEYFRAMES[scenario.name]
     diff_plans = cfg_difference_plans(bench, scenario, plans, args.search or args.search_cfg_difference, log)
-    fitted = {} if quick else l2p_plans(bench, plans, log)
+    fitted = {} if quick else l2p_plans(bench, scenario, plans, log)
     calibrate = lambda pipe: bench.tune(pipe, bench.mode)  # noqa: E731
     sweeper = methods.Sweeper(bench, log)
     results = []

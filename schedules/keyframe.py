@@ -32,8 +32,9 @@ in call scope).
 ('foca', 'hyca', 'spectrum', 'dmd', 'l2p': dcache.schedules.forecasters); Spectrum and FoCa use every kept keyframe
 at its true step, which uneven keyframes need (the Taylor table only knows the last gap's length). L2P is fitted for
 one placement and step count on calibration runs (fit_l2p, ridge="auto"; `dcache search --method keyframe
---forecaster l2p` does both): on the bundled video model it is the best forecaster on searched and uniform keyframes
-alike at 0.25 and 0.15 (BENCHMARKS.md, "Forecasters beyond Taylor" and the tiny-motion frontier).
+--forecaster l2p` searches the placement with L2P fitted for each candidate): on the bundled video model it is the
+best forecaster on searched and uniform keyframes alike at 0.25 and 0.15 (BENCHMARKS.md, "Forecasters beyond
+Taylor" and the tiny-motion frontier).
 """
 
 from __future__ import annotations

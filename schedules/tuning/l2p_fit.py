@@ -9,13 +9,18 @@
    and which forecast; a forecast at step t reads the last `window` computed steps s before it.
 2. The trajectories: every run once uncached, through dcache with a schedule that computes every call and records
    the call's Delta = v - x (exactly what call scope caches) at every step of every branch (at least float32,
-   on the CPU).
-3. For each (t, s) of the cadence, G and g summed over runs and branches in float64 and the ridge solution towards
+   on the CPU), kept as each branch's Gram matrix M[i, j] = <Delta(i), Delta(j)> over its steps (float64, steps x
+   steps): every G and g of the fit is an entry of M, for any cadence (`delta_grams`).
+3. For each (t, s) of the cadence, G and g summed over runs and branches and the ridge solution towards
    the Taylor weights of `order` (the formula in l2p.py).
+
+Because step 2 does not depend on the cadence, a search over keyframe placements records the calibration runs once
+(`delta_grams`) and fits every candidate placement from the Gram matrices (`l2p_statistics(..., grams=...)`): one
+generation for its cadence, none for its statistics.
 
 The runs should be the user's own kind of prompts and settings (steps, guidance), and never the inputs a quality
 figure is then reported on. Cost: one generation with the method, one uncached generation per run, and the
-trajectories of one run in host memory at a time (steps x branches x the latent's size).
+trajectories of one run in host memory at a time (steps x branches x the latent's size, float32).
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class _RecordEveryCall(Schedule):
     def decide(self, ctx):
         return Action.COMPUTE
 
+
+Gram = tuple[list[int], torch.Tensor]  # one branch's trajectory: its steps, M[i, j] = <Delta(s_i), Delta(s_j)>
 
 # The pulls towards Taylor that ridge="auto" tries, strongest first, down to plain least squares (0). On tiny-motion
 # at CFG 5 the choice sat at the weakest of 10..0.01 in 5 of 6 searched plans; 0 scored higher on its tuning batch.
@@ -129,32 +136,57 @@ def _sample(result: Any) -> torch.Tensor:
 
 
 def l2p_statistics(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyframe", *, window: int = 3,
-                   order: int = 2, progress: bool = True, **knobs: Any) -> dict:
+                   order: int = 2, progress: bool = True, grams: Sequence[Gram] | None = None,
+                   **knobs: Any) -> dict:
     """Steps 1-2 of the fit: {"pairs": {key: (t, s)}, "sums": {key: (G, g)}, "num_steps", "window", "order"}, from
-    which `solve_l2p` gives the table for any ridge (a sweep over lambda runs the pipeline once)."""
+    which `solve_l2p` gives the table for any ridge (a sweep over lambda runs the pipeline once). `grams`: the
+    trajectories' Gram matrices from `delta_grams` on the same runs (recorded once for several placements); without
+    them the runs are recorded here."""
     if not runs:
         raise ValueError("fit_l2p needs at least one calibration run (a callable that runs one generation).")
     if window < 1 or order < 0:
         raise ValueError(f"fit_l2p: window={window} (>= 1), order={order} (>= 0).")
     pairs, num_steps = _cadence(target, runs[0], method, window, order, knobs)
+    if grams is None:
+        grams = delta_grams(target, runs, progress=progress, num_steps=knobs.get("num_steps"))
     sums = {key: (torch.zeros(len(s), len(s), dtype=torch.float64), torch.zeros(len(s), dtype=torch.float64))
             for key, (_, s) in pairs.items()}
+    for steps, gram_matrix in grams:
+        index = {step: i for i, step in enumerate(steps)}
+        for key, (t, history) in pairs.items():
+            if t not in index or any(s not in index for s in history):
+                continue  # a branch that skipped one of these steps (e.g. CFG off for part of the generation)
+            rows = [index[s] for s in history]
+            gram, cross = sums[key]
+            gram += gram_matrix[rows][:, rows]
+            cross += gram_matrix[rows, index[t]]
+    return {"pairs": pairs, "sums": sums, "num_steps": num_steps, "window": window, "order": order}
+
+
+GRAM_CHUNK = 1 << 16  # elements per row converted to float64 at a time: a video latent's trajectory stays float32
+
+
+def delta_grams(target: Any, runs: Sequence[Callable[[], Any]], *, progress: bool = True,
+                num_steps: int | None = None) -> list[Gram]:
+    """Every run once uncached: per branch trajectory (its steps, M) with M[i, j] = <Delta(s_i), Delta(s_j)> summed
+    over every element in float64 ([steps, steps]). All the L2P fit needs from the runs, for any cadence.
+    num_steps: the generation's step count where `target` is a bare transformer (a pipeline tells dcache itself)."""
+    out = []
     for index, run in enumerate(runs):
         recorder = _RecordEveryCall()
-        with dcache.apply(target, recorder, scope="call"):
+        with dcache.apply(target, recorder, scope="call", **({} if num_steps is None else {"num_steps": num_steps})):
             run()
         for trajectory in recorder.trajectories:
-            values = dict(trajectory)
-            for key, (t, steps) in pairs.items():
-                if t not in values or any(s not in values for s in steps):
-                    continue
-                history = torch.stack([values[s].flatten().double() for s in steps])  # [K, n]
-                gram, cross = sums[key]
-                gram += history @ history.T
-                cross += history @ values[t].flatten().double()
+            steps = [step for step, _ in trajectory]
+            deltas = [delta.flatten() for _, delta in trajectory]
+            gram = torch.zeros(len(steps), len(steps), dtype=torch.float64)
+            for start in range(0, deltas[0].numel(), GRAM_CHUNK):
+                chunk = torch.stack([d[start:start + GRAM_CHUNK] for d in deltas]).double()  # [steps, chunk]
+                gram += chunk @ chunk.T
+            out.append((steps, gram))
         if progress:
             print(f"fit_l2p: calibration run {index + 1}/{len(runs)}", flush=True)
-    return {"pairs": pairs, "sums": sums, "num_steps": num_steps, "window": window, "order": order}
+    return out
 
 
 def solve_l2p(statistics: dict, ridge: float = 0.1) -> dict:

@@ -326,6 +326,41 @@ def test_l2p_fitted_on_a_run_is_exact_where_no_polynomial_in_the_step_is():
     assert max(float((t - r).abs().max()) for t, r in zip(taylor, reference)) > 1e-3
 
 
+def test_l2p_statistics_of_any_placement_come_from_one_recording():
+    """delta_grams records the runs once; l2p_statistics(grams=...) then gives every placement's G and g from the
+    Gram matrices with one cadence run each, equal to the definition G_ij = sum <Delta(s_i), Delta(s_j)>,
+    g_i = sum <Delta(s_i), Delta(t)> over the recorded Deltas (here a toy whose Deltas change with the step)."""
+    from dcache.schedules.tuning.l2p_fit import _RecordEveryCall, delta_grams, l2p_statistics
+
+    model = _quadratic_toy()
+    n = 10
+    timesteps = [1.0 - 0.5 * a + 0.3 * a * a - 0.2 * a ** 3 for a in (s / n for s in range(n))]  # falling
+    calls = []
+
+    def run():
+        calls.append(1)
+        return _generate(model, timesteps)
+
+    recorder = _RecordEveryCall()
+    with dcache.apply(model, recorder, scope="call", num_steps=n):
+        run()
+    deltas = {step: delta.flatten().double() for step, delta in recorder.trajectories[0]}
+    calls.clear()
+    grams = delta_grams(model, [run, run], progress=False, num_steps=n)
+    assert len(calls) == 2 and [steps for steps, _ in grams] == [list(range(n))] * 2
+    for keyframes in ((0.0, 3 / 9, 6 / 9), (0.0, 2 / 9, 5 / 9, 8 / 9)):
+        calls.clear()
+        stats = l2p_statistics(model, [run, run], "keyframe", keyframes=keyframes, window=2, order=1,
+                               num_steps=n, progress=False, grams=grams)
+        assert len(calls) == 1  # the cadence only
+        assert len(stats["pairs"]) == n - len(keyframes)
+        for key, (t, history) in stats["pairs"].items():
+            h = torch.stack([deltas[s] for s in history])
+            gram, cross = stats["sums"][key]
+            torch.testing.assert_close(gram, 2 * (h @ h.T), rtol=1e-12, atol=0)  # two identical runs
+            torch.testing.assert_close(cross, 2 * (h @ deltas[t]), rtol=1e-12, atol=0)
+
+
 def test_l2p_auto_ridge_keeps_the_run_closest_to_uncached():
     """choose_ridge scores each ridge by the relative squared error of what the cached run returns (here every step's
     output) against the uncached run (recomputed here by serving each table); on the cubic toy plain least squares is

@@ -110,24 +110,35 @@ def test_dcache_search_keyframe_writes_plans_and_setups(tmp_path):
     assert "setup.json" in result.output
 
 
-def test_l2p_is_fitted_per_budget_kept_only_where_it_scores_better_and_its_setup_replays_it(tmp_path, tiny_pipe):
-    """forecaster="l2p": per budget L2P is fitted on the calibration set for the found placement and kept only where
-    its calibration quality beats the Taylor series' (saved in the score file) by min_gain; the plan and the setup
-    carry its table and replay the quality the front reports."""
+def test_l2p_is_fitted_per_placement_searched_apart_kept_only_where_it_scores_better_and_replays(tmp_path, tiny_pipe):
+    """forecaster="l2p": per budget the placement is searched again with L2P fitted on the calibration set for each
+    candidate (every ridge of l2p_ridges scored and saved in the score file), starting from the uniform ones and the
+    Taylor series' placement; L2P is kept only where its best beats the Taylor series' quality by min_gain; the plan
+    and the setup carry its table and replay the quality the front reports; a rerun scores nothing again."""
     calib = make_calibration(tiny_pipe, steps=STEPS)
-    front = keyframe_search(calib, tmp_path, KeyframeSearchConfig(budgets=(3, 2), rounds=0, forecaster="l2p"),
-                            progress=False)
+    calib.generate = Counted(calib.generate)
+    config = KeyframeSearchConfig(budgets=(3, 2), rounds=1, forecaster="l2p", l2p_ridges=(10.0, 0.0))
+    front = keyframe_search(calib, tmp_path, config, progress=False)
     scores = json.loads((tmp_path / SCORES_FILE).read_text())["scores"]
     reference = calib.reference()
     kinds = set()
     for found in front["config"]["found"]:
-        taylor = scores[f"{found['order']}|call|{','.join(map(str, found['steps']))}"]
+        k, order = found["budget"], found["order"]
+        taylor = max(v for key, v in scores.items() if key.count("|") == 2 and len(key.split("|")[2].split(",")) == k
+                     and key.startswith(f"{order}|"))
+        assert found["taylor_quality"] == taylor  # the Taylor series' best at this budget and order
+        l2p_scores = {key: v for key, v in scores.items() if key.startswith(f"{order}|call|") and "|l2p=" in key
+                      and len(key.split("|")[2].split(",")) == k}
+        placements = {key.rsplit("|", 1)[0] for key in l2p_scores}
+        assert len(placements) >= 3  # the uniform starts at least, each at every ridge:
+        assert all(f"{p}|l2p={r:g}" in l2p_scores for p in placements for r in config.l2p_ridges)
         kinds.add(found["forecaster"])
         if found["forecaster"] == "l2p":
             assert found["quality"] > taylor + 0.03
+            assert found["quality"] == max(l2p_scores.values())  # the best L2P placement and ridge scored
         else:
-            assert found["quality"] == taylor
-        name = f"keyframe-k{found['budget']}"
+            assert found["quality"] == taylor and max(l2p_scores.values()) <= taylor + 0.03
+        name = f"keyframe-k{k}"
         setup = json.loads((tmp_path / "setups" / f"{name}.setup.json").read_text())
         plan = json.loads((tmp_path / "plans" / f"{name}.plan.json").read_text())
         served = setup["knobs"].get("forecaster", {"name": "taylor"})["name"]
@@ -139,7 +150,16 @@ def test_l2p_is_fitted_per_budget_kept_only_where_it_scores_better_and_its_setup
                 images = calib.generate().float().cpu()
             assert calib.quality_fn(images, reference) == pytest.approx(point["quality"], abs=1e-6), spec
     assert "l2p" in kinds  # on the bundled model at 8 steps L2P wins at least one budget: the path is exercised
+    again = make_calibration(tiny_pipe, steps=STEPS)
+    again.generate = Counted(again.generate)
+    rerun = keyframe_search(again, tmp_path, config, progress=False)
+    assert rerun["config"]["found"] == front["config"]["found"]
+    # resumed: the reference, the template and the recording once, and per budget the winner's cadence, plan and
+    # front point; no placement or ridge is scored again
+    assert again.generate.calls <= 3 + 3 * len(config.budgets)
     with pytest.raises(ValueError, match="taylor, l2p"):
         KeyframeSearchConfig(forecaster="spectrum")
+    with pytest.raises(ValueError, match="l2p_ridges"):
+        KeyframeSearchConfig(forecaster="l2p", l2p_ridges=(1.0, -1.0))
     result = CliRunner().invoke(app, ["search", "--method", "lemica", "--forecaster", "l2p", "--steps", "6"])
     assert result.exit_code == 2 and "--method keyframe only" in result.output
