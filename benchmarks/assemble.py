@@ -334,7 +334,8 @@ def frontier_part(frontier: dict) -> str:
 def _l2p_tuning(data: dict) -> str:
     """Where a run's L2P rows were fitted, if it has any."""
     has = any(r["method"] == "keyframe call l2p" for sc in data["scenarios"] for r in sc["results"])
-    return " and L2P fitted on its tuning seeds 1-2 with its ridge chosen on seed 0" if has else ""
+    return (" and L2P's own keyframes searched on seed 0, L2P fitted per candidate on its tuning seeds 1-2 with its "
+            "ridge chosen on seed 0" if has else "")
 
 
 def model_frontier_part(stem: str) -> str:

@@ -17,8 +17,8 @@ motion (Wan video, UniPC, 20 steps, split CFG 5) and tiny-shapes (SD3, 28 steps,
 steps and CFG mode at its guidance ("cfg5" / "cfg4") and without CFG ("nocfg"), bands 0.20 and 0.125 (0.25, 0.2 and
 0.15 at tiny-motion's 20 steps); their keyframes are searched on that model's tuning batch (seed 0, never a reported
 seed) and shown beside keyframes nobody tuned (uniform spacing), the same keyframes with the FoCa forecaster and with
-L2P (fitted on tuning seeds 1 and 2, its ridge chosen on seed 0), adaptive_keyframe and, where the step count
-matches, the keyframes searched on tiny-digits.
+L2P (its keyframes searched again on seed 0 with L2P fitted per candidate on tuning seeds 1 and 2, its ridge chosen
+on seed 0), adaptive_keyframe and, where the step count matches, the keyframes searched on tiny-digits.
 
 Per scenario: the uncached references (tuning batch: labels 0-9, seed 0; held-out: seeds 1000.. x labels 0-9; the
 seed-to-seed FD scale from as many uncached samples of seeds 2000..), then each contender's knob is searched on the
@@ -288,8 +288,9 @@ def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_di
                                       note="tiny-digits' searched keyframes (KEYFRAMES) replayed unchanged"))
     if l2p_plans:
         out.append(keyframe_contender(l2p_plans, "call", "keyframe call l2p",
-                                      note=f"the searched keyframes with L2P fitted on tuning seeds {L2P_FIT_SEEDS} "
-                                           f"and its ridge chosen on {searched_on}"))
+                                      note=f"keyframes searched again for L2P, fitted per candidate placement on "
+                                           f"tuning seeds {L2P_FIT_SEEDS}; placement and ridge chosen on "
+                                           f"{searched_on}"))
     if diff_plans:
         out.insert(1, keyframe_contender(diff_plans, "call", "keyframe call cfg-diff",
                                          note="uneven CFG budgets with the uncond branch served through the CFG "
@@ -657,8 +658,9 @@ def write_report(data: dict, out: Path) -> tuple[Path, Path, Path]:
     title = meta.get("model_title", "tiny-digits (Flux)")
     tuned = ("keyframes searched on tiny-digits' tuning batch (seed 0)" if meta.get("model", "digits") == "digits"
              else f"keyframes searched on {title}'s tuning batch (seed 0) in this run (L2P, where a row has it: "
-                  f"fitted on tuning seeds {L2P_FIT_SEEDS[0]}-{L2P_FIT_SEEDS[-1]}, its ridge chosen on seed 0); every "
-                  f"other dcache default chosen on tiny-digits")
+                  f"its own keyframes searched on seed 0, fitted per candidate on tuning seeds "
+                  f"{L2P_FIT_SEEDS[0]}-{L2P_FIT_SEEDS[-1]}, its ridge chosen on seed 0); every other dcache default "
+                  f"chosen on tiny-digits")
     lines = [f"# Beyond 4x: the frontier below compute ratio 0.25 on {title}", "", "```", meta["command"], "```", "",
              f"**Tuned on:** {tuned}. **Measured on:** {title}'s held-out seeds (below), never searched on.", "",
              f"Commit {meta['git_commit']} · {meta['date']} · {meta.get('runtime_s', 0) / 60:.1f} min · torch "
