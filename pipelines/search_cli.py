@@ -268,8 +268,9 @@ def search_command(
                                             "forecast (default: the DP plans at --budget)"),
     train_seeds: int = typer.Option(2, help="DisCa: calibration runs (seeds seed, seed+1, ...) it trains on"),
     forecaster: str = typer.Option("taylor", help="keyframe: what serves between keyframes, taylor (the Taylor "
-                                                  "series) or l2p (L2P fitted per budget on the calibration set, its "
-                                                  "ridge chosen there; kept where it scores better than Taylor)"),
+                                                  "series) or l2p (keyframes searched again with L2P fitted on the "
+                                                  "calibration set for each candidate, its ridge chosen there; kept "
+                                                  "where it scores better than Taylor; about 6x the generations)"),
     device: str = typer.Option(AUTO, help=DEVICE_HELP),
     dtype: str = typer.Option(AUTO, help=DTYPE_HELP),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: 1 for the bundled model on the CPU, "
