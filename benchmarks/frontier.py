@@ -425,8 +425,8 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log) -> dict[st
     def best_ridge(setting: dict) -> float:
         if key(setting) not in fitted:
             knobs = {k: v for k, v in setting.items() if k != "order"}
-            stats = l2p_statistics(bench.pipe, runs, "keyframe", order=setting["order"], progress=False, window=2,
-                                   grams=grams, **knobs)
+            stats = l2p_statistics(bench.pipe, runs, "keyframe", order=setting["order"], progress=False, grams=grams,
+                                   **knobs)
             tables = {r: solve_l2p(stats, r) for r in AUTO_RIDGES}
             fitted[key(setting)] = max((_tuning_psnr(bench, **setting, forecaster=t), r, t) for r, t in tables.items())
         return fitted[key(setting)][0]
@@ -434,9 +434,8 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log) -> dict[st
     out = {}
     for name, setting in plans.items():
         order = setting.get("order", 2)
-        steps = lambda fractions: [round(f * (n - 1)) for f in fractions]  # noqa: E731
-        sc = steps(setting["keyframes"])
-        su = steps(setting["uncond_keyframes"]) if setting.get("uncond_keyframes") else sc
+        sc = [round(f * (n - 1)) for f in setting["keyframes"]]
+        su = [round(f * (n - 1)) for f in setting.get("uncond_keyframes") or setting["keyframes"]]
         found = search_keyframes(bench, scenario, len(sc), len(su), order, log, measure=best_ridge, also=(sc, su),
                                  served="L2P")
         placed = {k: v for k, v in found.items() if k != "tune_psnr" and v is not None}

@@ -67,6 +67,7 @@ class _RecordEveryCall(Schedule):
         return Action.COMPUTE
 
 
+WINDOW = 2  # computed values a forecast combines, by default (the digits sweep: forecasters_tuning_l2p.json)
 Gram = tuple[list[int], torch.Tensor]  # one branch's trajectory: its steps, M[i, j] = <Delta(s_i), Delta(s_j)>
 
 # The pulls towards Taylor that ridge="auto" tries, strongest first, down to plain least squares (0). On tiny-motion
@@ -74,7 +75,7 @@ Gram = tuple[list[int], torch.Tensor]  # one branch's trajectory: its steps, M[i
 AUTO_RIDGES = (10.0, 1.0, 0.1, 0.01, 0.001, 0.0)
 
 
-def fit_l2p(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyframe", *, window: int = 2,
+def fit_l2p(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyframe", *, window: int = WINDOW,
             order: int = 2, ridge: float | str = 10.0, progress: bool = True, **knobs: Any) -> dict:
     """The `forecaster=` spec {"name": "l2p", "window", "fitted_steps", "weights"} of `method` (with `knobs`, in call
     scope) fitted on `runs` (callables that each run one generation of `target`, a pipeline or transformer).
@@ -135,7 +136,7 @@ def _sample(result: Any) -> torch.Tensor:
                      f"output_type='pt', or its .images / .frames).")
 
 
-def l2p_statistics(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyframe", *, window: int = 3,
+def l2p_statistics(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyframe", *, window: int = WINDOW,
                    order: int = 2, progress: bool = True, grams: Sequence[Gram] | None = None,
                    **knobs: Any) -> dict:
     """Steps 1-2 of the fit: {"pairs": {key: (t, s)}, "sums": {key: (G, g)}, "num_steps", "window", "order"}, from

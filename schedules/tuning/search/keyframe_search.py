@@ -223,9 +223,6 @@ def _best_placement(score: Callable[[list[int]], float], k: int, n: int, config:
     return quality, steps
 
 
-L2P_WINDOW = 2  # computed values an L2P forecast combines (fit_l2p's default)
-
-
 class L2PScores:
     """The calibration quality of keyframe placements served by L2P fitted on the calibration set for each: the
     uncached calibration run recorded once (its Gram matrices, on first use), a placement's statistics from them
@@ -245,7 +242,7 @@ class L2PScores:
                 if self._grams is None:
                     self._grams = delta_grams(self.calib.pipe, [self.calib.generate], progress=False)
                 self._statistics[key] = l2p_statistics(
-                    self.calib.pipe, [self.calib.generate], "keyframe", window=L2P_WINDOW, order=order,
+                    self.calib.pipe, [self.calib.generate], "keyframe", order=order,
                     progress=False, grams=self._grams, keyframes=fractions(steps, self.num_steps))
         return self._statistics[key]
 
