@@ -271,6 +271,9 @@ def search_command(
                                                   "series) or l2p (keyframes searched again with L2P fitted on the "
                                                   "calibration set for each candidate, its ridge chosen there; kept "
                                                   "where it scores better than Taylor; about 6x the generations)"),
+    l2p_ridges: str = typer.Option("", help="keyframe with --forecaster l2p: the ridge strengths scored for every "
+                                            "candidate placement, comma-separated, each >= 0 (default "
+                                            "10,1,0.1,0.01,0.001,0; fewer ridges, a faster search)"),
     device: str = typer.Option(AUTO, help=DEVICE_HELP),
     dtype: str = typer.Option(AUTO, help=DTYPE_HELP),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: 1 for the bundled model on the CPU, "
@@ -293,7 +296,7 @@ def search_command(
     check_search_arguments(method, model=model, steps=steps, budget=budget, threads=threads, pop_size=pop_size,
                            generations=generations, granularity=granularity, forecast_order=forecast_order,
                            max_span=max_span, base_plans=base_plans, train_seeds=train_seeds, seed=seed,
-                           forecaster=forecaster)
+                           forecaster=forecaster, l2p_ridges=l2p_ridges)
     stages = Progress(enabled=progress)
     stages.stage(f"loading {model or 'the bundled tiny model'} on {describe(device, dtype)}")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
@@ -307,6 +310,7 @@ def search_command(
                                resume=resume, max_span=max_span, iterations=iterations, progress=progress,
                                base_plans=base_plans, train_seeds=train_seeds, online_iterations=online_iterations,
                                forecast_order=forecast_order, granularity=granularity, forecaster=forecaster,
+                               l2p_ridges=parse_ridges(l2p_ridges),
                                on_generation=None if progress else _generation_line(generations))
     except (ValueError, FileNotFoundError) as exc:
         # a damaged or foreign checkpoint (StateFileError), a resume with other settings, an --out that leads
@@ -323,7 +327,8 @@ def search_command(
 
 def check_search_arguments(method: str, *, model: str | None, steps: int, budget: str, threads: int | None,
                            pop_size: int, generations: int, granularity: str, forecast_order: int, max_span: int,
-                           base_plans: str, train_seeds: int, seed: int, forecaster: str) -> None:
+                           base_plans: str, train_seeds: int, seed: int, forecaster: str,
+                           l2p_ridges: str = "") -> None:
     """Everything `dcache search` can check before the model loads (typer.BadParameter naming the option)."""
     from dcache.plans.plan import Plan
     from dcache.schedules.tuning import search
@@ -344,15 +349,34 @@ def check_search_arguments(method: str, *, model: str | None, steps: int, budget
         if method == "lemica":
             search.LeMiCaConfig(budgets=counts, max_span=max_span, forecast_order=forecast_order)
         if method == "keyframe":
-            search.KeyframeSearchConfig(budgets=counts, forecaster=forecaster)
+            search.KeyframeSearchConfig(budgets=counts, forecaster=forecaster, **_ridges(parse_ridges(l2p_ridges)))
         elif forecaster != "taylor":
             raise ValueError(f"--forecaster {forecaster} applies to --method keyframe only.")
+        if l2p_ridges.strip() and (method != "keyframe" or forecaster != "l2p"):
+            raise ValueError(f"--l2p-ridges {l2p_ridges} applies to --method keyframe --forecaster l2p only.")
         if method == "disca" and train_seeds < 1:
             raise ValueError(f"--train-seeds {train_seeds} must be >= 1.")
         for name in [p.strip() for p in base_plans.split(",") if p.strip()] if method == "disca" else []:
             Plan.load(name)
     except (ValueError, FileNotFoundError) as exc:
         raise typer.BadParameter(str(exc)) from None
+
+
+def parse_ridges(text: str) -> tuple[float, ...] | None:
+    """--l2p-ridges "10,0" -> (10.0, 0.0); "" -> None (the search's default ridges)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        return None
+    try:
+        return tuple(float(t) for t in items)
+    except ValueError:
+        raise ValueError(f"--l2p-ridges {text}: give comma-separated numbers >= 0, e.g. --l2p-ridges 10,1,0.") \
+            from None
+
+
+def _ridges(ridges: tuple[float, ...] | None) -> dict:
+    """KeyframeSearchConfig's l2p_ridges knob, left at its default when none were given."""
+    return {} if ridges is None else {"l2p_ridges": ridges}
 
 
 def _generation_line(generations: int):
@@ -371,7 +395,8 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                progress: bool = True, seed_methods: tuple[str, ...] = REUSE_SEEDS,
                on_generation=None, base_plans: str = "", train_seeds: int = 2,
                online_iterations: int | None = None, forecast_order: int = 0, granularity: str = "module",
-               guidance: list[float] | None = None, scope: str = "blocks", forecaster: str = "taylor") -> dict:
+               guidance: list[float] | None = None, scope: str = "blocks", forecaster: str = "taylor",
+               l2p_ridges: tuple[float, ...] | None = None) -> dict:
     """The search behind `dcache search`, on an already loaded pipeline; returns the front (as in front.json).
     `guidance`: the calibration set's scales (None / []: the pipeline's default; several: scored by the worst).
     `scope`: "blocks" keeps the plans as searched; "call" / "auto" rescore the front's stack plans in call scope / in
@@ -400,7 +425,7 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                              progress=progress, seed_methods=seed_methods, on_generation=on_generation,
                              base_plans=base_plans, train_seeds=train_seeds, online_iterations=online_iterations,
                              forecast_order=forecast_order, granularity=granularity, scope=scope,
-                             forecaster=forecaster)
+                             forecaster=forecaster, l2p_ridges=l2p_ridges)
 
 
 class CountedGenerations:
@@ -425,7 +450,8 @@ def _search_front(method: str, pipe: Any, is_tiny: bool, calib, search, *, budge
                   prompt_list: list[str], seed: int, scales: list[float], pop_size: int, generations: int,
                   resume: bool, max_span: int, iterations: int | None, progress: bool, seed_methods: tuple[str, ...],
                   on_generation, base_plans: str, train_seeds: int, online_iterations: int | None,
-                  forecast_order: int, granularity: str, scope: str, forecaster: str) -> dict:
+                  forecast_order: int, granularity: str, scope: str, forecaster: str,
+                  l2p_ridges: tuple[float, ...] | None) -> dict:
     template = search.make_template(calib)
     front = _run_method(method, pipe, is_tiny, calib, template, budget=budget, out=out, steps=steps,
                         prompts=prompt_list, seed=seed, scales=scales, pop_size=pop_size, generations=generations,
@@ -433,7 +459,7 @@ def _search_front(method: str, pipe: Any, is_tiny: bool, calib, search, *, budge
                         seed_methods=seed_methods, on_generation=on_generation, base_plans=base_plans,
                         train_seeds=train_seeds, online_iterations=online_iterations,
                         forecast_order=forecast_order, granularity=granularity, scope=scope,
-                        forecaster=forecaster)
+                        forecaster=forecaster, l2p_ridges=l2p_ridges)
     if scope == "blocks" or method == "keyframe":  # the keyframe search chooses its scope itself
         return front
     from dcache.schedules.tuning.search.scope_choice import SCOPES
@@ -445,7 +471,8 @@ def _run_method(method: str, pipe: Any, is_tiny: bool, calib, template, *, budge
                 prompts: list[str], seed: int, scales: list[float], pop_size: int, generations: int, resume: bool,
                 max_span: int, iterations: int | None, progress: bool, seed_methods: tuple[str, ...],
                 on_generation, base_plans: str, train_seeds: int, online_iterations: int | None,
-                forecast_order: int, granularity: str, scope: str = "blocks", forecaster: str) -> dict:
+                forecast_order: int, granularity: str, scope: str = "blocks", forecaster: str,
+                l2p_ridges: tuple[float, ...] | None = None) -> dict:
     """One search method on the calibration set; writes and returns its front."""
     from dcache.schedules.tuning import search
 
@@ -463,7 +490,7 @@ def _run_method(method: str, pipe: Any, is_tiny: bool, calib, template, *, budge
         cfg = search.LeMiCaConfig(budgets=counts, max_span=max_span, forecast_order=forecast_order)
         return search.lemica_search(calib, out, cfg, template=template, progress=progress)
     if method == "keyframe":
-        cfg = search.KeyframeSearchConfig(budgets=counts, scope=scope, forecaster=forecaster)
+        cfg = search.KeyframeSearchConfig(budgets=counts, scope=scope, forecaster=forecaster, **_ridges(l2p_ridges))
         return search.keyframe_search(calib, out, cfg, template=template, progress=progress)
     if method == "dp":
         return search.dp_search(calib, out, search.DPConfig(budgets=counts), template=template, progress=progress)

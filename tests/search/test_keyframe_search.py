@@ -110,6 +110,21 @@ def test_dcache_search_keyframe_writes_plans_and_setups(tmp_path):
     assert "setup.json" in result.output
 
 
+def test_dcache_search_l2p_ridges_sets_the_ridges_each_placement_is_scored_at(tmp_path):
+    out = tmp_path / "s"
+    args = ["search", "--method", "keyframe", "--steps", "6", "--budget", "3", "--prompts", "1", "--scope", "call"]
+    result = CliRunner().invoke(app, args + ["--forecaster", "l2p", "--l2p-ridges", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    scores = json.loads((out / SCORES_FILE).read_text())["scores"]
+    assert {key.rsplit("=", 1)[1] for key in scores if "|l2p=" in key} == {"0"}  # plain least squares alone
+    for bad, says in ((["--forecaster", "l2p", "--l2p-ridges", "1,-1"], ">= 0"),
+                      (["--forecaster", "l2p", "--l2p-ridges", "ten"], "comma-separated numbers"),
+                      (["--l2p-ridges", "1"], "--forecaster l2p only")):
+        result = CliRunner().invoke(app, args + bad + ["--out", str(tmp_path / "bad")])
+        assert result.exit_code == 2 and "--l2p-ridges" in result.output and says in result.output, result.output
+        assert not (tmp_path / "bad").exists()
+
+
 def test_l2p_is_fitted_per_placement_searched_apart_kept_only_where_it_scores_better_and_replays(tmp_path, tiny_pipe):
     """forecaster="l2p": per budget the placement is searched again with L2P fitted on the calibration set for each
     candidate (every ridge of l2p_ridges scored and saved in the score file), starting from the uniform ones and the

@@ -77,8 +77,8 @@ class KeyframeSearchConfig:
         if self.forecaster not in FORECASTERS:
             raise ValueError(f"forecaster={self.forecaster!r} must be one of {', '.join(FORECASTERS)} (--forecaster).")
         if not self.l2p_ridges or not all(is_number(r, 0.0) for r in self.l2p_ridges):
-            raise ValueError(f"l2p_ridges={self.l2p_ridges!r}: give one or more finite ridges >= 0 (the pull towards "
-                             f"the Taylor weights; 0 is plain least squares), e.g. {AUTO_RIDGES}.")
+            raise ValueError(f"l2p_ridges={self.l2p_ridges!r} (--l2p-ridges): give one or more finite ridges >= 0 "
+                             f"(the pull towards the Taylor weights; 0 is plain least squares), e.g. {AUTO_RIDGES}.")
 
 
 def fractions(steps: list[int], num_steps: int) -> tuple[float, ...]:
