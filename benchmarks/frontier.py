@@ -1,6 +1,6 @@
 """Beyond 4x: dcache's best settings against diffusers' caches and cache-dit at compute ratios 0.20 and 0.125.
 
-    python benchmarks/frontier.py --out benchmarks/results    # every scenario (~25 min on 2 shared CPU cores)
+    python benchmarks/frontier.py --out benchmarks/results    # every scenario (~2 h on one CPU core)
     python benchmarks/frontier.py --quick                     # one scenario, few samples, dcache + one peer (~1 min)
     python benchmarks/frontier.py --search --only cfg1.5      # search the keyframes on the tuning batch first
     python benchmarks/frontier.py --only "^cfg3$" --search-cfg-difference --no-robustness   # CFG 3 with cfg_difference
@@ -655,11 +655,13 @@ def write_report(data: dict, out: Path) -> tuple[Path, Path, Path]:
     pareto_png(data, png)
     meta = data["meta"]
     title = meta.get("model_title", "tiny-digits (Flux)")
-    tuned = ("keyframes searched on tiny-digits' tuning batch (seed 0)" if meta.get("model", "digits") == "digits"
-             else f"keyframes searched on {title}'s tuning batch (seed 0) in this run (L2P, where a row has it: "
-                  f"its own keyframes searched on seed 0, fitted per candidate on tuning seeds "
-                  f"{L2P_FIT_SEEDS[0]}-{L2P_FIT_SEEDS[-1]}, its ridge chosen on seed 0); every other dcache default "
-                  f"chosen on tiny-digits")
+    l2p = (f"L2P, where a row has it: its own keyframes searched on seed 0 in this run, fitted per candidate on "
+           f"tuning seeds {L2P_FIT_SEEDS[0]}-{L2P_FIT_SEEDS[-1]}, its ridge chosen on seed 0")
+    digits = meta.get("model", "digits") == "digits"
+    tuned = (f"keyframes searched on tiny-digits' tuning batch (seed 0; KEYFRAMES, and the cfg-diff plans' "
+             f"CFG_DIFFERENCE or this run's `--search-cfg-difference`) ({l2p})" if digits
+             else f"keyframes searched on {title}'s tuning batch (seed 0) in this run ({l2p}); every other dcache "
+                  f"default chosen on tiny-digits")
     lines = [f"# Beyond 4x: the frontier below compute ratio 0.25 on {title}", "", "```", meta["command"], "```", "",
              f"**Tuned on:** {tuned}. **Measured on:** {title}'s held-out seeds (below), never searched on.", "",
              f"Commit {meta['git_commit']} · {meta['date']} · {meta.get('runtime_s', 0) / 60:.1f} min · torch "
