@@ -289,8 +289,8 @@ def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_di
     if l2p_plans:
         out.append(keyframe_contender(l2p_plans, "call", "keyframe call l2p",
                                       note=f"keyframes searched again for L2P, fitted per candidate placement on "
-                                           f"tuning seeds {L2P_FIT_SEEDS}; placement and ridge chosen on "
-                                           f"{searched_on}"))
+                                           f"tuning seeds {L2P_FIT_SEEDS}; placement, ridge and (split CFG) "
+                                           f"cfg_difference chosen on {searched_on}"))
     if diff_plans:
         out.insert(1, keyframe_contender(diff_plans, "call", "keyframe call cfg-diff",
                                          note="uneven CFG budgets with the uncond branch served through the CFG "
@@ -410,8 +410,10 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log) -> dict[st
     """Per searched plan: keyframes searched again (search_keyframes, its starts and the plan's own placement) for the
     L2P forecaster (dcache.schedules.forecasters.l2p) fitted per candidate placement on the tuning batch's labels at
     seeds L2P_FIT_SEEDS (recorded once: l2p_fit.delta_grams), each candidate scored on the tuning batch (seed 0) at
-    every ridge of AUTO_RIDGES, its best ridge its score; as `dcache search --method keyframe --forecaster l2p` does on
-    a user's prompts. The plan's order stays (the ridge's prior and the fallback)."""
+    every ridge of AUTO_RIDGES, its best ridge its score; with split CFG the found placement is then scored with
+    cfg_difference=True (the uncond branch served through L2P's table for the CFG difference) at every ridge, kept
+    where it gains more than 0.03 dB; as `dcache search --method keyframe --forecaster l2p` does on a user's prompts.
+    The plan's order stays (the ridge's prior and the fallback)."""
     from dcache.schedules.tuning.l2p_fit import AUTO_RIDGES, delta_grams, l2p_statistics, solve_l2p
 
     n = scenario.steps
@@ -440,6 +442,15 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log) -> dict[st
                                  served="L2P")
         placed = {k: v for k, v in found.items() if k != "tune_psnr" and v is not None}
         psnr, ridge, table = fitted[key(placed)]
+        if table.get("difference_weights"):  # split CFG: the uncond calls through the CFG difference's table
+            stats = l2p_statistics(bench.pipe, runs, "keyframe", progress=False, grams=grams,
+                                   **{k: v for k, v in placed.items() if k != "order"}, order=placed["order"])
+            coupled = max((_tuning_psnr(bench, **placed, forecaster=t, cfg_difference=True), r, t)
+                          for r, t in ((r, solve_l2p(stats, r)) for r in AUTO_RIDGES))
+            log(f"    l2p {name} with cfg_difference: {coupled[0]:.2f} dB at ridge {coupled[1]:g} (without "
+                f"{psnr:.2f})")
+            if coupled[0] > psnr + 0.03:
+                (psnr, ridge, table), placed = coupled, {**placed, "cfg_difference": True}
         on_plan = dict(keyframes=_fractions(sc, n), order=order,
                        **({} if len(su) == len(sc) else {"uncond_keyframes": _fractions(su, n)}))
         log(f"    l2p {name}: ridge {ridge:g}, keyframes {placed['keyframes']} (tuning PSNR {psnr:.2f}; "

@@ -10,7 +10,8 @@ difference is amplified by 3 and 2. Serving the unconditional call at step i as
     Delta_u(i) = Delta_c(i) - D^(i)          Delta = v - x (call scope's cached quantity; both branches see one x)
 
 with Delta_c(i) what the conditional branch produced at step i (computed, reused or forecast) and D^ the Taylor
-forecast (the schedule's order) of D over the steps where *both* branches computed, gives the sample the error
+forecast (the schedule's order) of D over the steps where *both* branches computed (or, with an L2P forecaster
+whose table has `difference_weights`, its learned weights for D), gives the sample the error
 g e_c - (g - 1)(e_c - e_D) = e_c + (g - 1) e_D: the conditional error enters once, and D, the guidance direction,
 varies slowly over the steps.
 
@@ -98,7 +99,7 @@ class CfgDifference:
                           f"{self._checks} step(s) where both branches computed): the unconditional calls are "
                           f"served from their own cache instead. Set cfg_difference=False to skip the check.")
             return None
-        return reference[1] - history.read(forecast, call.step)[0]
+        return reference[1] - self._forecast(history, forecast, call.step, difference=True)
 
     def note(self, call: CallState, delta: torch.Tensor, computed: bool) -> None:
         """After a call's Delta is known (before a computed one is cached): the conditional branch's becomes the
@@ -120,11 +121,13 @@ class CfgDifference:
         if reference is None or not reference[2] or reference[1].shape != delta.shape:
             return
         if bstate.cfg_difference is None:
-            bstate.cfg_difference = UnitHistory(self.runtime.order)
+            forecaster = getattr(self.runtime.schedule, "forecaster", None)
+            depth = forecaster.depth if getattr(forecaster, "difference_weights", None) else 0
+            bstate.cfg_difference = UnitHistory(self.runtime.order, depth=depth)  # depth: the values L2P combines
         history = bstate.cfg_difference
         e_c, e_u = reference[3], self._own_error(call, delta)
         if e_c is not None and e_u is not None and history.tables is not None and history.matches([delta]):
-            e_d = history.read(self.runtime.order > 0, call.step)[0] - (reference[1] - delta)
+            e_d = self._forecast(history, self.runtime.order > 0, call.step, difference=True) - (reference[1] - delta)
             g = self._guidance()
             self._new_generation()
             norm = lambda e: float(e.float().square().sum())
@@ -139,7 +142,17 @@ class CfgDifference:
         own = call.bstate.units.get(CALL_UNIT)
         if own is None or own.tables is None or not own.matches([delta]):
             return None
-        return own.read(self.runtime.order > 0, call.step)[0] - delta
+        return self._forecast(own, self.runtime.order > 0, call.step) - delta
+
+    def _forecast(self, history: UnitHistory, forecast: bool, step: int, difference: bool = False) -> torch.Tensor:
+        """What `history` serves at `step`: the schedule forecaster's table where it has an entry (an L2P table,
+        its `difference_weights` for D), else the Taylor table of the schedule's order (reuse at order 0)."""
+        lookup = getattr(getattr(self.runtime.schedule, "forecaster", None), "lookup", None)
+        if forecast and lookup is not None:
+            served = lookup(history.plain(), step, difference=difference)
+            if served is not None:
+                return served[0]
+        return history.read(forecast, step)[0]
 
     def _guidance(self) -> float:
         g = getattr(self.runtime.pipeline, "guidance_scale", None)

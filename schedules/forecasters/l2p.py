@@ -25,6 +25,14 @@ calibration input cached with each of lambda = 10, 1, 0.1, 0.01, 0.001 and 0 (pl
 whose finished sample is closest to the uncached run's (with 4 uniform keyframes and lambda down to 0.01 it chose 10
 on tiny-digits at CFG 1.5, 1 on tiny-shapes at CFG 4 and 0.01, the weakest offered, on tiny-motion at CFG 5).
 
+With split CFG the runs also give a second table, `difference_weights`, fitted the same way on the CFG difference
+D = Delta_cond - Delta_uncond, which `cfg_difference=True` forecasts (dcache.runtime.cfg_difference): the sample's
+error is then e_cond + (g - 1) e_D, so a table fitted on D itself serves it better than the branches' shared
+weights, whose errors need not cancel in D (open loop on tiny-motion at CFG 5, the guided output's squared error
+fell 14-28 %; in a finished generation the choice is the tuning batch's: it won at 3 + 3 keyframes there and lost at
+4 + 4 and 5 + 5). The tables hold every forecast of the placement and its computed steps after the first, where
+cfg_difference checks both paths' forecasts against the computed values.
+
 At run time a (t, s) the table lacks (another cadence, another step count) is served by the engine's Taylor table
 instead, and a DCacheHealthWarning says so once per forecaster, naming the step count or the missing entry and the
 refit. When it helps: a fixed cadence (keyframe, fixed_interval, a plan) at low
@@ -53,6 +61,8 @@ class L2PForecaster(HistoryForecaster):
     name = "l2p"
     knobs: ClassVar[dict[str, Knob]] = {
         "weights": Knob({}, doc="{'t|s_1,...,s_K': [w_1, ..., w_K]}: the fitted table (fit_l2p writes it)"),
+        "difference_weights": Knob({}, doc="the same for D = Delta_cond - Delta_uncond, which cfg_difference=True "
+                                           "forecasts (fit_l2p writes it from split-CFG runs; empty: Taylor)"),
         "window": Knob(3, 1, 16, "K: computed values per unit a forecast combines (the most recent ones)"),
         "fitted_steps": Knob(0, 0, 100000, "the step count the table was fitted at; another count is served by "
                                            "Taylor (0: any)"),
@@ -61,12 +71,13 @@ class L2PForecaster(HistoryForecaster):
 
     def __init__(self, field: str = "forecaster", **settings: Any):
         super().__init__(field, **settings)
-        for key, value in self.weights.items():
-            if not _valid_entry(key, value, self.window):
-                raise ValueError(f"{field}.weights[{key!r}] = {value!r:.80} is not an entry of an L2P table: a key "
-                                 f"'t|s_1,...,s_K' (integers, steps increasing and before t, K <= window="
-                                 f"{self.window}) and a list of K finite numbers; refit with "
-                                 f"dcache.schedules.tuning.l2p_fit.fit_l2p.")
+        for table in ("weights", "difference_weights"):
+            for key, value in getattr(self, table).items():
+                if not _valid_entry(key, value, self.window):
+                    raise ValueError(f"{field}.{table}[{key!r}] = {value!r:.80} is not an entry of an L2P table: a "
+                                     f"key 't|s_1,...,s_K' (integers, steps increasing and before t, K <= window="
+                                     f"{self.window}) and a list of K finite numbers; refit with "
+                                     f"dcache.schedules.tuning.l2p_fit.fit_l2p.")
         self.served = 0  # forecasts served from the table / by the Taylor fallback (for tests and reports)
         self.fallbacks = 0
         self._said: set[str] = set()  # the fallbacks already warned about (warn_once: per forecaster and kind)
@@ -81,23 +92,35 @@ class L2PForecaster(HistoryForecaster):
                 f"step grid they were fitted on). Refit with dcache.schedules.tuning.l2p_fit.fit_l2p on runs at the "
                 f"step count you generate at."))
 
+    def lookup(self, hist, step: int, difference: bool = False) -> list[torch.Tensor] | None:
+        """The table's forecast at `step` from the history's last `window` computed values, or None where the table
+        (`difference_weights` for the CFG difference) has no entry or was fitted at another step count. Counts and
+        says nothing: cfg_difference also reads it at computed steps, to check its forecasts."""
+        samples = hist.samples[-self.window:]
+        if not samples or self.fitted_steps not in (0, self.num_steps):
+            return None
+        weights = (self.difference_weights if difference else self.weights).get(
+            table_key(step, [s for s, _ in samples]))
+        if weights is None:
+            return None
+        return [weighted_sum(weights, [values[i] for _, values in samples]) for i in range(len(samples[-1][1]))]
+
     def __call__(self, hist, step: int) -> list[torch.Tensor]:
         samples = hist.samples[-self.window:]
-        weights = None
-        if samples and (self.fitted_steps in (0, self.num_steps)):
+        served = self.lookup(hist, step)
+        if served is None and samples and self.fitted_steps in (0, self.num_steps):
             key = table_key(step, [s for s, _ in samples])
-            weights = self.weights.get(key)
-            if weights is None and self.weights and "placement" not in self._said:  # format the text once
+            if self.weights and "placement" not in self._said:  # format the text once
                 warn_once(self._said, "placement", (
                     f"forecaster l2p: its table has no weights for the forecast at step {step} from computed steps "
                     f"{[s for s, _ in samples]} ({key!r}): it was fitted for another placement of the computed steps "
                     f"(other keyframes, another schedule). Such forecasts use the Taylor table of the schedule's "
                     f"order; refit with fit_l2p using the method and knobs you generate with."))
-        if weights is None:
+        if served is None:
             self.fallbacks += 1
             return hist.forecast(step)  # the engine's Taylor table of the schedule's order
         self.served += 1
-        return [weighted_sum(weights, [values[i] for _, values in samples]) for i in range(len(samples[-1][1]))]
+        return served
 
 
 def _valid_entry(key: Any, value: Any, window: int) -> bool:

@@ -68,7 +68,9 @@ class _RecordEveryCall(Schedule):
 
 
 WINDOW = 2  # computed values a forecast combines, by default (the digits sweep: forecasters_tuning_l2p.json)
-Gram = tuple[list[int], torch.Tensor]  # one branch's trajectory: its steps, M[i, j] = <Delta(s_i), Delta(s_j)>
+# One trajectory: its steps, M[i, j] = <X(s_i), X(s_j)>, and what X is: "branch" (a branch's Delta) or "difference"
+# (D = Delta_cond - Delta_uncond of split CFG, which cfg_difference=True forecasts)
+Gram = tuple[list[int], torch.Tensor, str]
 
 # The pulls towards Taylor that ridge="auto" tries, strongest first, down to plain least squares (0). On tiny-motion
 # at CFG 5 the choice sat at the weakest of 10..0.01 in 5 of 6 searched plans; 0 scored higher on its tuning batch.
@@ -150,18 +152,19 @@ def l2p_statistics(target: Any, runs: Sequence[Callable[[], Any]], method: str =
     pairs, num_steps = _cadence(target, runs[0], method, window, order, knobs)
     if grams is None:
         grams = delta_grams(target, runs, progress=progress, num_steps=knobs.get("num_steps"))
-    sums = {key: (torch.zeros(len(s), len(s), dtype=torch.float64), torch.zeros(len(s), dtype=torch.float64))
-            for key, (_, s) in pairs.items()}
-    for steps, gram_matrix in grams:
+    sums = {kind: {key: (torch.zeros(len(s), len(s), dtype=torch.float64), torch.zeros(len(s), dtype=torch.float64))
+                   for key, (_, s) in pairs.items()} for kind in ("branch", "difference")}
+    for steps, gram_matrix, kind in grams:
         index = {step: i for i, step in enumerate(steps)}
         for key, (t, history) in pairs.items():
             if t not in index or any(s not in index for s in history):
                 continue  # a branch that skipped one of these steps (e.g. CFG off for part of the generation)
             rows = [index[s] for s in history]
-            gram, cross = sums[key]
+            gram, cross = sums[kind][key]
             gram += gram_matrix[rows][:, rows]
             cross += gram_matrix[rows, index[t]]
-    return {"pairs": pairs, "sums": sums, "num_steps": num_steps, "window": window, "order": order}
+    return {"pairs": pairs, "sums": sums["branch"], "difference_sums": sums["difference"], "num_steps": num_steps,
+            "window": window, "order": order}
 
 
 GRAM_CHUNK = 1 << 16  # elements per row converted to float64 at a time: a video latent's trajectory stays float32
@@ -169,43 +172,58 @@ GRAM_CHUNK = 1 << 16  # elements per row converted to float64 at a time: a video
 
 def delta_grams(target: Any, runs: Sequence[Callable[[], Any]], *, progress: bool = True,
                 num_steps: int | None = None) -> list[Gram]:
-    """Every run once uncached: per branch trajectory (its steps, M) with M[i, j] = <Delta(s_i), Delta(s_j)> summed
-    over every element in float64 ([steps, steps]). All the L2P fit needs from the runs, for any cadence.
+    """Every run once uncached: per branch trajectory (its steps, M, "branch") with M[i, j] = <Delta(s_i),
+    Delta(s_j)> summed over every element in float64 ([steps, steps]); with split CFG (two branches on the same
+    steps, the conditional one first, as diffusers calls them) also (steps, M, "difference") of D = Delta_cond -
+    Delta_uncond. All the L2P fit needs from the runs, for any cadence.
     num_steps: the generation's step count where `target` is a bare transformer (a pipeline tells dcache itself)."""
     out = []
     for index, run in enumerate(runs):
         recorder = _RecordEveryCall()
         with dcache.apply(target, recorder, scope="call", **({} if num_steps is None else {"num_steps": num_steps})):
             run()
-        for trajectory in recorder.trajectories:
-            steps = [step for step, _ in trajectory]
-            deltas = [delta.flatten() for _, delta in trajectory]
-            gram = torch.zeros(len(steps), len(steps), dtype=torch.float64)
-            for start in range(0, deltas[0].numel(), GRAM_CHUNK):
-                chunk = torch.stack([d[start:start + GRAM_CHUNK] for d in deltas]).double()  # [steps, chunk]
-                gram += chunk @ chunk.T
-            out.append((steps, gram))
+        trajectories = [([step for step, _ in t], [delta.flatten() for _, delta in t]) for t in recorder.trajectories]
+        for steps, deltas in trajectories:
+            out.append((steps, _gram(deltas), "branch"))
+        if len(trajectories) == 2 and trajectories[0][0] == trajectories[1][0]:
+            (steps, cond), (_, uncond) = trajectories
+            if all(c.shape == u.shape for c, u in zip(cond, uncond)):
+                out.append((steps, _gram([c - u for c, u in zip(cond, uncond)]), "difference"))
         if progress:
             print(f"fit_l2p: calibration run {index + 1}/{len(runs)}", flush=True)
     return out
+
+
+def _gram(values: list[torch.Tensor]) -> torch.Tensor:
+    """M[i, j] = <values[i], values[j]> in float64 ([steps, steps]), GRAM_CHUNK elements of each at a time."""
+    gram = torch.zeros(len(values), len(values), dtype=torch.float64)
+    for start in range(0, values[0].numel(), GRAM_CHUNK):
+        chunk = torch.stack([v[start:start + GRAM_CHUNK] for v in values]).double()  # [steps, chunk]
+        gram += chunk @ chunk.T
+    return gram
 
 
 def solve_l2p(statistics: dict, ridge: float = 0.1) -> dict:
     """Step 3: the ridge solution for every (t, s) the runs recorded -> the forecaster spec."""
     if ridge < 0:
         raise ValueError(f"fit_l2p: ridge={ridge} must be >= 0 (0: plain least squares).")
-    weights = {}
-    for key, (t, steps) in statistics["pairs"].items():
-        gram, cross = statistics["sums"][key]
-        if not torch.any(gram):
-            continue  # no run recorded these steps
-        prior = torch.tensor(_taylor_weights(steps, t, statistics["order"]), dtype=torch.float64)
-        scale = ridge * float(torch.trace(gram)) / len(steps)
-        solution = torch.linalg.lstsq(gram + scale * torch.eye(len(steps), dtype=torch.float64),
-                                      (cross + scale * prior).unsqueeze(1)).solution.squeeze(1)
-        weights[key] = [float(w) for w in solution]
-    return {"name": "l2p", "window": statistics["window"], "fitted_steps": statistics["num_steps"],
-            "weights": weights}
+    tables = {}
+    for table, sums in (("weights", statistics["sums"]), ("difference_weights", statistics.get("difference_sums"))):
+        weights = tables[table] = {}
+        for key, (t, steps) in statistics["pairs"].items():
+            gram, cross = sums[key] if sums else (None, None)
+            if gram is None or not torch.any(gram):
+                continue  # no run recorded these steps (no split CFG: no difference table)
+            prior = torch.tensor(_taylor_weights(steps, t, statistics["order"]), dtype=torch.float64)
+            scale = ridge * float(torch.trace(gram)) / len(steps)
+            solution = torch.linalg.lstsq(gram + scale * torch.eye(len(steps), dtype=torch.float64),
+                                          (cross + scale * prior).unsqueeze(1)).solution.squeeze(1)
+            weights[key] = [float(w) for w in solution]
+    spec = {"name": "l2p", "window": statistics["window"], "fitted_steps": statistics["num_steps"],
+            "weights": tables["weights"]}
+    if tables["difference_weights"]:
+        spec["difference_weights"] = tables["difference_weights"]
+    return spec
 
 
 def _taylor_weights(steps: list[int], t: int, order: int) -> list[float]:
@@ -227,12 +245,12 @@ def _cadence(target: Any, run: Callable[[], Any], method: str, window: int, orde
     pairs: dict[str, tuple[int, list[int]]] = {}
     computed: dict[str, list[int]] = {}
     for call in record.calls:
-        action = call.actions[0]
+        action, before = call.actions[0], computed.get(call.branch)
+        # every forecast, and every computed call after the first: cfg_difference checks its forecasts there
+        if action in "CF" and before:
+            pairs[table_key(call.step, before[-window:])] = (call.step, before[-window:])
         if action == "C":
             computed.setdefault(call.branch, []).append(call.step)
-        elif action == "F" and computed.get(call.branch):
-            steps = computed[call.branch][-window:]
-            pairs[table_key(call.step, steps)] = (call.step, steps)
     if not pairs:
         raise ValueError(f"fit_l2p: {method!r} with {knobs} forecast no call in call scope; L2P serves FORECAST "
                          f"actions (e.g. keyframe, or fixed_interval / taylorseer with order >= 1).")

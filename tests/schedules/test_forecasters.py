@@ -318,7 +318,8 @@ def test_l2p_fitted_on_a_run_is_exact_where_no_polynomial_in_the_step_is():
     reference = _generate(model, timesteps)
     spec = fit_l2p(model, [lambda: _generate(model, timesteps)], "keyframe", keyframes=keyframes, window=3,
                    ridge=0.0, num_steps=n, progress=False)
-    assert spec["fitted_steps"] == n and len(spec["weights"]) == n - 5  # one entry per forecast step
+    assert spec["fitted_steps"] == n and len(spec["weights"]) == n - 1  # every step after the first:
+    # the forecasts, and the computed ones (cfg_difference checks the forecasts there)
     cached = _generate(model, timesteps, "keyframe", scope="call", keyframes=keyframes, order=2, forecaster=spec)
     for out, ref in zip(cached, reference):  # exact up to the toy's float32 arithmetic
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
@@ -347,13 +348,13 @@ def test_l2p_statistics_of_any_placement_come_from_one_recording():
     deltas = {step: delta.flatten().double() for step, delta in recorder.trajectories[0]}
     calls.clear()
     grams = delta_grams(model, [run, run], progress=False, num_steps=n)
-    assert len(calls) == 2 and [steps for steps, _ in grams] == [list(range(n))] * 2
+    assert len(calls) == 2 and [steps for steps, _, _ in grams] == [list(range(n))] * 2
     for keyframes in ((0.0, 3 / 9, 6 / 9), (0.0, 2 / 9, 5 / 9, 8 / 9)):
         calls.clear()
         stats = l2p_statistics(model, [run, run], "keyframe", keyframes=keyframes, window=2, order=1,
                                num_steps=n, progress=False, grams=grams)
         assert len(calls) == 1  # the cadence only
-        assert len(stats["pairs"]) == n - len(keyframes)
+        assert len(stats["pairs"]) == n - 1  # the forecasts and the computed steps after the first
         for key, (t, history) in stats["pairs"].items():
             h = torch.stack([deltas[s] for s in history])
             gram, cross = stats["sums"][key]
@@ -464,7 +465,7 @@ def test_an_l2p_table_that_cannot_serve_says_so_once():
         _generate(model, timesteps, "keyframe", scope="call", keyframes=keyframes, order=2, forecaster=spec)
     longer = [1.0 - 0.5 * a + 0.3 * a * a - 0.2 * a ** 3 for a in (s / (n + 2) for s in range(n + 2))]
     for steps, frames, reason in ((longer, keyframes, r"fitted at 12 steps and this generation has 14 steps"),
-                                  (timesteps, (0.0, 2 / 11, 4 / 11, 8 / 11), r"fitted for another placement")):
+                                  (timesteps, (0.0, 1 / 11, 2 / 11, 6 / 11), r"fitted for another placement")):
         with pytest.warns(DCacheHealthWarning, match=reason) as said:
             served = _generate(model, steps, "keyframe", scope="call", keyframes=frames, order=2, forecaster=spec)
         assert len([w for w in said if issubclass(w.category, DCacheHealthWarning)]) == 1

@@ -32,11 +32,13 @@ def psnr(images, reference):
     return psnr(images, reference, dtype=torch.float32, floor=1e-20, at_floor=100.0)
 
 
-def make_calibration(pipe, steps=STEPS, labels=(1, 7), seed=0):
+def make_calibration(pipe, steps=STEPS, labels=(1, 7), seed=0, guidance=None):
     from dcache.schedules.tuning.search import Calibration
+
+    scale = {} if guidance is None else {"guidance_scale": guidance}
 
     def generate():
         return pipe(labels=list(labels), num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
-                    output_type="pt").images
+                    output_type="pt", **scale).images
 
     return Calibration(pipe, generate, psnr)

@@ -125,12 +125,19 @@ def test_dcache_search_l2p_ridges_sets_the_ridges_each_placement_is_scored_at(tm
         assert not (tmp_path / "bad").exists()
 
 
-def test_l2p_is_fitted_per_placement_searched_apart_kept_only_where_it_scores_better_and_replays(tmp_path, tiny_pipe):
+# On the bundled model at 8 steps (labels 1 and 7): at its guidance 1.5 L2P wins one budget and the Taylor series the
+# other, the CFG difference neither; at guidance 5 L2P with the CFG difference wins both. Every path is exercised.
+@pytest.mark.parametrize("guidance, kinds_found", [(None, {("taylor", False), ("l2p", False)}),
+                                                   (5.0, {("l2p", True)})], ids=["guidance-1.5", "guidance-5"])
+def test_l2p_is_fitted_per_placement_searched_apart_kept_only_where_it_scores_better_and_replays(
+        tmp_path, tiny_pipe, guidance, kinds_found):
     """forecaster="l2p": per budget the placement is searched again with L2P fitted on the calibration set for each
     candidate (every ridge of l2p_ridges scored and saved in the score file), starting from the uniform ones and the
-    Taylor series' placement; L2P is kept only where its best beats the Taylor series' quality by min_gain; the plan
-    and the setup carry its table and replay the quality the front reports; a rerun scores nothing again."""
-    calib = make_calibration(tiny_pipe, steps=STEPS)
+    Taylor series' placement; L2P is kept only where its best beats the Taylor series' quality by min_gain; the kept
+    placement is scored with cfg_difference (the bundled pipeline splits CFG) at every ridge and that kept only where
+    it gains min_gain more; the plan and the setup carry the table and replay the quality the front reports; a rerun
+    scores nothing again."""
+    calib = make_calibration(tiny_pipe, steps=STEPS, guidance=guidance)
     calib.generate = Counted(calib.generate)
     config = KeyframeSearchConfig(budgets=(3, 2), rounds=1, forecaster="l2p", l2p_ridges=(10.0, 0.0))
     front = keyframe_search(calib, tmp_path, config, progress=False)
@@ -144,15 +151,22 @@ def test_l2p_is_fitted_per_placement_searched_apart_kept_only_where_it_scores_be
         assert found["taylor_quality"] == taylor  # the Taylor series' best at this budget and order
         l2p_scores = {key: v for key, v in scores.items() if key.startswith(f"{order}|call|") and "|l2p=" in key
                       and len(key.split("|")[2].split(",")) == k}
-        placements = {key.rsplit("|", 1)[0] for key in l2p_scores}
+        plain = {key: v for key, v in l2p_scores.items() if not key.endswith("|cfg-diff")}
+        placements = {key.split("|l2p=")[0] for key in plain}
         assert len(placements) >= 3  # the uniform starts at least, each at every ridge:
-        assert all(f"{p}|l2p={r:g}" in l2p_scores for p in placements for r in config.l2p_ridges)
-        kinds.add(found["forecaster"])
+        assert all(f"{p}|l2p={r:g}" in plain for p in placements for r in config.l2p_ridges)
+        kinds.add((found["forecaster"], found["cfg_difference"]))
         if found["forecaster"] == "l2p":
             assert found["quality"] > taylor + 0.03
-            assert found["quality"] == max(l2p_scores.values())  # the best L2P placement and ridge scored
+            kept = f"{order}|call|{','.join(map(str, found['steps']))}"
+            coupled = [l2p_scores[f"{kept}|l2p={r:g}|cfg-diff"] for r in config.l2p_ridges]  # KeyError: not scored
+            if found["cfg_difference"]:
+                assert found["quality"] == max(coupled) > max(plain.values()) + 0.03
+            else:  # the best L2P placement and ridge scored
+                assert found["quality"] == max(plain.values()) and max(coupled) <= found["quality"] + 0.03
         else:
-            assert found["quality"] == taylor and max(l2p_scores.values()) <= taylor + 0.03
+            assert found["quality"] == taylor and max(plain.values()) <= taylor + 0.03
+            assert not found["cfg_difference"] and len(l2p_scores) == len(plain)
         name = f"keyframe-k{k}"
         setup = json.loads((tmp_path / "setups" / f"{name}.setup.json").read_text())
         plan = json.loads((tmp_path / "plans" / f"{name}.plan.json").read_text())
@@ -164,8 +178,8 @@ def test_l2p_is_fitted_per_placement_searched_apart_kept_only_where_it_scores_be
             with dcache.apply(tiny_pipe, str(spec)):
                 images = calib.generate().float().cpu()
             assert calib.quality_fn(images, reference) == pytest.approx(point["quality"], abs=1e-6), spec
-    assert "l2p" in kinds  # on the bundled model at 8 steps L2P wins at least one budget: the path is exercised
-    again = make_calibration(tiny_pipe, steps=STEPS)
+    assert kinds == kinds_found
+    again = make_calibration(tiny_pipe, steps=STEPS, guidance=guidance)
     again.generate = Counted(again.generate)
     rerun = keyframe_search(again, tmp_path, config, progress=False)
     assert rerun["config"]["found"] == front["config"]["found"]

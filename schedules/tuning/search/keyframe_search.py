@@ -16,7 +16,9 @@ branch this search
      one generation per ridge), the best ridge is the placement's score; L2P is kept where it beats the Taylor
      series by more than `min_gain`. Searched apart because the placement that suits a Taylor series need not suit a
      fitted predictor (on the bundled video model at 0.15 with CFG 5: 15.8 dB with L2P on the Taylor placement,
-     16.2 dB on its own),
+     16.2 dB on its own); with split CFG in call scope, the kept L2P placement is then also scored with
+     `cfg_difference=True` serving the unconditional branch through L2P's table for the CFG difference, at every
+     ridge, and kept where that scores better by more than `min_gain`,
 
 scoring each setting by one calibration generation (the calibration's quality_fn, e.g. PSNR to the uncached images;
 the worst guidance scale with several). Every score is saved to <out>/keyframe-scores.json as it is measured, so a
@@ -50,7 +52,7 @@ from dcache.schedules.tuning.l2p_fit import AUTO_RIDGES, delta_grams, l2p_statis
 from .core import Calibration, FrontPoint, Template, is_main_process, make_template, measure, write_front, write_json
 
 SCORES_FILE = "keyframe-scores.json"
-MAX_SCORES_BYTES = 16 << 20  # one "order|scope|steps[|l2p=ridge]" key per scored setting: a search scores hundreds
+MAX_SCORES_BYTES = 16 << 20  # one "order|scope|steps[|l2p=ridge[|cfg-diff]]" key per scored setting: hundreds
 SCOPES = ("blocks", "call", "auto")
 FORECASTERS = ("taylor", "l2p")  # what serves between keyframes: the Taylor series, or L2P fitted here
 
@@ -109,7 +111,7 @@ class ScoreBook:
         scores = data["scores"]
         if not all(isinstance(k, str) and _parse_key(k) is not None and is_number(v) for k, v in scores.items()):
             raise StateFileError(f"the keyframe score file {str(self.path)!r} holds entries that are not "
-                                 f"\"order|scope|steps[|l2p=ridge]\": finite quality; {fix}.")
+                                 f"\"order|scope|steps[|l2p=ridge[|cfg-diff]]\": finite quality; {fix}.")
         return {k: float(v) for k, v in scores.items()}
 
     def get(self, key: str, measure_fn: Callable[[], float]) -> float:
@@ -121,15 +123,18 @@ class ScoreBook:
         return self.scores[key]
 
 
-def _key(order: int, scope: str, steps: list[int], ridge: float | None = None) -> str:
-    return f"{order}|{scope}|{','.join(map(str, steps))}" + ("" if ridge is None else f"|l2p={ridge:g}")
+def _key(order: int, scope: str, steps: list[int], ridge: float | None = None, difference: bool = False) -> str:
+    return (f"{order}|{scope}|{','.join(map(str, steps))}" + ("" if ridge is None else f"|l2p={ridge:g}")
+            + ("|cfg-diff" if difference else ""))
 
 
 def _parse_key(key: str) -> tuple | None:
     parts = key.split("|")
-    if len(parts) not in (3, 4) or parts[0] not in ("1", "2") or parts[1] not in ("blocks", "call"):
+    if len(parts) not in (3, 4, 5) or parts[0] not in ("1", "2") or parts[1] not in ("blocks", "call"):
         return None
-    if len(parts) == 4 and not (parts[3].startswith("l2p=") and is_number(_float(parts[3][4:]), 0.0)):
+    if len(parts) >= 4 and not (parts[3].startswith("l2p=") and is_number(_float(parts[3][4:]), 0.0)):
+        return None
+    if len(parts) == 5 and parts[4] != "cfg-diff":
         return None
     steps = parts[2].split(",")
     return tuple(parts) if all(s.isdecimal() and len(s) < 6 for s in steps) else None
@@ -180,12 +185,20 @@ def keyframe_search(calib: Calibration, out_dir: str | os.PathLike,
                 fitted, placed = _best_placement(lambda s: l2p.best(order, scope, s)[0], k, n, config, also=steps)
                 if fitted > quality + config.min_gain:
                     quality, served, steps, forecaster = fitted, "l2p", placed, l2p.table(order, scope, placed)
+            difference = False
+            if forecaster is not None and scope == "call" and l2p.splits_cfg():
+                coupled, ridge = l2p.best(order, scope, steps, difference=True)
+                if coupled > quality + config.min_gain:
+                    quality, difference = coupled, True
+                    forecaster = solve_l2p(l2p.statistics(order, steps), ridge)
             setting = {"keyframes": fractions(steps, n), "order": order}
             if forecaster is not None:
                 setting["forecaster"] = forecaster
+            if difference:
+                setting["cfg_difference"] = True
             found.append({"budget": k, "steps": steps, "scope": scope, "forecaster": served,
-                          **{key: v for key, v in setting.items() if key != "forecaster"}, "quality": quality,
-                          "taylor_quality": taylor_quality})
+                          "cfg_difference": difference, "keyframes": setting["keyframes"], "order": order,
+                          "quality": quality, "taylor_quality": taylor_quality})
             plan = _record_plan(calib, setting, scope, k)
             points.append(FrontPoint(f"keyframe-k{k}", plan, measure(calib, template, plan)))
             Setup(method="keyframe", knobs={**setting, "keyframes": list(setting["keyframes"])},
@@ -235,26 +248,39 @@ class L2PScores:
         self._grams: list | None = None
         self._statistics: dict[tuple, dict] = {}
 
+    def grams(self) -> list:
+        """The calibration run's Gram matrices (recorded uncached on first use)."""
+        if self._grams is None:
+            with quiet(), torch.no_grad():
+                self._grams = delta_grams(self.calib.pipe, [self.calib.generate], progress=False)
+        return self._grams
+
     def statistics(self, order: int, steps: list[int]) -> dict:
         key = (order, tuple(steps))
         if key not in self._statistics:
+            grams = self.grams()
             with quiet(), torch.no_grad():
-                if self._grams is None:
-                    self._grams = delta_grams(self.calib.pipe, [self.calib.generate], progress=False)
                 self._statistics[key] = l2p_statistics(
                     self.calib.pipe, [self.calib.generate], "keyframe", order=order,
-                    progress=False, grams=self._grams, keyframes=fractions(steps, self.num_steps))
+                    progress=False, grams=grams, keyframes=fractions(steps, self.num_steps))
         return self._statistics[key]
 
-    def best(self, order: int, scope: str, steps: list[int]) -> tuple[float, float]:
-        """(quality, ridge) of the best ridge at this placement."""
+    def best(self, order: int, scope: str, steps: list[int], difference: bool = False) -> tuple[float, float]:
+        """(quality, ridge) of the best ridge at this placement (difference: with cfg_difference=True, the
+        unconditional branch served through the table for the CFG difference)."""
         def measure_one(ridge: float) -> float:
             table = solve_l2p(self.statistics(order, steps), ridge)
             return _quality(self.calib, self.reference, scope, keyframes=fractions(steps, self.num_steps),
-                            order=order, forecaster=table)
+                            order=order, forecaster=table, **({"cfg_difference": True} if difference else {}))
 
-        scored = [(self.book.get(_key(order, scope, steps, r), lambda r=r: measure_one(r)), r) for r in self.ridges]
+        scored = [(self.book.get(_key(order, scope, steps, r, difference), lambda r=r: measure_one(r)), r)
+                  for r in self.ridges]
         return max(scored, key=lambda item: item[0])
+
+    def splits_cfg(self) -> bool:
+        """Whether the calibration runs split CFG into a conditional and an unconditional call (their recording
+        holds the CFG difference, so cfg_difference can be served from a fitted table)."""
+        return any(kind == "difference" for _, _, kind in self.grams())
 
     def table(self, order: int, scope: str, steps: list[int]) -> dict:
         """The forecaster spec of the best ridge at this placement."""
