@@ -23,7 +23,9 @@ With real guidance (CFG 3) the two branches' forecast errors reach the sample as
 unconditional branch one keyframe short of the conditional one costs several dB; `cfg_difference=True` (call scope)
 serves the unconditional calls between its keyframes as the conditional output minus a forecast of the CFG
 difference over the steps both computed (dcache.runtime.cfg_difference), which keeps the errors cancelling. Its uncond
-keyframes should be a subset of the cond ones (the difference is only known where both computed).
+keyframes should be a subset of the cond ones (the difference is only known where both computed). With an L2P
+forecaster fitted on split-CFG runs, the difference is forecast by L2P's own table for it (`difference_weights`),
+which can pay with even keyframes too: `dcache search --method keyframe --forecaster l2p` tries it per budget.
 
 Memory: (order + 1) tensors per cached unit and branch (stack granularity: one residual per stream, or one Delta
 in call scope).
