@@ -129,9 +129,23 @@ KEYFRAMES: dict[str, dict[str, dict]] = {
 
 
 # Uneven CFG budgets with cfg_difference=True (dcache.runtime.cfg_difference): the uncond keyframes are the cond ones
-# minus one (the CFG difference is known only where both branches computed). Searched on the tuning batch by `--search`
-# (search_cfg_difference); scenarios without an entry derive them from KEYFRAMES.
-CFG_DIFFERENCE: dict[str, dict[str, dict]] = {}
+# minus one (the CFG difference is known only where both branches computed). Searched on the tuning batch by
+# `--search-cfg-difference` (search_cfg_difference, commit 5607507); scenarios without an entry derive them from
+# KEYFRAMES.
+CFG_DIFFERENCE: dict[str, dict[str, dict]] = {
+    "cfg1.5": {
+        "6+5 cfg-diff": dict(keyframes=(0.0, 0.2222, 0.4074, 0.6296, 0.8148, 0.963),
+                             uncond_keyframes=(0.0, 0.2222, 0.4074, 0.6296, 0.8148), order=2, cfg_difference=True),
+        "4+3 cfg-diff": dict(keyframes=(0.0, 0.2963, 0.6296, 0.8889), uncond_keyframes=(0.0, 0.2963, 0.6296),
+                             order=2, cfg_difference=True),
+    },
+    "cfg3": {
+        "6+5 cfg-diff": dict(keyframes=(0.0, 0.1852, 0.4074, 0.6296, 0.8519, 0.963),
+                             uncond_keyframes=(0.0, 0.1852, 0.4074, 0.6296, 0.8519), order=2, cfg_difference=True),
+        "4+3 cfg-diff": dict(keyframes=(0.0, 0.3704, 0.7407, 0.8889), uncond_keyframes=(0.0, 0.3704, 0.7407),
+                             order=2, cfg_difference=True),
+    },
+}
 
 
 # ------------------------------------------------------------------------------------------------------------------
