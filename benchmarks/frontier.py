@@ -433,19 +433,25 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log) -> dict[st
     n = scenario.steps
     runs = [lambda seed=seed: bench.run(bench.pipe, bench.tune_labels, seed, bench.mode) for seed in L2P_FIT_SEEDS]
     grams = delta_grams(bench.pipe, runs, progress=False)
-    fitted: dict[tuple, tuple[float, float, dict]] = {}  # placement -> (tuning PSNR, ridge, table)
+    statistics: dict[tuple, dict] = {}  # placement -> its L2P statistics (one cadence generation each)
+    fitted: dict[tuple, tuple[float, float, dict]] = {}  # (placement, cfg_difference) -> (tuning PSNR, ridge, table)
 
     def key(setting: dict) -> tuple:
         return tuple(setting["keyframes"]), tuple(setting.get("uncond_keyframes") or ()), setting["order"]
 
-    def best_ridge(setting: dict) -> float:
-        if key(setting) not in fitted:
+    def best_ridge(setting: dict, cfg_difference: bool = False) -> float:
+        """The tuning PSNR of `setting` served by L2P fitted for its placement, at the best ridge."""
+        placement = key(setting)
+        if placement not in statistics:
             knobs = {k: v for k, v in setting.items() if k != "order"}
-            stats = l2p_statistics(bench.pipe, runs, "keyframe", order=setting["order"], progress=False, grams=grams,
-                                   **knobs)
-            tables = {r: solve_l2p(stats, r) for r in AUTO_RIDGES}
-            fitted[key(setting)] = max((_tuning_psnr(bench, **setting, forecaster=t), r, t) for r, t in tables.items())
-        return fitted[key(setting)][0]
+            statistics[placement] = l2p_statistics(bench.pipe, runs, "keyframe", order=setting["order"],
+                                                   progress=False, grams=grams, **knobs)
+        if (placement, cfg_difference) not in fitted:
+            tables = {r: solve_l2p(statistics[placement], r) for r in AUTO_RIDGES}
+            coupling = {"cfg_difference": True} if cfg_difference else {}
+            fitted[placement, cfg_difference] = max(
+                (_tuning_psnr(bench, **setting, forecaster=t, **coupling), r, t) for r, t in tables.items())
+        return fitted[placement, cfg_difference][0]
 
     out = {}
     for name, setting in plans.items():
@@ -455,16 +461,13 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log) -> dict[st
         found = search_keyframes(bench, scenario, len(sc), len(su), order, log, measure=best_ridge, also=(sc, su),
                                  served="L2P")
         placed = {k: v for k, v in found.items() if k != "tune_psnr" and v is not None}
-        psnr, ridge, table = fitted[key(placed)]
+        psnr, ridge, table = fitted[key(placed), False]
         if table.get("difference_weights"):  # split CFG: the uncond calls through the CFG difference's table
-            stats = l2p_statistics(bench.pipe, runs, "keyframe", progress=False, grams=grams,
-                                   **{k: v for k, v in placed.items() if k != "order"}, order=placed["order"])
-            coupled = max((_tuning_psnr(bench, **placed, forecaster=t, cfg_difference=True), r, t)
-                          for r, t in ((r, solve_l2p(stats, r)) for r in AUTO_RIDGES))
-            log(f"    l2p {name} with cfg_difference: {coupled[0]:.2f} dB at ridge {coupled[1]:g} (without "
-                f"{psnr:.2f})")
-            if coupled[0] > psnr + 0.03:
-                (psnr, ridge, table), placed = coupled, {**placed, "cfg_difference": True}
+            coupled = best_ridge(placed, cfg_difference=True)
+            log(f"    l2p {name} with cfg_difference: {coupled:.2f} dB at ridge {fitted[key(placed), True][1]:g} "
+                f"(without {psnr:.2f})")
+            if coupled > psnr + 0.03:
+                (psnr, ridge, table), placed = fitted[key(placed), True], {**placed, "cfg_difference": True}
         on_plan = dict(keyframes=_fractions(sc, n), order=order,
                        **({} if len(su) == len(sc) else {"uncond_keyframes": _fractions(su, n)}))
         log(f"    l2p {name}: ridge {ridge:g}, keyframes {placed['keyframes']} (tuning PSNR {psnr:.2f}; "

@@ -141,7 +141,8 @@ def _sample(result: Any) -> torch.Tensor:
 def l2p_statistics(target: Any, runs: Sequence[Callable[[], Any]], method: str = "keyframe", *, window: int = WINDOW,
                    order: int = 2, progress: bool = True, grams: Sequence[Gram] | None = None,
                    **knobs: Any) -> dict:
-    """Steps 1-2 of the fit: {"pairs": {key: (t, s)}, "sums": {key: (G, g)}, "num_steps", "window", "order"}, from
+    """Steps 1-2 of the fit: {"pairs": {key: (t, s)}, "sums": {key: (G, g)}, "difference_sums" (the same for the
+    CFG difference; zero without split CFG), "num_steps", "window", "order"}, from
     which `solve_l2p` gives the table for any ridge (a sweep over lambda runs the pipeline once). `grams`: the
     trajectories' Gram matrices from `delta_grams` on the same runs (recorded once for several placements); without
     them the runs are recorded here."""

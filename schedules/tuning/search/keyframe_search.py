@@ -187,10 +187,10 @@ def keyframe_search(calib: Calibration, out_dir: str | os.PathLike,
                     quality, served, steps, forecaster = fitted, "l2p", placed, l2p.table(order, scope, placed)
             difference = False
             if forecaster is not None and scope == "call" and l2p.splits_cfg():
-                coupled, ridge = l2p.best(order, scope, steps, difference=True)
+                coupled = l2p.best(order, scope, steps, difference=True)[0]
                 if coupled > quality + config.min_gain:
                     quality, difference = coupled, True
-                    forecaster = solve_l2p(l2p.statistics(order, steps), ridge)
+                    forecaster = l2p.table(order, scope, steps, difference=True)
             setting = {"keyframes": fractions(steps, n), "order": order}
             if forecaster is not None:
                 setting["forecaster"] = forecaster
@@ -282,9 +282,9 @@ class L2PScores:
         holds the CFG difference, so cfg_difference can be served from a fitted table)."""
         return any(kind == "difference" for _, _, kind in self.grams())
 
-    def table(self, order: int, scope: str, steps: list[int]) -> dict:
-        """The forecaster spec of the best ridge at this placement."""
-        return solve_l2p(self.statistics(order, steps), self.best(order, scope, steps)[1])
+    def table(self, order: int, scope: str, steps: list[int], difference: bool = False) -> dict:
+        """The forecaster spec of the best ridge at this placement (difference: as scored with cfg_difference)."""
+        return solve_l2p(self.statistics(order, steps), self.best(order, scope, steps, difference)[1])
 
 
 def _quality(calib: Calibration, reference: torch.Tensor, scope: str, **knobs: Any) -> float:
