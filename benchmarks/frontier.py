@@ -420,13 +420,17 @@ def searched_plans(bench, scenario: Scenario, log) -> dict[str, dict]:
 L2P_FIT_SEEDS = (1, 2)  # calibration runs of the L2P fit: tuning seeds, neither the one that scores nor a held-out one
 
 
-def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log) -> dict[str, dict]:
+def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log,
+              diff_plans: dict[str, dict] | None = None) -> dict[str, dict]:
     """Per searched plan: keyframes searched again (search_keyframes, its starts and the plan's own placement) for the
     L2P forecaster (dcache.schedules.forecasters.l2p) fitted per candidate placement on the tuning batch's labels at
     seeds L2P_FIT_SEEDS (recorded once: l2p_fit.delta_grams), each candidate scored on the tuning batch (seed 0) at
     every ridge of AUTO_RIDGES, its best ridge its score; with split CFG the found placement is then scored with
     cfg_difference=True (the uncond branch served through L2P's table for the CFG difference) at every ridge, kept
     where it gains more than 0.03 dB; as `dcache search --method keyframe --forecaster l2p` does on a user's prompts.
+    An uneven budget with a cfg-diff plan (`diff_plans["<name> cfg-diff"]`, placed for the difference) also scores
+    L2P with its difference table on that placement, kept where it beats both by more than 0.03 dB: the two searches
+    place the keyframes for different servings, and the difference's placement suits the difference's table.
     The plan's order stays (the ridge's prior and the fallback)."""
     from dcache.schedules.tuning.l2p_fit import AUTO_RIDGES, delta_grams, l2p_statistics, solve_l2p
 
@@ -468,6 +472,14 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log) -> dict[st
                 f"(without {psnr:.2f})")
             if coupled > psnr + 0.03:
                 (psnr, ridge, table), placed = fitted[key(placed), True], {**placed, "cfg_difference": True}
+        diff_placed = (diff_plans or {}).get(f"{name} cfg-diff")
+        if diff_placed and table.get("difference_weights"):
+            diff_placed = {k: v for k, v in diff_placed.items() if k != "cfg_difference"}
+            on_diff = best_ridge(diff_placed, cfg_difference=True)
+            log(f"    l2p {name} with cfg_difference on the cfg-diff keyframes {diff_placed['keyframes']}: "
+                f"{on_diff:.2f} dB at ridge {fitted[key(diff_placed), True][1]:g} (best so far {psnr:.2f})")
+            if on_diff > psnr + 0.03:
+                (psnr, ridge, table), placed = fitted[key(diff_placed), True], {**diff_placed, "cfg_difference": True}
         on_plan = dict(keyframes=_fractions(sc, n), order=order,
                        **({} if len(su) == len(sc) else {"uncond_keyframes": _fractions(su, n)}))
         log(f"    l2p {name}: ridge {ridge:g}, keyframes {placed['keyframes']} (tuning PSNR {psnr:.2f}; "
@@ -569,7 +581,7 @@ def run_scenario(model: str, scenario: Scenario, args, log) -> dict:
     searched = args.search or model != "digits" or scenario.name not in KEYFRAMES
     plans = searched_plans(bench, scenario, log) if searched else KEYFRAMES[scenario.name]
     diff_plans = cfg_difference_plans(bench, scenario, plans, args.search or args.search_cfg_difference, log)
-    fitted = {} if quick else l2p_plans(bench, scenario, plans, log)
+    fitted = {} if quick else l2p_plans(bench, scenario, plans, log, diff_plans)
     calibrate = lambda pipe: bench.tune(pipe, bench.mode)  # noqa: E731
     sweeper = methods.Sweeper(bench, log)
     results = []
