@@ -274,6 +274,10 @@ def search_command(
     l2p_ridges: str = typer.Option("", help="keyframe with --forecaster l2p: the ridge strengths scored for every "
                                             "candidate placement, comma-separated, each >= 0 (default "
                                             "10,1,0.1,0.01,0.001,0; fewer ridges, a faster search)"),
+    uneven_cfg: bool = typer.Option(False, help="keyframe with split CFG: also search k conditional + k - 1 "
+                                                "unconditional calls per budget, the unconditional calls left out "
+                                                "served through the CFG difference (cfg_difference, call scope): "
+                                                "(2k - 1) / 2N of the calls; plans keyframe-k<k>u<k - 1>"),
     device: str = typer.Option(AUTO, help=DEVICE_HELP),
     dtype: str = typer.Option(AUTO, help=DTYPE_HELP),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: 1 for the bundled model on the CPU, "
@@ -296,7 +300,7 @@ def search_command(
     check_search_arguments(method, model=model, steps=steps, budget=budget, threads=threads, pop_size=pop_size,
                            generations=generations, granularity=granularity, forecast_order=forecast_order,
                            max_span=max_span, base_plans=base_plans, train_seeds=train_seeds, seed=seed,
-                           forecaster=forecaster, l2p_ridges=l2p_ridges)
+                           forecaster=forecaster, l2p_ridges=l2p_ridges, uneven_cfg=uneven_cfg, scope=scope)
     stages = Progress(enabled=progress)
     stages.stage(f"loading {model or 'the bundled tiny model'} on {describe(device, dtype)}")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
@@ -310,7 +314,7 @@ def search_command(
                                resume=resume, max_span=max_span, iterations=iterations, progress=progress,
                                base_plans=base_plans, train_seeds=train_seeds, online_iterations=online_iterations,
                                forecast_order=forecast_order, granularity=granularity, forecaster=forecaster,
-                               l2p_ridges=parse_ridges(l2p_ridges),
+                               l2p_ridges=parse_ridges(l2p_ridges), uneven_cfg=uneven_cfg,
                                on_generation=None if progress else _generation_line(generations))
     except (ValueError, FileNotFoundError) as exc:
         # a damaged or foreign checkpoint (StateFileError), a resume with other settings, an --out that leads
@@ -328,7 +332,7 @@ def search_command(
 def check_search_arguments(method: str, *, model: str | None, steps: int, budget: str, threads: int | None,
                            pop_size: int, generations: int, granularity: str, forecast_order: int, max_span: int,
                            base_plans: str, train_seeds: int, seed: int, forecaster: str,
-                           l2p_ridges: str = "") -> None:
+                           l2p_ridges: str = "", uneven_cfg: bool = False, scope: str = "call") -> None:
     """Everything `dcache search` can check before the model loads (typer.BadParameter naming the option)."""
     from dcache.plans.plan import Plan
     from dcache.schedules.tuning import search
@@ -349,7 +353,10 @@ def check_search_arguments(method: str, *, model: str | None, steps: int, budget
         if method == "lemica":
             search.LeMiCaConfig(budgets=counts, max_span=max_span, forecast_order=forecast_order)
         if method == "keyframe":
-            search.KeyframeSearchConfig(budgets=counts, forecaster=forecaster, **_ridges(parse_ridges(l2p_ridges)))
+            search.KeyframeSearchConfig(budgets=counts, forecaster=forecaster, uneven_cfg=uneven_cfg, scope=scope,
+                                        **_ridges(parse_ridges(l2p_ridges)))
+        elif uneven_cfg:
+            raise ValueError("--uneven-cfg applies to --method keyframe only.")
         elif forecaster != "taylor":
             raise ValueError(f"--forecaster {forecaster} applies to --method keyframe only.")
         if l2p_ridges.strip() and (method != "keyframe" or forecaster != "l2p"):
@@ -396,7 +403,7 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                on_generation=None, base_plans: str = "", train_seeds: int = 2,
                online_iterations: int | None = None, forecast_order: int = 0, granularity: str = "module",
                guidance: list[float] | None = None, scope: str = "blocks", forecaster: str = "taylor",
-               l2p_ridges: tuple[float, ...] | None = None) -> dict:
+               l2p_ridges: tuple[float, ...] | None = None, uneven_cfg: bool = False) -> dict:
     """The search behind `dcache search`, on an already loaded pipeline; returns the front (as in front.json).
     `guidance`: the calibration set's scales (None / []: the pipeline's default; several: scored by the worst).
     `scope`: "blocks" keeps the plans as searched; "call" / "auto" rescore the front's stack plans in call scope / in
@@ -425,7 +432,7 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
                              progress=progress, seed_methods=seed_methods, on_generation=on_generation,
                              base_plans=base_plans, train_seeds=train_seeds, online_iterations=online_iterations,
                              forecast_order=forecast_order, granularity=granularity, scope=scope,
-                             forecaster=forecaster, l2p_ridges=l2p_ridges)
+                             forecaster=forecaster, l2p_ridges=l2p_ridges, uneven_cfg=uneven_cfg)
 
 
 class CountedGenerations:
@@ -451,7 +458,7 @@ def _search_front(method: str, pipe: Any, is_tiny: bool, calib, search, *, budge
                   resume: bool, max_span: int, iterations: int | None, progress: bool, seed_methods: tuple[str, ...],
                   on_generation, base_plans: str, train_seeds: int, online_iterations: int | None,
                   forecast_order: int, granularity: str, scope: str, forecaster: str,
-                  l2p_ridges: tuple[float, ...] | None) -> dict:
+                  l2p_ridges: tuple[float, ...] | None, uneven_cfg: bool = False) -> dict:
     template = search.make_template(calib)
     front = _run_method(method, pipe, is_tiny, calib, template, budget=budget, out=out, steps=steps,
                         prompts=prompt_list, seed=seed, scales=scales, pop_size=pop_size, generations=generations,
@@ -459,7 +466,7 @@ def _search_front(method: str, pipe: Any, is_tiny: bool, calib, search, *, budge
                         seed_methods=seed_methods, on_generation=on_generation, base_plans=base_plans,
                         train_seeds=train_seeds, online_iterations=online_iterations,
                         forecast_order=forecast_order, granularity=granularity, scope=scope,
-                        forecaster=forecaster, l2p_ridges=l2p_ridges)
+                        forecaster=forecaster, l2p_ridges=l2p_ridges, uneven_cfg=uneven_cfg)
     if scope == "blocks" or method == "keyframe":  # the keyframe search chooses its scope itself
         return front
     from dcache.schedules.tuning.search.scope_choice import SCOPES
@@ -472,7 +479,7 @@ def _run_method(method: str, pipe: Any, is_tiny: bool, calib, template, *, budge
                 max_span: int, iterations: int | None, progress: bool, seed_methods: tuple[str, ...],
                 on_generation, base_plans: str, train_seeds: int, online_iterations: int | None,
                 forecast_order: int, granularity: str, scope: str = "blocks", forecaster: str,
-                l2p_ridges: tuple[float, ...] | None = None) -> dict:
+                l2p_ridges: tuple[float, ...] | None = None, uneven_cfg: bool = False) -> dict:
     """One search method on the calibration set; writes and returns its front."""
     from dcache.schedules.tuning import search
 
@@ -490,7 +497,8 @@ def _run_method(method: str, pipe: Any, is_tiny: bool, calib, template, *, budge
         cfg = search.LeMiCaConfig(budgets=counts, max_span=max_span, forecast_order=forecast_order)
         return search.lemica_search(calib, out, cfg, template=template, progress=progress)
     if method == "keyframe":
-        cfg = search.KeyframeSearchConfig(budgets=counts, scope=scope, forecaster=forecaster, **_ridges(l2p_ridges))
+        cfg = search.KeyframeSearchConfig(budgets=counts, scope=scope, forecaster=forecaster, uneven_cfg=uneven_cfg,
+                                          **_ridges(l2p_ridges))
         return search.keyframe_search(calib, out, cfg, template=template, progress=progress)
     if method == "dp":
         return search.dp_search(calib, out, search.DPConfig(budgets=counts), template=template, progress=progress)

@@ -192,3 +192,52 @@ def test_l2p_is_fitted_per_placement_searched_apart_kept_only_where_it_scores_be
         KeyframeSearchConfig(forecaster="l2p", l2p_ridges=(1.0, -1.0))
     result = CliRunner().invoke(app, ["search", "--method", "lemica", "--forecaster", "l2p", "--steps", "6"])
     assert result.exit_code == 2 and "--method keyframe only" in result.output
+
+
+def test_uneven_cfg_leaves_one_uncond_keyframe_out_served_through_the_difference_and_replays(tmp_path, tiny_pipe):
+    """uneven_cfg=True: per budget k also k cond + k - 1 uncond calls with cfg_difference (call scope, split CFG):
+    the uncond keyframes are the cond ones minus one (never step 0), the placement scores at least the even
+    placement with its best left-out keyframe, and beats the same keyframes without the difference (at guidance 3 the
+    branch one keyframe short stops the branches' errors from cancelling); L2P with its difference table is scored at
+    every ridge on that placement; the plan and the setup replay the reported quality; bad uses are refused."""
+    steps, k = 10, 4
+    calib = make_calibration(tiny_pipe, steps=steps, guidance=3.0)
+    config = KeyframeSearchConfig(budgets=(k,), scope="call", rounds=1, uneven_cfg=True, forecaster="l2p",
+                                  l2p_ridges=(1.0,))
+    front = keyframe_search(calib, tmp_path, config, progress=False)
+    even, uneven = front["config"]["found"]
+    assert (uneven["budget"], uneven["uncond_budget"]) == (k, k - 1) and uneven["cfg_difference"]
+    assert uneven["uncond_steps"][0] == 0 and set(uneven["uncond_steps"]) < set(uneven["steps"])
+    scores = json.loads((tmp_path / SCORES_FILE).read_text())["scores"]
+    start = ",".join(map(str, even["steps"] if even["forecaster"] == "taylor" else ()))
+    if start:  # the search started from the Taylor series' even placement, each keyframe but the first left out
+        starts = [v for key, v in scores.items() if key.startswith(f"{uneven['order']}|call|{start}|u=")
+                  and key.endswith("|cfg-diff") and "|l2p=" not in key]
+        assert len(starts) == k - 1 and uneven["taylor_quality"] >= max(starts)
+    cond, left = (",".join(map(str, uneven[key])) for key in ("steps", "uncond_steps"))
+    placed = f"{uneven['order']}|call|{cond}|u={left}"
+    fitted = [scores[f"{placed}|l2p={r:g}|cfg-diff"] for r in config.l2p_ridges]  # KeyError: L2P not scored there
+    assert uneven["quality"] == (max(fitted) if uneven["forecaster"] == "l2p" else uneven["taylor_quality"])
+    reference = calib.reference()
+    knobs = dict(keyframes=uneven["keyframes"], uncond_keyframes=uneven["uncond_keyframes"], order=uneven["order"])
+    with dcache.apply(tiny_pipe, "keyframe", scope="call", **knobs):
+        without = calib.quality_fn(calib.generate().float().cpu(), reference)
+    assert uneven["taylor_quality"] > without + 1.0  # 27.1 vs 24.3 dB measured at [0, 3, 6, 9] / [0, 3, 6]
+    name = f"keyframe-k{k}u{k - 1}"
+    point = next(p for p in front["points"] if p["name"] == name)
+    assert point["compute_ratio"] == pytest.approx((2 * k - 1) / (2 * steps), abs=0.01)
+    setup = json.loads((tmp_path / "setups" / f"{name}.setup.json").read_text())
+    assert setup["knobs"]["cfg_difference"] is True and setup["scope"] == "call"
+    for spec in (tmp_path / "plans" / f"{name}.plan.json", tmp_path / "setups" / f"{name}.setup.json"):
+        with dcache.apply(tiny_pipe, str(spec)):
+            images = calib.generate().float().cpu()
+        assert calib.quality_fn(images, reference) == pytest.approx(point["quality"], abs=1e-6), spec
+    with pytest.raises(ValueError, match="call scope only"):
+        KeyframeSearchConfig(scope="blocks", uneven_cfg=True)
+    with pytest.raises(ValueError, match="split CFG"):
+        keyframe_search(make_calibration(tiny_pipe, steps=4, guidance=1.0), tmp_path / "nocfg",
+                        KeyframeSearchConfig(budgets=(2,), uneven_cfg=True), progress=False)
+    for args, says in ((["--method", "lemica"], "--method keyframe only"), (["--method", "keyframe"], "--scope call")):
+        result = CliRunner().invoke(app, ["search", *args, "--uneven-cfg", "--steps", "6",
+                                          "--out", str(tmp_path / "x")])
+        assert result.exit_code == 2 and says in result.output, result.output

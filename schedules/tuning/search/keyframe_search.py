@@ -19,12 +19,24 @@ branch this search
      16.2 dB on its own); with split CFG in call scope, the kept L2P placement is then also scored with
      `cfg_difference=True` serving the unconditional branch through L2P's table for the CFG difference, at every
      ridge, and kept where that scores better by more than `min_gain`,
+  5. with `uneven_cfg=True` (split CFG, call scope), also searches the uneven budget of k conditional and k - 1
+     unconditional calls served with `cfg_difference=True` (the unconditional calls the branch does not compute
+     served as the conditional output minus a forecast of the CFG difference; dcache.runtime.cfg_difference):
+     from the step-3 placement, every keyframe but the first is tried as the one the unconditional branch leaves out,
+     then the conditional keyframes move as in step 2 (the left-out one with them) and the left-out one is chosen
+     again, while the quality rises by more than `min_gain`; with `forecaster="l2p"` that placement is also scored
+     served by L2P with its table for the CFG difference (every ridge), kept where it scores better. An uneven budget
+     is the only way to reach (2k - 1) / 2N of the calls with split CFG, and without the difference the branch one
+     keyframe short stops the two branches' forecast errors from cancelling in the guidance sum (benchmarks/
+     frontier.py, bundled digit model, guidance 3, held out: 6 + 5 of 56 calls 34.1 dB on keyframes searched
+     without the difference, 39.0 dB with it on keyframes searched for it),
 
 scoring each setting by one calibration generation (the calibration's quality_fn, e.g. PSNR to the uncached images;
 the worst guidance scale with several). Every score is saved to <out>/keyframe-scores.json as it is measured, so a
 rerun with the same calibration resumes where it stopped. The result per budget is a plan (recorded from the best
 setting; its FORECAST rows replay in normalised time at any step count) and a setup file (method "keyframe" with
-its knobs and scope: the same placement, applied natively at any step count).
+its knobs and scope: the same placement, applied natively at any step count), named keyframe-k<k> (and
+keyframe-k<k>u<k - 1> for the uneven budget).
 
 Scope: the keyframe schedule decides from the step alone, so it runs in call scope (the whole transformer call
 served; fastest at batch 1) or in block scope. "auto" searches in call scope and keeps, per budget, the scope that
@@ -52,7 +64,7 @@ from dcache.schedules.tuning.l2p_fit import AUTO_RIDGES, delta_grams, l2p_statis
 from .core import Calibration, FrontPoint, Template, is_main_process, make_template, measure, write_front, write_json
 
 SCORES_FILE = "keyframe-scores.json"
-MAX_SCORES_BYTES = 16 << 20  # one "order|scope|steps[|l2p=ridge[|cfg-diff]]" key per scored setting: hundreds
+MAX_SCORES_BYTES = 16 << 20  # one "order|scope|steps[|u=steps][|l2p=ridge][|cfg-diff]" key per setting: hundreds
 SCOPES = ("blocks", "call", "auto")
 FORECASTERS = ("taylor", "l2p")  # what serves between keyframes: the Taylor series, or L2P fitted here
 
@@ -65,6 +77,7 @@ class KeyframeSearchConfig:
     min_gain: float = 0.03  # quality gain (dB for PSNR) a move must bring to be taken
     forecaster: str = "taylor"  # "l2p": also fit L2P per budget on the calibration set, kept where it scores better
     l2p_ridges: tuple[float, ...] = AUTO_RIDGES  # the L2P ridges scored per placement (fewer: a faster search)
+    uneven_cfg: bool = False  # also k + (k - 1) calls per budget with cfg_difference (split CFG, call scope)
 
     def __post_init__(self) -> None:
         if not self.budgets or any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in self.budgets):
@@ -78,6 +91,11 @@ class KeyframeSearchConfig:
             raise ValueError(f"min_gain={self.min_gain!r} must be a finite number >= 0.")
         if self.forecaster not in FORECASTERS:
             raise ValueError(f"forecaster={self.forecaster!r} must be one of {', '.join(FORECASTERS)} (--forecaster).")
+        if not isinstance(self.uneven_cfg, bool):
+            raise ValueError(f"uneven_cfg={self.uneven_cfg!r} must be True or False.")
+        if self.uneven_cfg and self.scope == "blocks":
+            raise ValueError("uneven_cfg=True (--uneven-cfg) serves the unconditional calls through the CFG "
+                             "difference, which works in call scope only: use --scope call or --scope auto.")
         if not self.l2p_ridges or not all(is_number(r, 0.0) for r in self.l2p_ridges):
             raise ValueError(f"l2p_ridges={self.l2p_ridges!r} (--l2p-ridges): give one or more finite ridges >= 0 "
                              f"(the pull towards the Taylor weights; 0 is plain least squares), e.g. {AUTO_RIDGES}.")
@@ -95,7 +113,8 @@ def uniform(k: int, last: int) -> list[int]:
 
 class ScoreBook:
     """The quality of every setting scored so far, saved after each one (resumable), keyed "order|scope|i,j,..."
-    (Taylor) or "order|scope|i,j,...|l2p=ridge" (L2P fitted for that placement with that ridge)."""
+    (Taylor), "...|l2p=ridge" (L2P fitted for that placement with that ridge), "...|u=i,j,..." (the unconditional
+    branch's own keyframes) and "...|cfg-diff" (served with cfg_difference=True)."""
 
     def __init__(self, path: Path | None, settings: dict[str, Any]):
         self.path, self.settings = path, settings
@@ -123,21 +142,34 @@ class ScoreBook:
         return self.scores[key]
 
 
-def _key(order: int, scope: str, steps: list[int], ridge: float | None = None, difference: bool = False) -> str:
-    return (f"{order}|{scope}|{','.join(map(str, steps))}" + ("" if ridge is None else f"|l2p={ridge:g}")
-            + ("|cfg-diff" if difference else ""))
+def _key(order: int, scope: str, steps: list[int], ridge: float | None = None, difference: bool = False,
+         uncond: list[int] | None = None) -> str:
+    return (f"{order}|{scope}|{_steps(steps)}" + ("" if uncond is None else f"|u={_steps(uncond)}")
+            + ("" if ridge is None else f"|l2p={ridge:g}") + ("|cfg-diff" if difference else ""))
+
+
+def _steps(steps: list[int]) -> str:
+    return ",".join(map(str, steps))
 
 
 def _parse_key(key: str) -> tuple | None:
+    """The parts of a score key ("order|scope|steps", then optionally "u=steps", "l2p=ridge", "cfg-diff" in that
+    order), or None where it is not one."""
     parts = key.split("|")
-    if len(parts) not in (3, 4, 5) or parts[0] not in ("1", "2") or parts[1] not in ("blocks", "call"):
+    if len(parts) < 3 or parts[0] not in ("1", "2") or parts[1] not in ("blocks", "call") or not _is_steps(parts[2]):
         return None
-    if len(parts) >= 4 and not (parts[3].startswith("l2p=") and is_number(_float(parts[3][4:]), 0.0)):
-        return None
-    if len(parts) == 5 and parts[4] != "cfg-diff":
-        return None
-    steps = parts[2].split(",")
-    return tuple(parts) if all(s.isdecimal() and len(s) < 6 for s in steps) else None
+    rest = parts[3:]
+    if rest and rest[0].startswith("u=") and _is_steps(rest[0][2:]):
+        rest = rest[1:]
+    if rest and rest[0].startswith("l2p=") and is_number(_float(rest[0][4:]), 0.0):
+        rest = rest[1:]
+    if rest == ["cfg-diff"]:
+        rest = []
+    return tuple(parts) if not rest else None
+
+
+def _is_steps(text: str) -> bool:
+    return all(s.isdecimal() and len(s) < 6 for s in text.split(","))
 
 
 def _float(text: str) -> float | None:
@@ -168,10 +200,20 @@ def keyframe_search(calib: Calibration, out_dir: str | os.PathLike,
 
     search_scope = "blocks" if config.scope == "blocks" else "call"
     l2p = L2PScores(calib, reference, book, n, config.l2p_ridges) if config.forecaster == "l2p" else None
+    if config.uneven_cfg and not _splits_cfg(calib):
+        raise ValueError("uneven_cfg=True (--uneven-cfg) needs a pipeline that runs guidance as separate 'cond' and "
+                         "'uncond' transformer calls (split CFG): this one does not (batched CFG, or no guidance), "
+                         "so there is no unconditional call to leave out. Search without --uneven-cfg.")
     points, found = [], []
     from tqdm.auto import tqdm
 
-    with tqdm(total=len(config.budgets), desc="keyframe budgets", leave=False,
+    def save(name: str, setting: dict, scope: str, budget: int | str) -> None:
+        plan = _record_plan(calib, setting, scope, budget)
+        points.append(FrontPoint(name, plan, measure(calib, template, plan)))
+        knobs = {**setting, **{key: list(setting[key]) for key in ("keyframes", "uncond_keyframes") if key in setting}}
+        Setup(method="keyframe", knobs=knobs, scope=scope).save(out / "setups" / f"{name}.setup.json")
+
+    with tqdm(total=len(config.budgets) * (2 if config.uneven_cfg else 1), desc="keyframe budgets", leave=False,
               disable=not (progress and is_main_process())) as bar:
         for k in config.budgets:
             quality, steps = _best_placement(lambda s: score(2, search_scope, s), k, n, config)
@@ -180,7 +222,7 @@ def keyframe_search(calib: Calibration, out_dir: str | os.PathLike,
             if config.scope == "auto" and score(order, "blocks", steps) > score(order, "call", steps):
                 scope = "blocks"
             quality, served = score(order, scope, steps), "taylor"
-            taylor_quality, forecaster = quality, None
+            taylor_quality, taylor_steps, forecaster = quality, steps, None
             if l2p is not None:
                 fitted, placed = _best_placement(lambda s: l2p.best(order, scope, s)[0], k, n, config, also=steps)
                 if fitted > quality + config.min_gain:
@@ -199,11 +241,13 @@ def keyframe_search(calib: Calibration, out_dir: str | os.PathLike,
             found.append({"budget": k, "steps": steps, "scope": scope, "forecaster": served,
                           "cfg_difference": difference, "keyframes": setting["keyframes"], "order": order,
                           "quality": quality, "taylor_quality": taylor_quality})
-            plan = _record_plan(calib, setting, scope, k)
-            points.append(FrontPoint(f"keyframe-k{k}", plan, measure(calib, template, plan)))
-            Setup(method="keyframe", knobs={**setting, "keyframes": list(setting["keyframes"])},
-                  scope=scope).save(out / "setups" / f"keyframe-k{k}.setup.json")
+            save(f"keyframe-k{k}", setting, scope, k)
             bar.update(1)
+            if config.uneven_cfg:
+                entry, setting = _uneven_budget(calib, reference, book, l2p, taylor_steps, order, n, config)
+                found.append(entry)
+                save(f"keyframe-k{k}u{k - 1}", setting, "call", f"{k}+{k - 1}")
+                bar.update(1)
     return write_front(out, "keyframe", points, config={**asdict(config), "budgets": list(config.budgets),
                                                          "found": found})
 
@@ -218,8 +262,14 @@ def _best_placement(score: Callable[[list[int]], float], k: int, n: int, config:
         q = score(steps)
         if best is None or q > best[0]:
             best = (q, steps)
-    quality, steps = best
-    for _ in range(config.rounds):
+    return _ascend(score, *best, n, config, config.rounds)
+
+
+def _ascend(score: Callable[[list[int]], float], quality: float, steps: list[int], n: int,
+            config: KeyframeSearchConfig, rounds: int) -> tuple[float, list[int]]:
+    """Coordinate ascent: up to `rounds` passes moving one keyframe (not the first) by -2..+2 steps, a move taken
+    where the quality rises by more than min_gain."""
+    for _ in range(rounds):
         improved = False
         for i in range(1, len(steps)):  # the first keyframe stays at step 0: nothing is cached before it
             for move in (-2, -1, 1, 2):
@@ -234,6 +284,61 @@ def _best_placement(score: Callable[[list[int]], float], k: int, n: int, config:
         if not improved:
             break
     return quality, steps
+
+
+def _uneven_budget(calib: Calibration, reference: torch.Tensor, book: ScoreBook, l2p: L2PScores | None,
+                   start: list[int], order: int, n: int, config: KeyframeSearchConfig) -> tuple[dict, dict]:
+    """(found entry, keyframe setting) of the uneven budget: len(start) conditional keyframes, the unconditional
+    branch leaving one of them out, served with cfg_difference=True in call scope (module docstring, step 5)."""
+    def left_out(steps: list[int], drop: int) -> list[int]:
+        return steps[:drop] + steps[drop + 1:]
+
+    def score(steps: list[int], drop: int) -> float:
+        uncond = left_out(steps, drop)
+        return book.get(_key(order, "call", steps, difference=True, uncond=uncond), lambda: _quality(
+            calib, reference, "call", keyframes=fractions(steps, n), uncond_keyframes=fractions(uncond, n),
+            order=order, cfg_difference=True))
+
+    def best_drop(steps: list[int]) -> tuple[float, int]:  # the first keyframe is never left out (step 0)
+        return max((score(steps, d), d) for d in range(1, len(steps)))
+
+    steps = list(start)
+    quality, drop = best_drop(steps)
+    for _ in range(config.rounds):
+        moved_quality, steps = _ascend(lambda s: score(s, drop), quality, steps, n, config, 1)
+        improved, quality = moved_quality > quality, moved_quality
+        again, other = best_drop(steps)
+        if again > quality + config.min_gain:
+            quality, drop, improved = again, other, True
+        if not improved:
+            break
+    uncond = left_out(steps, drop)
+    setting = {"keyframes": fractions(steps, n), "uncond_keyframes": fractions(uncond, n), "order": order,
+               "cfg_difference": True}
+    taylor_quality, served = quality, "taylor"
+    if l2p is not None and l2p.splits_cfg():
+        fitted = l2p.best(order, "call", steps, difference=True, uncond=uncond)[0]
+        if fitted > quality + config.min_gain:
+            quality, served = fitted, "l2p"
+            setting["forecaster"] = l2p.table(order, "call", steps, difference=True, uncond=uncond)
+    entry = {"budget": len(steps), "uncond_budget": len(uncond), "steps": steps, "uncond_steps": uncond,
+             "scope": "call", "forecaster": served, "cfg_difference": True, "keyframes": setting["keyframes"],
+             "uncond_keyframes": setting["uncond_keyframes"], "order": order, "quality": quality,
+             "taylor_quality": taylor_quality}
+    return entry, setting
+
+
+def _splits_cfg(calib: Calibration) -> bool:
+    """Whether the calibration pipeline runs guidance as separate "cond" / "uncond" transformer calls (the branches
+    one keyframe generation ran)."""
+    handle = dcache.apply(calib.pipe, "keyframe", scope="call", count_flops=False)
+    try:
+        with quiet(), torch.no_grad():
+            calib.generate()
+        branches = set(handle.stats().branches)
+    finally:
+        handle.remove()
+    return {"cond", "uncond"} <= branches
 
 
 class L2PScores:
@@ -255,25 +360,31 @@ class L2PScores:
                 self._grams = delta_grams(self.calib.pipe, [self.calib.generate], progress=False)
         return self._grams
 
-    def statistics(self, order: int, steps: list[int]) -> dict:
-        key = (order, tuple(steps))
+    def statistics(self, order: int, steps: list[int], uncond: list[int] | None = None) -> dict:
+        """The L2P statistics of a placement (uncond: the unconditional branch's own keyframes)."""
+        key = (order, tuple(steps), None if uncond is None else tuple(uncond))
         if key not in self._statistics:
             grams = self.grams()
             with quiet(), torch.no_grad():
                 self._statistics[key] = l2p_statistics(
                     self.calib.pipe, [self.calib.generate], "keyframe", order=order,
-                    progress=False, grams=grams, keyframes=fractions(steps, self.num_steps))
+                    progress=False, grams=grams, **self._placement(steps, uncond))
         return self._statistics[key]
 
-    def best(self, order: int, scope: str, steps: list[int], difference: bool = False) -> tuple[float, float]:
-        """(quality, ridge) of the best ridge at this placement (difference: with cfg_difference=True, the
-        unconditional branch served through the table for the CFG difference)."""
-        def measure_one(ridge: float) -> float:
-            table = solve_l2p(self.statistics(order, steps), ridge)
-            return _quality(self.calib, self.reference, scope, keyframes=fractions(steps, self.num_steps),
-                            order=order, forecaster=table, **({"cfg_difference": True} if difference else {}))
+    def _placement(self, steps: list[int], uncond: list[int] | None) -> dict:
+        keyframes = {"keyframes": fractions(steps, self.num_steps)}
+        return keyframes if uncond is None else {**keyframes, "uncond_keyframes": fractions(uncond, self.num_steps)}
 
-        scored = [(self.book.get(_key(order, scope, steps, r, difference), lambda r=r: measure_one(r)), r)
+    def best(self, order: int, scope: str, steps: list[int], difference: bool = False,
+             uncond: list[int] | None = None) -> tuple[float, float]:
+        """(quality, ridge) of the best ridge at this placement (difference: with cfg_difference=True, the
+        unconditional branch served through the table for the CFG difference; uncond: its own keyframes)."""
+        def measure_one(ridge: float) -> float:
+            table = solve_l2p(self.statistics(order, steps, uncond), ridge)
+            return _quality(self.calib, self.reference, scope, **self._placement(steps, uncond), order=order,
+                            forecaster=table, **({"cfg_difference": True} if difference else {}))
+
+        scored = [(self.book.get(_key(order, scope, steps, r, difference, uncond), lambda r=r: measure_one(r)), r)
                   for r in self.ridges]
         return max(scored, key=lambda item: item[0])
 
@@ -282,9 +393,10 @@ class L2PScores:
         holds the CFG difference, so cfg_difference can be served from a fitted table)."""
         return any(kind == "difference" for _, _, kind in self.grams())
 
-    def table(self, order: int, scope: str, steps: list[int], difference: bool = False) -> dict:
+    def table(self, order: int, scope: str, steps: list[int], difference: bool = False,
+              uncond: list[int] | None = None) -> dict:
         """The forecaster spec of the best ridge at this placement (difference: as scored with cfg_difference)."""
-        return solve_l2p(self.statistics(order, steps), self.best(order, scope, steps, difference)[1])
+        return solve_l2p(self.statistics(order, steps, uncond), self.best(order, scope, steps, difference, uncond)[1])
 
 
 def _quality(calib: Calibration, reference: torch.Tensor, scope: str, **knobs: Any) -> float:
@@ -298,7 +410,7 @@ def _quality(calib: Calibration, reference: torch.Tensor, scope: str, **knobs: A
     return value if math.isfinite(value) else (1e9 if value > 0 else -1e9)
 
 
-def _record_plan(calib: Calibration, setting: dict, scope: str, k: int):
+def _record_plan(calib: Calibration, setting: dict, scope: str, k: int | str):
     """The plan of one keyframe setting, recorded on the calibration set (count_flops: the front's compute ratio)."""
     handle = dcache.apply(calib.pipe, "keyframe", scope=scope, **setting)
     try:
@@ -308,7 +420,7 @@ def _record_plan(calib: Calibration, setting: dict, scope: str, k: int):
     finally:
         handle.remove()
     named = {"forecaster": setting["forecaster"]["name"]} if "forecaster" in setting else {}  # its table: extras
-    plan.provenance.update(method="keyframe", config={**setting, **named, "keyframes": list(setting["keyframes"]),
-                                                      "scope": scope, "budget": k},
+    lists = {key: list(setting[key]) for key in ("keyframes", "uncond_keyframes") if key in setting}
+    plan.provenance.update(method="keyframe", config={**setting, **named, **lists, "scope": scope, "budget": k},
                            calibration=dict(calib.settings))
     return plan
