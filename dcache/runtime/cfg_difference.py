@@ -61,6 +61,10 @@ from ..generations.records import GenerationRecord
 REFERENCE, COUPLED = "cond", "uncond"
 
 
+NO_BRANCHES = ("cfg_difference=True has no effect here: the pipeline does not run guidance as separate 'cond' and "
+               "'uncond' transformer calls (batched CFG, or no guidance), so there is no unconditional call to serve "
+               "through the difference. Use a pipeline with split CFG, or leave cfg_difference off.")
+
 # The guidance scale assumed when the pipeline does not expose one (transformer-only loops): typical CFG.
 ASSUMED_GUIDANCE = 3.0
 
@@ -71,6 +75,7 @@ class CfgDifference:
         self._record: GenerationRecord | None = None  # the generation the scores below belong to
         self._own = self._difference = 0.0  # summed squared sample errors of each path at the checked steps
         self._checks = 0
+        self._coupled_ran = False  # an unconditional call ran in this generation
 
     @staticmethod
     def couples(branch: str) -> bool:
@@ -107,14 +112,16 @@ class CfgDifference:
         paths' forecasts of this step and adds D = Delta_c - Delta_u to the history."""
         bstate: BranchState = call.bstate
         if call.branch not in (REFERENCE, COUPLED):
-            self._say("no_branches", "cfg_difference=True has no effect here: the pipeline does not run guidance "
-                      "as separate 'cond' and 'uncond' transformer calls (batched CFG, or no guidance), so there "
-                      "is no unconditional call to serve through the difference. Use a pipeline with split CFG, "
-                      "or leave cfg_difference off.")
+            self._say("no_branches", NO_BRANCHES)
             return
+        self._new_generation()
         if call.branch == REFERENCE:
             bstate.cfg_reference = (call.step, delta, computed, self._own_error(call, delta) if computed else None)
+            steps = getattr(call.record, "num_steps", None) or 0
+            if not self._coupled_ran and steps and call.step >= steps - 1:  # guidance off: "cond" calls only
+                self._say("no_branches", NO_BRANCHES)
             return
+        self._coupled_ran = True
         if not computed:
             return
         reference = self._reference(call.step)
@@ -129,7 +136,6 @@ class CfgDifference:
         if e_c is not None and e_u is not None and history.tables is not None and history.matches([delta]):
             e_d = self._forecast(history, self.runtime.order > 0, call.step, difference=True) - (reference[1] - delta)
             g = self._guidance()
-            self._new_generation()
             norm = lambda e: float(e.float().square().sum())
             # the conditional call served too, and the conditional call computed (its error 0)
             self._own += norm(g * e_c - (g - 1) * e_u) + (g - 1) ** 2 * norm(e_u)
@@ -163,6 +169,7 @@ class CfgDifference:
             self._record = self.runtime.record
             self._own = self._difference = 0.0
             self._checks = 0
+            self._coupled_ran = False
 
     def _say(self, kind: str, message: str) -> None:
         self.runtime.health.note(f"cfg_difference_{kind}", message)

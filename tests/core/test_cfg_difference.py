@@ -157,6 +157,21 @@ def test_the_difference_on_a_pipeline_without_split_branches_says_it_does_nothin
     assert "cfg_difference_no_branches" in handle.stats().health["notes"]
 
 
+def test_the_difference_without_guidance_says_it_does_nothing():
+    # guidance off: diffusers pipelines still name the one call per step "cond", and no "uncond" call ever runs
+    model = CfgToy()
+    x, cond = torch.randn(1, 4, 3), torch.ones(1, 2, 3)
+    with pytest.warns(DCacheHealthWarning, match="cfg_difference=True has no effect"):
+        with dcache.apply(model, "keyframe", **keyframes(cfg_difference=True)) as handle:
+            for i in range(N):
+                with model.cache_context("cond"):
+                    model(hidden_states=x, encoder_hidden_states=cond, timestep=torch.tensor([1.0 - i / N]))
+    assert "cfg_difference_no_branches" in handle.stats().health["notes"]
+    with dcache.apply(model, "keyframe", **keyframes(cfg_difference=True)) as handle:  # split CFG: nothing said
+        run(model)
+    assert "cfg_difference_no_branches" not in handle.stats().health["notes"]
+
+
 def test_a_difference_that_cannot_be_checked_is_not_served_and_is_said():
     # the uncond keyframes share no computed step with the cond ones after step 0: no evidence, own caches
     model = CfgToy()
