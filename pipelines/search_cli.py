@@ -302,11 +302,12 @@ def search_command(
                            max_span=max_span, base_plans=base_plans, train_seeds=train_seeds, seed=seed,
                            forecaster=forecaster, l2p_ridges=l2p_ridges, uneven_cfg=uneven_cfg, scope=scope)
     stages = Progress(enabled=progress)
-    stages.stage(f"loading {model or 'the bundled tiny model'} on {describe(device, dtype)}")
+    stages.stage(f"loading {model or 'the bundled tiny model'}")
     pipe, is_tiny = load_pipeline(model, device=device, dtype=dtype)
-    use_threads(threads, is_tiny=is_tiny, device=device)
+    use_threads(threads, is_tiny=is_tiny, device=device)  # before describing the device: its thread count
     at = f", guidance {', '.join(f'{g:g}' for g in scales)}" if scales else ""
-    stages.stage(f"{method} search on the calibration prompts (seed {seed}{at}), writing to {out}/")
+    stages.stage(f"{method} search on {describe(device, dtype)}, on the calibration prompts (seed {seed}{at}), "
+                 f"writing to {out}/")
     try:
         with removed_if_left_empty(out):
             front = run_search(method, pipe, is_tiny, budget=budget, out=out, steps=steps, prompts=prompts,

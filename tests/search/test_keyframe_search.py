@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from search_testkit import make_calibration
 from typer.testing import CliRunner
 
@@ -101,9 +102,14 @@ def test_budgets_and_damaged_score_files_are_refused_with_the_fix(tmp_path, tiny
 
 def test_dcache_search_keyframe_writes_plans_and_setups(tmp_path):
     out = tmp_path / "s"
-    result = CliRunner().invoke(app, ["search", "--method", "keyframe", "--steps", "6", "--budget", "3",
-                                      "--prompts", "1", "--scope", "call", "--out", str(out)])
+    torch.set_num_threads(2)  # what torch would start with on 2 cores; the bundled model runs on 1
+    try:
+        result = CliRunner().invoke(app, ["search", "--method", "keyframe", "--steps", "6", "--budget", "3",
+                                          "--prompts", "1", "--scope", "call", "--out", str(out)])
+    finally:
+        threads, _ = torch.get_num_threads(), torch.set_num_threads(1)
     assert result.exit_code == 0, result.output
+    assert threads == 1 and "cpu (1 torch thread)" in result.output  # it says the thread count it ran with
     assert (out / "plans" / "keyframe-k3.plan.json").is_file() and (out / "front.png").is_file()
     setup = json.loads((out / "setups" / "keyframe-k3.setup.json").read_text())
     assert setup["method"] == "keyframe" and setup["scope"] == "call" and len(setup["knobs"]["keyframes"]) == 3
