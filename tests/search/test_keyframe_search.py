@@ -220,6 +220,11 @@ def test_uneven_cfg_leaves_one_uncond_keyframe_out_served_through_the_difference
         starts = [v for key, v in scores.items() if key.startswith(f"{uneven['order']}|call|{start}|u=")
                   and key.endswith("|cfg-diff") and "|l2p=" not in key]
         assert len(starts) == k - 1 and uneven["taylor_quality"] >= max(starts)
+    for end in (0.8, 0.9, 1.0):  # ... and from the uniform starts, the best of all ascended
+        placed = ",".join(map(str, uniform(k, round(end * (steps - 1)))))
+        drops = [v for key, v in scores.items() if key.startswith(f"{uneven['order']}|call|{placed}|u=")
+                 and key.endswith("|cfg-diff") and "|l2p=" not in key]
+        assert len(drops) == k - 1 and uneven["taylor_quality"] >= max(drops)
     cond, left = (",".join(map(str, uneven[key])) for key in ("steps", "uncond_steps"))
     placed = f"{uneven['order']}|call|{cond}|u={left}"
     fitted = [scores[f"{placed}|l2p={r:g}|cfg-diff"] for r in config.l2p_ridges]  # KeyError: L2P not scored there

@@ -22,10 +22,11 @@ branch this search
   5. with `uneven_cfg=True` (split CFG, call scope), also searches the uneven budget of k conditional and k - 1
      unconditional calls served with `cfg_difference=True` (the unconditional calls the branch does not compute
      served as the conditional output minus a forecast of the CFG difference; dcache.runtime.cfg_difference):
-     from the step-3 placement, every keyframe but the first is tried as the one the unconditional branch leaves out,
-     then the conditional keyframes move as in step 2 (the left-out one with them) and the left-out one is chosen
-     again, while the quality rises by more than `min_gain`; with `forecaster="l2p"` that placement is also scored
-     served by L2P with its table for the CFG difference (every ridge), kept where it scores better. An uneven budget
+     from the step-3 placement and the uniform starts of step 1, every keyframe but the first is tried as the one the
+     unconditional branch leaves out, then from the best of those the conditional keyframes move as in step 2 (the
+     left-out one with them) and the left-out one is chosen again, while the quality rises by more than `min_gain`;
+     with `forecaster="l2p"` that placement is also scored served by L2P with its table for the CFG difference
+     (every ridge), kept where it scores better. An uneven budget
      is the only way to reach (2k - 1) / 2N of the calls with split CFG, and without the difference the branch one
      keyframe short stops the two branches' forecast errors from cancelling in the guidance sum (benchmarks/
      frontier.py, bundled digit model, guidance 3, held out: 6 + 5 of 56 calls 34.1 dB on keyframes searched
@@ -302,8 +303,10 @@ def _uneven_budget(calib: Calibration, reference: torch.Tensor, book: ScoreBook,
     def best_drop(steps: list[int]) -> tuple[float, int]:  # the first keyframe is never left out (step 0)
         return max((score(steps, d), d) for d in range(1, len(steps)))
 
-    steps = list(start)
-    quality, drop = best_drop(steps)
+    k = len(start)
+    starts = [list(start)] + [u for u in (uniform(k, max(round(end * (n - 1)), k - 1)) for end in (0.8, 0.9, 1.0))
+                              if u != list(start)]
+    (quality, drop), steps = max(((best_drop(s), s) for s in starts), key=lambda item: item[0])
     for _ in range(config.rounds):
         moved_quality, steps = _ascend(lambda s: score(s, drop), quality, steps, n, config, 1)
         improved, quality = moved_quality > quality, moved_quality
