@@ -538,8 +538,9 @@ CFG_CHECK_INTRO = (
     "back, could not check, or had no split CFG to act on (the health notes column). The check scores the served "
     "calls' own error; the two \"served calls' error\" columns measure exactly that (PSNR against a twin of the "
     "preset whose uncond branch computes those calls), and it improved in every row where the difference was served. "
-    "What the check cannot see is whether the own caches' error at those calls was cancelling error made earlier "
-    "in the generation: where a row is negative, it was (the reading below). The keyframe presets were searched on "
+    "What the check cannot see is how a served call's error lines up with the error already in the sample: where a "
+    "row is negative, the difference's smaller error lay more along it (the reading below). The keyframe presets "
+    "were searched on "
     "tiny-digits at CFG 1.5; every guidance here is one they were not tuned at, and tiny-motion was never tuned on.")
 ADAPTIVE_INTRO = (
     "Placement without a search: `adaptive_keyframe` places its computed steps at run time from the forecast error "
