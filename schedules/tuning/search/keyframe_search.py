@@ -258,12 +258,17 @@ def _best_placement(score: Callable[[list[int]], float], k: int, n: int, config:
     """(quality, step indices) of the best placement of k keyframes found by uniform starts (and `also`) +
     coordinate ascent from the best start."""
     best: tuple[float, list[int]] | None = None
-    starts = [uniform(k, max(round(end * (n - 1)), k - 1)) for end in (0.8, 0.9, 1.0)]
+    starts = _uniform_starts(k, n)
     for steps in starts + ([also] if also is not None and also not in starts else []):
         q = score(steps)
         if best is None or q > best[0]:
             best = (q, steps)
     return _ascend(score, *best, n, config, config.rounds)
+
+
+def _uniform_starts(k: int, n: int) -> list[list[int]]:
+    """k keyframes spread evenly up to 80, 90 and 100 % of n steps: where each placement search starts."""
+    return [uniform(k, max(round(end * (n - 1)), k - 1)) for end in (0.8, 0.9, 1.0)]
 
 
 def _ascend(score: Callable[[list[int]], float], quality: float, steps: list[int], n: int,
@@ -303,9 +308,7 @@ def _uneven_budget(calib: Calibration, reference: torch.Tensor, book: ScoreBook,
     def best_drop(steps: list[int]) -> tuple[float, int]:  # the first keyframe is never left out (step 0)
         return max((score(steps, d), d) for d in range(1, len(steps)))
 
-    k = len(start)
-    starts = [list(start)] + [u for u in (uniform(k, max(round(end * (n - 1)), k - 1)) for end in (0.8, 0.9, 1.0))
-                              if u != list(start)]
+    starts = [list(start)] + [u for u in _uniform_starts(len(start), n) if u != list(start)]
     (quality, drop), steps = max(((best_drop(s), s) for s in starts), key=lambda item: item[0])
     for _ in range(config.rounds):
         moved_quality, steps = _ascend(lambda s: score(s, drop), quality, steps, n, config, 1)
