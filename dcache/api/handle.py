@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable
@@ -243,5 +242,5 @@ def model_plan(handle: Handle, interpolate_steps: bool | str, quality: dict | No
         interpolate_steps=interpolate_steps,
         extras=extras,
         provenance={"method": handle.method, "config": handle.config, "scope": eng.scope, "quality": quality or {},
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%S")},
+                    "created": rec.started},
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,9 @@ class GenerationRecord:
     input_shape: tuple[int, ...] | None = None  # hidden states entering the first block, for plans and stats
     owner: tuple[int, str] | None = None  # (ident, name) of the thread that started it (dcache.runtime.concurrency)
     taken_by: tuple[int, str] | None = None  # the thread whose new generation ended this one while it was open
+    # when it started (local time, ISO seconds): a plan exported from it records this, so that exporting the same
+    # generation twice writes the same file
+    started: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
 
     def branches(self) -> list[str]:
         seen: dict[str, None] = {}

@@ -82,3 +82,19 @@ def test_an_interrupted_calibration_leaves_the_file_as_it_was(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calibration.json"]
     assert json.loads(before)  # and it was a complete file to begin with
     assert not hasattr(pipe.transformer, "_dcache_engine")  # the recording hooks came off
+
+
+def test_a_plan_exported_twice_from_one_generation_is_the_same_file(monkeypatch):
+    """`created` is when the recorded generation started, not when plan() was called: exporting the same
+    generation a second later gives the same file (CI once failed on a removed handle's plan crossing a second)."""
+    import dcache.generations.records as records
+
+    pipe = make_pipeline()
+    handle = dcache.apply(pipe, "fbcache", threshold=0.5)
+    clock = iter(f"2026-01-01T00:00:{s:02d}" for s in range(60))
+    monkeypatch.setattr(records.time, "strftime", lambda fmt, *a: next(clock))
+    generate(pipe)
+    first = handle.plan().to_dict()
+    assert handle.plan().to_dict() == first
+    assert first["provenance"]["created"].startswith("2026-01-01T00:00:")
+    handle.remove()
