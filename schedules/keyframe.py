@@ -87,7 +87,10 @@ class KeyframeConfig(MethodConfig):
     let `adaptive_keyframe` place them. `cfg_difference=True` checks itself: the difference is served only while it
     measures better than the branches' own caches at the steps both computed (else, and where the pipeline batches
     its CFG branches in one call, it says so and serves the own caches), so it needs uncond keyframes that are a
-    subset of the cond ones (keyframe-5x's are; keyframe-8x's are not).
+    subset of the cond ones (keyframe-5x's are; keyframe-8x's are not). That check scores the calls it serves; a
+    finished sample can still come out worse (tiny-motion, guidance 2: -0.5 dB). With `calibration_run=` as well,
+    one generation decides against its uncached twin: it runs with and without the difference and keeps the
+    closer (a warning says when it left it off; `handle.target.sweep` holds both).
 
     Example (the bundled tiny model, 28 steps, split CFG: 6 + 5 of 56 calls computed, ratio 0.196):
         >>> import dcache

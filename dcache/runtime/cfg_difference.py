@@ -46,7 +46,9 @@ that computes those calls). The finished sample can still come out worse: a serv
 more along the error the earlier cached steps left in the sample than the own cache's larger one does, and that
 alignment is measured only against the uncached trajectory, which a run never has. On tiny-motion at guidance 2 it
 cost 0.5 dB (computing that call gives 31.3 dB, the own cache 29.8, the difference 29.3); at guidance 4 and 5 the
-difference won there.
+difference won there. A calibration run has the uncached trajectory: `dcache.apply(..., cfg_difference=True,
+calibration_run=run)` runs it with and without the difference and keeps the closer (the target resolver's
+choose_cfg_difference), which catches that case.
 """
 
 from __future__ import annotations

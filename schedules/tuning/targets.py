@@ -12,6 +12,7 @@ registry (`register_target_resolver`), so the core never names this module.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 import dcache
-from dcache.generations.health import quiet
+from dcache.generations.health import DCacheHealthWarning, quiet
 from dcache.methods import knob_sweep, preset_scope, register_target_resolver
 from dcache.quality import psnr
 
@@ -113,8 +114,7 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
         target, "transformer", None)
     if getattr(transformer, "_dcache_engine", None) is not None:
         raise RuntimeError("resolve_target needs the model without dcache applied; remove the handle first.")
-    runs = _RunCounter(progress, 1 + len(values), f"dcache {'speed' if kind == 'speed' else 'quality'} target: "
-                                                  f"{method} {knob_name} sweep")
+    runs = _RunCounter(progress, 1 + len(values), f"dcache: {method} {knob_name} sweep")
     try:
         # a method that calibrates itself (MagCache without shipped ratios) would spend every setting's run on its
         # measuring generation (all computed, ratio 1.000): measure once here and sweep with what it measured
@@ -156,6 +156,36 @@ def resolve_target(method: str, *, target: Any, run_fn: RunFn, speed: str | floa
         return TargetResult(method, knob_name, None, None, False, sweep)
     return TargetResult(method, knob_name, values[best], configs[best], True, sweep)
 
+
+def choose_cfg_difference(method: str, *, target: Any, run_fn: RunFn, num_steps: int | None = None,
+                          scope: str | None = None, progress: bool | Callable[[str], None] = True,
+                          **fixed: Any) -> TargetResult:
+    """Whether `method` (with `fixed` knobs) serves split CFG's unconditional calls through the CFG difference: the
+    calibration generation runs with cfg_difference False and True, and the one closer to the uncached generation
+    (PSNR) is chosen; a tie (the difference served nothing) keeps it off.
+
+    Why a run and not only the run-time check. While it runs, the difference is checked against the branches' own
+    caches at the steps where both computed (dcache.runtime.cfg_difference) and served only where it forecasts the
+    calls better. A served call's smaller error can still lie more along the error the earlier cached steps left in
+    the sample, and make the finished sample worse; only the uncached generation shows that, and a calibration run
+    has it. Both settings compute the same calls, so the choice costs no speed."""
+    fixed = {k: v for k, v in fixed.items() if k != "cfg_difference"}
+    # speed 1x: every setting qualifies and the best PSNR wins; on a tie the first (off)
+    return resolve_target(method, target=target, run_fn=run_fn, speed=1.0, knob="cfg_difference",
+                          grid=[False, True], num_steps=num_steps, scope=scope, progress=progress, **fixed)
+
+
+def _say_cfg_difference(choice: TargetResult) -> None:
+    """A warning when cfg_difference=True was asked for and the calibration run chose to leave it off."""
+    if choice.value is not False:
+        return
+    without, with_it = (row["psnr"] for row in choice.sweep)
+    why = ("it served no call (see the handle's health notes for why)" if with_it == without else
+           f"the generation came out further from the uncached one with it ({with_it:.2f} dB) than without it "
+           f"({without:.2f} dB)")
+    warnings.warn(f"cfg_difference=True was left off: on the calibration run {why}. handle.target.sweep holds both "
+                  f"runs; pass cfg_difference=True without calibration_run= to serve it whenever its run-time "
+                  f"check allows.", DCacheHealthWarning, stacklevel=5)
 
 
 def _calibrate_once(method: str, target: Any, run_fn: RunFn, runs: "_RunCounter", *, num_steps: int | None,
@@ -229,12 +259,22 @@ def resolve_for_apply(target: Any, method: Any, *, speed: Any, quality: Any, cal
                       scope: Any, overrides: dict, progress: bool | Callable[[str], None] = True
                       ) -> tuple[Any, TargetResult]:
     """dcache.apply(speed= / quality=): the chosen config of `method` (resolve_target on calibration_run), or a
-    teaching error (no name to sweep, no calibration run, target not met: the sweep is shown)."""
+    teaching error (no name to sweep, no calibration run, target not met: the sweep is shown). Without a target,
+    cfg_difference=True among the overrides lets the calibration run decide whether the difference is served
+    (choose_cfg_difference); with one, the sweep runs with the overrides as given."""
+    if overrides.get("cfg_difference") is True and calibration_run is not None and speed is None and quality is None:
+        _check_name(method, "cfg_difference=True with calibration_run=")
+        choice = choose_cfg_difference(method, target=target, run_fn=calibration_run, num_steps=num_steps,
+                                       scope=scope, progress=progress, **overrides)
+        _say_cfg_difference(choice)
+        return choice.config, choice
+    if speed is None and quality is None and calibration_run is not None:
+        raise ValueError("calibration_run= alone chooses nothing: give a target with it (speed='2x' or "
+                         "quality='psnr>=30'), or cfg_difference=True to let the run decide whether the CFG "
+                         "difference is served.")
     _parse_target(speed, quality)  # a malformed target fails first, before asking for a run or sweeping
     what = f"speed={speed!r}" if speed is not None else f"quality={quality!r}"
-    if not isinstance(method, str) or method.endswith(".json"):
-        raise ValueError(f"{what} sweeps a method's main knob, so the method must be a method or preset name (e.g. "
-                         f"'magcache'), not {type(method).__name__} {str(method)[:60]!r}.")
+    _check_name(method, what)
     if calibration_run is None:
         raise ValueError(f"{what} is resolved by sweeping {method!r}'s main knob on a calibration run; pass "
                          f"calibration_run=lambda: pipe(prompt, generator=torch.Generator().manual_seed(1), ...) "
@@ -245,3 +285,9 @@ def resolve_for_apply(target: Any, method: Any, *, speed: Any, quality: Any, cal
         raise ValueError(f"no setting of {method!r} meets {what} on the calibration run:\n{format_sweep(result)}\n"
                          f"Relax the target, or pick another method (dcache methods).")
     return result.config, result
+
+
+def _check_name(method: Any, what: str) -> None:
+    if not isinstance(method, str) or method.endswith(".json"):
+        raise ValueError(f"{what} sweeps a method's knob, so the method must be a method or preset name (e.g. "
+                         f"'magcache'), not {type(method).__name__} {str(method)[:60]!r}.")
