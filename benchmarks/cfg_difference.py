@@ -12,6 +12,10 @@ row runs tiny-shapes (batched CFG: one call for both branches) with the option o
 nothing there. The `notes` column is what the handle's health said (cfg_difference_fallback: the difference was
 measured worse than the branches' own caches and not served).
 
+"With calibration_run" is `cfg_difference=True` with `calibration_run=` one generation of the tuning seed (seed 0,
+every class, at the row's guidance; never a held-out seed): that run decides, against its uncached twin, whether
+the difference is served at all (schedules/tuning/targets.py, choose_cfg_difference); the notes say what it chose.
+
 "Served calls' error" separates what the difference changes from everything else the preset caches: the PSNR of
 each row against a twin of the preset whose uncond branch computes at every cond keyframe (so the uncond calls the
 difference would serve are computed there, and nothing else changes). A higher figure with the difference means it
@@ -26,6 +30,7 @@ import argparse
 import json
 import shlex
 import sys
+import warnings
 from pathlib import Path
 
 SCRATCH = Path(__file__).resolve().parent / "out"
@@ -52,20 +57,30 @@ import transfer  # noqa: E402  (the held-out protocol: load_model, uncached, mea
 import dcache  # noqa: E402
 from dcache.eval.runner import _git_commit  # noqa: E402
 from dcache.files.atomic import atomic_write_text  # noqa: E402
+from dcache.generations.health import DCacheHealthWarning  # noqa: E402
 
 PRESETS = ("keyframe-5x", "keyframe-8x")
 
 
-def contender(preset: str, cfg_difference: bool, notes: list, **knobs) -> transfer.Contender:
+def contender(preset: str, cfg_difference: bool, notes: list, calibration_run=None, **knobs) -> transfer.Contender:
+    """calibration_run: given, cfg_difference=True is decided on that run (kept only if the sample comes out closer
+    to the uncached one); `notes` then also receives "calibration kept it" / "calibration left it off"."""
     def enable(pipe):
-        handle = dcache.apply(pipe, preset, scope="call", cfg_difference=cfg_difference, **knobs)
+        target = {} if calibration_run is None else {"calibration_run": lambda: calibration_run(pipe)}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DCacheHealthWarning)  # the choice is read from handle.target below
+            handle = dcache.apply(pipe, preset, scope="call", cfg_difference=cfg_difference, **target, **knobs)
+        kept = None if calibration_run is None else bool(handle.target.value)
 
         def remove():
             notes[:] = handle.stats().health.get("notes", [])
+            if kept is not None:
+                notes.append(f"calibration {'kept it' if kept else 'left it off'}")
             handle.remove()
         return remove
 
-    name = f"{preset}{' + cfg_difference' if cfg_difference else ''}, call scope"
+    name = f"{preset}{' + cfg_difference' if cfg_difference else ''}" \
+           f"{' (calibrated)' if calibration_run is not None else ''}, call scope"
     return transfer.Contender("dcache", name, "tiny-digits tuning batch, CFG 1.5", enable)
 
 
@@ -83,10 +98,12 @@ def run(model_name: str, guidance: float, seeds: int, steps: int | None, with_pl
             cond = dcache.presets()[preset].overrides["keyframes"]
             transfer.measure(model, contender(preset, False, [], uncond_keyframes=cond), meter, steps, twin,
                              guidance_scale=guidance)
-        for cfg in ((False, True) if with_plain else (True,)):
+        for cfg in ((False, True, "calibrated") if with_plain else (True,)):
             notes: list = []
             outputs: dict = {}
-            row = transfer.measure(model, contender(preset, cfg, notes), meter, steps, outputs,
+            calibrate = None if cfg != "calibrated" else (  # the tuning seed (0), never a held-out one
+                lambda pipe: transfer.generate(pipe, model.labels, 0, steps, guidance_scale=guidance))
+            row = transfer.measure(model, contender(preset, bool(cfg), notes, calibrate), meter, steps, outputs,
                                    guidance_scale=guidance)
             row.update(guidance=guidance, preset=preset, cfg_difference=cfg, notes=list(notes))
             if twin and outputs:
@@ -101,22 +118,27 @@ def run(model_name: str, guidance: float, seeds: int, steps: int | None, with_pl
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | guidance | preset (call scope) | compute ratio | PSNR without | PSNR with cfg_difference "
-             "| with - without | served calls' error: without | with | health notes |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| with - without | with calibration_run (tuning seed) | calibrated - without "
+             "| served calls' error: without | with | health notes |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     pairs: dict[tuple, dict] = {}
     for r in rows:
         pairs.setdefault((r["model"], r["guidance"], r["preset"]), {})[r["cfg_difference"]] = r
     twin = lambda r: f"{r['psnr_vs_twin']:.2f}" if r and "psnr_vs_twin" in r else "–"  # noqa: E731
     for (model, g, preset), pair in pairs.items():
-        on, off = pair.get(True, {}), pair.get(False)
+        on, off, calibrated = pair.get(True, {}), pair.get(False), pair.get("calibrated")
         if "error" in on:
             lines.append(f"| tiny-{model} | {g:g} | {preset} | – | – | did not run: {on['error'][:120]} | – | – | – "
-                         f"| – |")
+                         f"| – | – | – |")
             continue
         base = f"{off['psnr']:.2f}" if off else "–"
         gain = f"{on['psnr'] - off['psnr']:+.2f}" if off else "–"
+        chosen = f"{calibrated['psnr']:.2f}" if calibrated and "psnr" in calibrated else "–"
+        chosen_gain = f"{calibrated['psnr'] - off['psnr']:+.2f}" if off and calibrated and "psnr" in calibrated \
+            else "–"
+        notes = on["notes"] + [n for n in (calibrated or {}).get("notes", []) if n.startswith("calibration")]
         lines.append(f"| tiny-{model} | {g:g} | {preset} | {on['compute_ratio']:.3f} | {base} | {on['psnr']:.2f} "
-                     f"| {gain} | {twin(off)} | {twin(on)} | {', '.join(on['notes']) or '–'} |")
+                     f"| {gain} | {chosen} | {chosen_gain} | {twin(off)} | {twin(on)} | {', '.join(notes) or '–'} |")
     return "\n".join(lines)
 
 
