@@ -539,8 +539,10 @@ CFG_CHECK_INTRO = (
     "calls' own error; the two \"served calls' error\" columns measure exactly that (PSNR against a twin of the "
     "preset whose uncond branch computes those calls), and it improved in every row where the difference was served. "
     "What the check cannot see is how a served call's error lines up with the error already in the sample: where a "
-    "row is negative, the difference's smaller error lay more along it (the reading below). The keyframe presets "
-    "were searched on "
+    "row is negative, the difference's smaller error lay more along it (the reading below). A calibration run sees "
+    "it: with `calibration_run=` the difference is kept only if that generation comes out closer to its uncached "
+    "twin with it (the \"with calibration_run\" columns; the run is the tuning seed's, never a held-out one). The "
+    "keyframe presets were searched on "
     "tiny-digits at CFG 1.5; every guidance here is one they were not tuned at, and tiny-motion was never tuned on.")
 ADAPTIVE_INTRO = (
     "Placement without a search: `adaptive_keyframe` places its computed steps at run time from the forecast error "
