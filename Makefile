@@ -36,9 +36,10 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VENV)/bin/dcache generate
 
-# one pytest worker per core (pytest-xdist), each test file in one worker (files share module-scoped fixtures)
+# one pytest worker per core (pytest-xdist), each test file in one worker (files share module-scoped fixtures);
+# the files in the order tests/conftest.py gives (longest first), not reordered by their number of tests
 test: setup
-	$(PY) -m pytest -n auto --dist loadfile
+	$(PY) -m pytest -n auto --dist loadfile --no-loadscope-reorder
 
 test-quick: setup
 	$(PY) -m pytest -m "not slow" -k "$(QUICK_SKIP)" $(QUICK)

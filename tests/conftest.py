@@ -8,6 +8,8 @@
   importable as top-level `kernels`, `schedules`, ... and mask import mistakes (tests/meta/test_packaging.py checks).
 - The suite's shared helpers tests/zoo.py, tests/toy_models.py, tests/real_pipelines.py and tests/state_fuzz.py are
   importable as `zoo`, `toy_models`, `real_pipelines` and `state_fuzz`.
+- The longest test files run first (pytest_collection_modifyitems below), so that `make test`'s workers finish
+  together.
 """
 
 import importlib.abc
@@ -74,6 +76,24 @@ from hypothesis import settings as _hypothesis_settings  # noqa: E402
 _hypothesis_settings.register_profile("fixed", derandomize=True, print_blob=True)
 _hypothesis_settings.register_profile("explore", derandomize=False, print_blob=True)
 _hypothesis_settings.load_profile(os.environ.get("DCACHE_HYPOTHESIS", "fixed"))
+
+
+# Longest files first. `make test` runs pytest-xdist with --dist loadfile --no-loadscope-reorder: each file goes to
+# one worker, and a worker gets the next file in collection order when it is nearly done. Handing out the longest
+# files first (longest-processing-time scheduling) keeps one worker from running a long file alone at the end while
+# the other idles. Seconds per file, measured on one core: tests/file_seconds.json (rewrite it with
+# `python tests/record_file_seconds.py junit.xml` after `pytest --junitxml=junit.xml`). A file it does not list
+# counts as a median one. The sort is stable: the tests of a file keep their order.
+_FILE_SECONDS = _TESTS / "file_seconds.json"
+
+
+def pytest_collection_modifyitems(config, items):
+    import json
+    import statistics
+
+    seconds = json.loads(_FILE_SECONDS.read_text()) if _FILE_SECONDS.is_file() else {}
+    unknown = statistics.median(seconds.values()) if seconds else 0.0
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], unknown))
 
 
 def pytest_sessionfinish(session, exitstatus):
