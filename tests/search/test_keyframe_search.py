@@ -234,6 +234,7 @@ def test_uneven_cfg_leaves_one_uncond_keyframe_out_served_through_the_difference
     with dcache.apply(tiny_pipe, "keyframe", scope="call", **knobs):
         without = calib.quality_fn(calib.generate().float().cpu(), reference)
     assert uneven["taylor_quality"] > without + 1.0  # 27.1 vs 24.3 dB measured at [0, 3, 6, 9] / [0, 3, 6]
+    assert uneven["own_caches_quality"] == pytest.approx(without, abs=1e-6) == scores[placed]  # scored, not kept
     name = f"keyframe-k{k}u{k - 1}"
     point = next(p for p in front["points"] if p["name"] == name)
     assert point["compute_ratio"] == pytest.approx((2 * k - 1) / (2 * steps), abs=0.01)
@@ -252,3 +253,28 @@ def test_uneven_cfg_leaves_one_uncond_keyframe_out_served_through_the_difference
         result = CliRunner().invoke(app, ["search", *args, "--uneven-cfg", "--steps", "6",
                                           "--out", str(tmp_path / "x")])
         assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_an_uneven_budget_where_the_difference_scores_worse_keeps_the_own_caches(tmp_path, tiny_pipe, monkeypatch):
+    """The uneven placement is finally scored with each branch served from its own cache; where that scores at least
+    as well as the difference (here made so: the own caches' scores are raised), the plan and setup leave
+    cfg_difference off, so a search never ends below that baseline."""
+    import importlib
+
+    search = importlib.import_module("dcache.schedules.tuning.search.keyframe_search")  # the module, not the function
+    real = search._quality
+
+    def own_caches_win(calib, reference, scope, **knobs):
+        raised = "uncond_keyframes" in knobs and not knobs.get("cfg_difference")
+        return real(calib, reference, scope, **knobs) + (100.0 if raised else 0.0)
+
+    monkeypatch.setattr(search, "_quality", own_caches_win)
+    calib = make_calibration(tiny_pipe, steps=8, guidance=3.0)
+    front = keyframe_search(calib, tmp_path, KeyframeSearchConfig(budgets=(3,), scope="call", rounds=1,
+                                                                  uneven_cfg=True), progress=False)
+    uneven = front["config"]["found"][1]
+    assert uneven["cfg_difference"] is False and uneven["quality"] == uneven["own_caches_quality"]
+    assert uneven["quality"] > uneven["taylor_quality"] + 50
+    setup = json.loads((tmp_path / "setups" / "keyframe-k3u2.setup.json").read_text())
+    assert "cfg_difference" not in setup["knobs"]
+    assert list(setup["knobs"]["uncond_keyframes"]) == list(uneven["uncond_keyframes"])

@@ -26,7 +26,9 @@ branch this search
      unconditional branch leaves out, then from the best of those the conditional keyframes move as in step 2 (the
      left-out one with them) and the left-out one is chosen again, while the quality rises by more than `min_gain`;
      with `forecaster="l2p"` that placement is also scored served by L2P with its table for the CFG difference
-     (every ridge), kept where it scores better. An uneven budget
+     (every ridge), kept where it scores better; finally the placement is scored with each branch served from its
+     own cache, and kept that way where the difference did not score better (it never ends below that). An
+     uneven budget
      is the only way to reach (2k - 1) / 2N of the calls with split CFG, and without the difference the branch one
      keyframe short stops the two branches' forecast errors from cancelling in the guidance sum (benchmarks/
      frontier.py, bundled digit model, guidance 3, held out: 6 + 5 of 56 calls 34.1 dB on keyframes searched
@@ -327,10 +329,18 @@ def _uneven_budget(calib: Calibration, reference: torch.Tensor, book: ScoreBook,
         if fitted > quality + config.min_gain:
             quality, served = fitted, "l2p"
             setting["forecaster"] = l2p.table(order, "call", steps, difference=True, uncond=uncond)
+    # never below its own baseline: the same placement with each branch served from its own cache (the run-time
+    # check of the difference scores the served calls, the calibration scores the finished samples)
+    own = book.get(_key(order, "call", steps, uncond=uncond), lambda: _quality(
+        calib, reference, "call", keyframes=setting["keyframes"], uncond_keyframes=setting["uncond_keyframes"],
+        order=order))
+    if own >= quality:
+        quality, served = own, "taylor"
+        setting = {key: setting[key] for key in ("keyframes", "uncond_keyframes", "order")}
     entry = {"budget": len(steps), "uncond_budget": len(uncond), "steps": steps, "uncond_steps": uncond,
-             "scope": "call", "forecaster": served, "cfg_difference": True, "keyframes": setting["keyframes"],
-             "uncond_keyframes": setting["uncond_keyframes"], "order": order, "quality": quality,
-             "taylor_quality": taylor_quality}
+             "scope": "call", "forecaster": served, "cfg_difference": "cfg_difference" in setting,
+             "keyframes": setting["keyframes"], "uncond_keyframes": setting["uncond_keyframes"], "order": order,
+             "quality": quality, "taylor_quality": taylor_quality, "own_caches_quality": own}
     return entry, setting
 
 
