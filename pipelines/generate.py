@@ -73,12 +73,18 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
 
     method: Any = cache
     target = None
-    if speed is not None or quality is not None:  # resolve the target on the same prompts with the next seed
+    # a target, or --set cfg_difference=true (kept only if it brings the calibration run closer to its uncached
+    # twin: dcache.schedules.tuning.targets.choose_cfg_difference), is resolved on the same prompts, next seed
+    difference = dict(overrides or {}).get("cfg_difference") is True
+    if speed is not None or quality is not None or difference:
+        from dcache.methods import preset_scope
         from dcache.schedules.tuning.targets import resolve_for_apply
 
+        scope = preset_scope(cache) if scope is None else scope  # the chosen config no longer names its preset
         calibration = GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=guidance,
                                     seed=seed + 1, height=height, width=width, extra=dict(pipeline_kwargs or {}))
-        progress.stage(f"finding the {cache} setting for {speed or quality} on a calibration run (seed {seed + 1})")
+        what = speed or quality or "whether to serve cfg_difference"
+        progress.stage(f"finding the {cache} setting for {what} on a calibration run (seed {seed + 1})")
         method, target = resolve_for_apply(pipe, cache, speed=speed, quality=quality, calibration_run=calibration,
                                            num_steps=None, scope=scope, overrides=dict(overrides or {}),
                                            progress=progress.runs(f"{cache} sweep"))
@@ -223,7 +229,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines += [f"warning      {w}" for w in s.get("timing_warnings", [])]
     t = s.get("target")
     if t:
-        goal = f"speed {t['speed']}" if t["speed"] is not None else f"quality {t['quality']}"
+        goal = (f"speed {t['speed']}" if t["speed"] is not None else f"quality {t['quality']}"
+                if t["quality"] is not None else "the closer to uncached")
         lines.append(f"target       {goal}: {t['knob']}={t['value']} chosen from {len(t['sweep'])} settings on the "
                      f"calibration run (seed {t['calibration_seed']}; sweep in stats.json)")
     return "\n".join(lines)

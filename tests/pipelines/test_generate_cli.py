@@ -47,6 +47,34 @@ def test_generate_resolves_a_speed_target_on_a_calibration_seed_and_scope_call(t
     assert "call scope" in result.output and "target       speed 2.5x: interval=" in result.output
 
 
+def test_generate_decides_cfg_difference_on_the_calibration_seed(tmp_path):
+    """--set cfg_difference=true: the calibration run (seed + 1) runs uncached, without and with the difference,
+    and the closer one is generated (dcache.apply's cfg_difference=True with calibration_run=)."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["generate", "--prompt", "3,7", "--steps", "12", "--repeats", "1", "--out", str(out),
+                                 "--guidance", "3", "--cache", "keyframe-5x", "--scope", "call",
+                                 "--set", "cfg_difference=true"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((out / "stats.json").read_text())
+    target = stats["target"]
+    assert target["knob"] == "cfg_difference" and target["calibration_seed"] == 1 and stats["scope"] == "call"
+    assert [row["value"] for row in target["sweep"]] == [False, True]
+    best = max(target["sweep"], key=lambda row: row["psnr"])
+    assert target["value"] == best["value"] and target["sweep"][0]["psnr"] != target["sweep"][1]["psnr"]
+    assert f"the closer to uncached: cfg_difference={best['value']}" in result.output
+
+
+def test_a_speed_target_on_a_call_scope_preset_generates_in_call_scope(tmp_path):
+    """The default method is a preset that runs in call scope (cadence-2x); its sweep ran there, and the chosen
+    config (which no longer names the preset) must run there too, not in block scope."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["generate", "--prompt", "3", "--steps", "12", "--repeats", "1", "--out", str(out),
+                                 "--speed", "2x"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["scope"] == "call" and stats["target"]["knob"] == "max_consecutive"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--prompt", "12"], "class labels 0-9"),
     (["--cache", "fixed_interval", "--speed", "50x"], "no setting of 'fixed_interval' meets speed='50x'"),
