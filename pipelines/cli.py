@@ -129,7 +129,13 @@ def generate(
     from .runner import removed_if_left_empty
 
     if prompts_file is not None:  # batch mode hands every apply option over with the --set ones
+        if speed is not None or quality is not None:
+            _fail(ValueError("--speed / --quality are not taken with --prompts (batch mode): find the setting first "
+                             "with `dcache generate --cache <method> --speed 2x` (its stats.json 'target' names the "
+                             "chosen value), then pass it with --set <knob>=<value>, or pass the plan.json it wrote "
+                             "as --cache."))
         extra = [] if controlnet is None else [f"controlnet={json.dumps(controlnet_setting)}"]
+        extra += [] if scope is None else [f"scope={json.dumps(scope)}"]
         with removed_if_left_empty(out):
             _generate_batch(prompts_file, prompt, model=model, cache=cache, seeds=seeds, seed=seed,
                             num_prompts=num_prompts, steps=steps, guidance=guidance, batch_size=batch_size,

@@ -111,6 +111,19 @@ def test_labels_the_model_cannot_take_and_conflicting_options(tiny_dir, tmp_path
     assert r.exit_code == 2 and "not both" in r.output
 
 
+def test_batch_mode_takes_the_scope_and_refuses_a_target(tiny_dir, tmp_path):
+    """--scope reaches dcache.apply in batch mode (fbcache decides inside the call, so call scope is refused, as it
+    is for one generation); a --speed / --quality target is refused with the way to get one, not ignored."""
+    labels = tmp_path / "labels.txt"
+    labels.write_text("3\n")
+    base = ["generate", "--model", str(tiny_dir), "--prompts", str(labels), "--steps", "4", "--no-progress"]
+    r = runner.invoke(app, [*base, "--cache", "fbcache", "--scope", "call", "--out", str(tmp_path / "a")])
+    assert r.exit_code == 2 and "decides before the transformer runs" in r.output, r.output
+    r = runner.invoke(app, [*base, "--speed", "2x", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 2 and "--set <knob>=<value>" in r.output, r.output
+    assert not (tmp_path / "b").exists()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
