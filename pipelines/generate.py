@@ -229,8 +229,12 @@ def format_summary(s: dict[str, Any]) -> str:
     lines += [f"warning      {w}" for w in s.get("timing_warnings", [])]
     t = s.get("target")
     if t:
-        goal = (f"speed {t['speed']}" if t["speed"] is not None else f"quality {t['quality']}"
-                if t["quality"] is not None else "the closer to uncached")
+        if t["speed"] is not None:
+            goal = f"speed {t['speed']}"
+        elif t["quality"] is not None:
+            goal = f"quality {t['quality']}"
+        else:  # --set cfg_difference=true: with or without, the one closer to the uncached run
+            goal = "the closer to uncached"
         lines.append(f"target       {goal}: {t['knob']}={t['value']} chosen from {len(t['sweep'])} settings on the "
                      f"calibration run (seed {t['calibration_seed']}; sweep in stats.json)")
     return "\n".join(lines)

@@ -262,16 +262,16 @@ def resolve_for_apply(target: Any, method: Any, *, speed: Any, quality: Any, cal
     teaching error (no name to sweep, no calibration run, target not met: the sweep is shown). Without a target,
     cfg_difference=True among the overrides lets the calibration run decide whether the difference is served
     (choose_cfg_difference); with one, the sweep runs with the overrides as given."""
-    if overrides.get("cfg_difference") is True and calibration_run is not None and speed is None and quality is None:
+    if speed is None and quality is None and calibration_run is not None:
+        if overrides.get("cfg_difference") is not True:
+            raise ValueError("calibration_run= alone chooses nothing: give a target with it (speed='2x' or "
+                             "quality='psnr>=30'), or cfg_difference=True to let the run decide whether the CFG "
+                             "difference is served.")
         _check_name(method, "cfg_difference=True with calibration_run=")
         choice = choose_cfg_difference(method, target=target, run_fn=calibration_run, num_steps=num_steps,
                                        scope=scope, progress=progress, **overrides)
         _say_cfg_difference(choice)
         return choice.config, choice
-    if speed is None and quality is None and calibration_run is not None:
-        raise ValueError("calibration_run= alone chooses nothing: give a target with it (speed='2x' or "
-                         "quality='psnr>=30'), or cfg_difference=True to let the run decide whether the CFG "
-                         "difference is served.")
     _parse_target(speed, quality)  # a malformed target fails first, before asking for a run or sweeping
     what = f"speed={speed!r}" if speed is not None else f"quality={quality!r}"
     _check_name(method, what)

@@ -10,6 +10,9 @@ with the uncached generation shows the second case, and the calibration run make
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -77,13 +80,9 @@ def test_a_calibration_run_without_anything_to_decide_is_refused_with_the_fix():
         dcache.apply(model, "keyframe", calibration_run=lambda: sample(model), **keyframes())
 
 
-class _no_warning:
-    def __enter__(self):
-        import warnings
-
-        self._catch = warnings.catch_warnings()
-        self._catch.__enter__()
+@contextlib.contextmanager
+def _no_warning():
+    """Any DCacheHealthWarning inside is an error (the calibration kept the difference: nothing to say)."""
+    with warnings.catch_warnings():
         warnings.simplefilter("error", DCacheHealthWarning)
-
-    def __exit__(self, *exc):
-        return self._catch.__exit__(*exc)
+        yield
