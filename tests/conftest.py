@@ -12,6 +12,7 @@
   together.
 """
 
+import functools
 import importlib.abc
 import importlib.util
 import os
@@ -147,7 +148,11 @@ def pytest_runtest_teardown(item, nextitem):
             del sys.modules[name]
 
 
+@functools.lru_cache(maxsize=None)
 def _is_benchmarks(entry) -> bool:
+    """Whether a sys.path entry or a module's __file__ lies in benchmarks/. Remembered per string: the teardown above
+    asks it of every top-level module after every test, and resolving each path anew cost 20-50 ms per test (a
+    minute or more of a whole run's CPU)."""
     try:
         return entry is not None and Path(entry).resolve().is_relative_to(_BENCHMARKS)
     except (OSError, TypeError, ValueError):
