@@ -97,7 +97,8 @@ def generate(
     seed: int = typer.Option(0, help="random seed (same for the uncached and cached runs)"),
     guidance: Optional[float] = typer.Option(None, help="guidance scale (pipeline default if unset)"),
     out: str = typer.Option("dcache-out", help="output folder for grid.png / videos, stats.json, plan.json"),
-    repeats: int = typer.Option(3, help="timed repeats per variant (after one warm-up)"),
+    repeats: int = typer.Option(3, help="timed repeats per variant (after one warm-up); 0: no timing, just one "
+                                         "uncached and one cached run"),
     device: str = typer.Option(AUTO, help=DEVICE_HELP),
     dtype: str = typer.Option(AUTO, help=DTYPE_HELP),
     height: Optional[int] = typer.Option(None), width: Optional[int] = typer.Option(None),

@@ -42,8 +42,8 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
     """device / dtype "auto": CUDA (bfloat16), else MPS, else the CPU (float32), see `devices.resolve_device`.
     controlnet: dcache.apply's (cache the pipeline's ControlNet too: "follow", a method, {"method": ..., knobs}).
     progress: bars or one line per stage (default: silent)."""
-    if repeats < 1:
-        raise ValueError(f"--repeats {repeats} must be >= 1.")
+    if repeats < 0:
+        raise ValueError(f"--repeats {repeats} must be >= 0 (0: no timing, one uncached and one cached run).")
     check_threads(threads)
     check_model(model)  # everything that can be checked is checked before the model loads
     check_steps(steps)
@@ -89,7 +89,8 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
                                            num_steps=None, scope=scope, overrides=dict(overrides or {}),
                                            progress=progress.runs(f"{cache} sweep"))
         overrides = {}
-    progress.stage(f"timing uncached vs cached: one warm-up each, then {repeats} alternating round(s)")
+    progress.stage(f"timing uncached vs cached: one warm-up each, then {repeats} alternating round(s)" if repeats
+                   else "one uncached and one cached run (--repeats 0: not timed)")
     if hasattr(pipe, "set_progress_bar_config"):  # steps of the big models; the tiny model's calls take ~0.3 s
         pipe.set_progress_bar_config(disable=is_tiny or not progress.enabled, leave=False)
     with progress.bar(total=2 + 2 * repeats, desc="generate", unit="run") as bar:
@@ -150,6 +151,12 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         "stats": stats.to_dict(),
     }
     summary["measured_over_ideal"] = summary["measured_speedup"] / summary["ideal_speedup"]
+    if not repeats:  # nothing was timed: null, not NaN, in stats.json
+        for key in ("uncached_seconds", "cached_seconds", "uncached_seconds_spread", "cached_seconds_spread",
+                    "measured_speedup", "uncached_cpu_seconds", "cached_cpu_seconds", "cpu_speedup",
+                    "measured_over_ideal"):
+            summary[key] = None
+        summary["timing_warnings"] = []
     if job.frames_per_sample:
         save_video(reference, out_dir / "uncached.gif")
         save_video(cached, out_dir / "cached.gif")
@@ -209,11 +216,13 @@ def format_summary(s: dict[str, Any]) -> str:
         f"steps        {s['calls_fully_computed']}/{s['calls']} {_calls_noun(s)} fully computed "
         f"({s['steps']} steps), units computed {s['units_computed']}, reused {s['units_reused']}, "
         f"forecast {s['units_forecast']} ({s['blocks_per_call']} blocks per call)",
-        f"speed-up     ideal {s['ideal_speedup']:.2f}x (compute ratio {s['compute_ratio']:.3f}), measured "
-        f"{s['measured_speedup']:.2f}x wall-clock, {s['cpu_speedup']:.2f}x process CPU time; measured/ideal "
-        f"{s['measured_over_ideal']:.2f}",
-        f"timing       one call of the batch of {images}, median [min-max] of {s['repeats']} repeat(s): uncached "
-        f"{_seconds(s['uncached_seconds_spread'])}, cached {_seconds(s['cached_seconds_spread'])}",
+        f"speed-up     ideal {s['ideal_speedup']:.2f}x (compute ratio {s['compute_ratio']:.3f}), " + (
+            f"measured {s['measured_speedup']:.2f}x wall-clock, {s['cpu_speedup']:.2f}x process CPU time; "
+            f"measured/ideal {s['measured_over_ideal']:.2f}" if s["repeats"] else
+            "not measured (--repeats 0: one uncached and one cached run, untimed)"),
+        *([f"timing       one call of the batch of {images}, median [min-max] of {s['repeats']} repeat(s): "
+           f"uncached {_seconds(s['uncached_seconds_spread'])}, cached {_seconds(s['cached_seconds_spread'])}"]
+          if s["repeats"] else []),
         f"quality      PSNR cached vs uncached {s['psnr_db']:.2f} dB, max |error| {s['max_abs_error']:.4f}",
     ]
     # each cached model: Wan 2.2's transformer + transformer_2, a ControlNet (controlnet, controlnet.nets.<i>)

@@ -178,6 +178,8 @@ def expert_plans(handle: Any) -> dict[str, Any]:
 def interleaved_runs(job: GenerationJob, enable: Callable[[], Any], repeats: int,
                      on_run: Callable[[str], None] | None = None) -> ABTiming:
     """Time the job uncached and cached in alternation: one warm-up each, then `repeats` rounds of A then B.
+    repeats=0 times nothing: one uncached and one cached run, no warm-up, and empty timing lists (the images, stats
+    and plans alone, for a user who wants to look at the cache's effect and not its speed).
 
     enable() hooks the cache and returns a dcache Handle; it is applied for every cached run and removed after it.
     on_run(name) is called after each of the 2 + 2 * repeats runs ("warm-up uncached", ..., "cached 3/3").
@@ -201,6 +203,12 @@ def interleaved_runs(job: GenerationJob, enable: Callable[[], Any], repeats: int
             handle.remove()
 
     done = on_run or (lambda name: None)
+    if repeats == 0:
+        reference = job()
+        done("uncached")
+        cached, _, _, stats, plan = cached_run()
+        done("cached")
+        return ABTiming(reference, cached, [], [], stats, plan, [], [])
     job()
     done("warm-up uncached")
     cached_run()

@@ -123,7 +123,7 @@ runner = CliRunner()
 listed = runner.invoke(app, ["methods"])
 report["methods"] = dict(exit_code=listed.exit_code, output=listed.output)
 generated = runner.invoke(app, ["generate", "--cache", "{NAME}", "--prompt", "3", "--steps", "{STEPS}",
-                                "--repeats", "1", "--out", out_dir])
+                                "--repeats", "0", "--out", out_dir])
 report["generate"] = dict(exit_code=generated.exit_code, output=generated.output)
 estimated = runner.invoke(app, ["estimate", "--cache", "{NAME}", "--steps", "{STEPS}", "--json"])
 report["estimate"] = dict(exit_code=estimated.exit_code, output=estimated.output)
@@ -132,7 +132,7 @@ calibrated = runner.invoke(app, ["calibrate", "--method", "{NAME}", "--prompt", 
                                  "stride=4", "--out", plan_file, "--no-progress"])
 report["calibrate"] = dict(exit_code=calibrated.exit_code, output=calibrated.output, plan_file=plan_file)
 replayed = runner.invoke(app, ["generate", "--cache", "{NAME}", "--set", "calibration=" + plan_file, "--prompt", "3",
-                               "--steps", "{STEPS}", "--repeats", "1", "--out", out_dir + "-replay"])
+                               "--steps", "{STEPS}", "--repeats", "0", "--out", out_dir + "-replay"])
 report["replay"] = dict(exit_code=replayed.exit_code, output=replayed.output)
 print(json.dumps(report))
 '''

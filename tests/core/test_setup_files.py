@@ -166,7 +166,7 @@ def test_broken_yaml_and_oversized_files_are_refused_naming_the_file(pipe, tmp_p
 def test_generate_takes_a_setup_file_and_checks_it_before_loading(pipe, tmp_path):
     runner = CliRunner()
     good = write(tmp_path, setup_dict(method="fixed_interval", knobs={"interval": 2}))
-    result = runner.invoke(app, ["generate", "--prompt", "3", "--steps", "6", "--repeats", "1", "--cache", str(good),
+    result = runner.invoke(app, ["generate", "--prompt", "3", "--steps", "6", "--repeats", "0", "--cache", str(good),
                                  "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())

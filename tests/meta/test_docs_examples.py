@@ -26,7 +26,7 @@ DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "doc
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
 STEPS = 8  # enough for `--speed 2x` to find a setting on the bundled model
 TINY_FLAGS = {
-    "generate": ["--steps", str(STEPS), "--repeats", "1", "--no-progress"],
+    "generate": ["--steps", str(STEPS), "--repeats", "0", "--no-progress"],
     "generate --prompts": ["--steps", str(STEPS), "--seeds", "1", "--no-progress"],
     "eval": ["--steps", str(STEPS), "--seeds", "1", "--num-prompts", "2", "--repeats", "1", "--warmup", "0",
              "--no-flops", "--metrics", "psnr,ssim", "--no-progress"],
@@ -107,7 +107,7 @@ def inputs(tmp_path_factory):
     from dcache.pipelines.cli import app
 
     folder = tmp_path_factory.mktemp("docs")
-    result = CliRunner().invoke(app, ["generate", "--prompt", "3", "--steps", str(STEPS), "--repeats", "1",
+    result = CliRunner().invoke(app, ["generate", "--prompt", "3", "--steps", str(STEPS), "--repeats", "0",
                                       "--no-progress", "--out", str(folder / "setup")])
     assert result.exit_code == 0, result.output
     (folder / "plan.json").write_bytes((folder / "setup" / "plan.json").read_bytes())

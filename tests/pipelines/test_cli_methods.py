@@ -33,7 +33,7 @@ PSNR_FLOOR_DB = 12.0
 
 def generate(tmp_path, name: str, steps: int | None, *extra: str) -> dict:
     out = tmp_path / "out"
-    args = ["generate", "--cache", name, "--prompt", "3", "--repeats", "1", "--out", str(out), *extra]
+    args = ["generate", "--cache", name, "--prompt", "3", "--repeats", "0", "--out", str(out), *extra]
     result = runner.invoke(app, args + (["--steps", str(steps)] if steps is not None else []))
     assert result.exit_code == 0, f"dcache generate --cache {name}: {result.output}"
     return json.loads((out / "stats.json").read_text())
@@ -68,7 +68,7 @@ def test_every_method_runs_at_a_second_step_count(name, tmp_path):
 
 @pytest.mark.parametrize("name", MODEL_BOUND)
 def test_presets_bound_to_another_models_table_refuse_the_bundled_model(name, tmp_path):
-    result = runner.invoke(app, ["generate", "--cache", name, "--prompt", "3", "--steps", "4", "--repeats", "1",
+    result = runner.invoke(app, ["generate", "--cache", name, "--prompt", "3", "--steps", "4", "--repeats", "0",
                                  "--out", str(tmp_path)])
     assert result.exit_code != 0
     assert "under variant" in result.output and "FluxTransformer2DModel" in result.output

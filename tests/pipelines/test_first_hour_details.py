@@ -20,7 +20,7 @@ from dcache.pipelines.images import DIFF_VMAX, heat, save_grid
 from dcache.pipelines.progress import Progress
 
 runner = CliRunner()
-FAST = ["--steps", "4", "--repeats", "1", "--no-progress"]
+FAST = ["--steps", "4", "--repeats", "0", "--no-progress"]
 
 
 def test_prompt_files_take_digit_words_as_generate_prompt_does(tmp_path):

@@ -75,6 +75,42 @@ def test_a_speed_target_on_a_call_scope_preset_generates_in_call_scope(tmp_path)
     assert stats["scope"] == "call" and stats["target"]["knob"] == "max_consecutive"
 
 
+def test_repeats_0_generates_once_each_untimed_with_the_same_images(tmp_path, monkeypatch):
+    """--repeats 0: one uncached and one cached generation (no warm-ups), the same grid, PSNR and plan as a timed
+    run, and stats.json's timing fields null (not NaN, not zero)."""
+    from dcache.pipelines import runner as runner_module
+
+    calls = []
+    job_call = runner_module.GenerationJob.__call__
+    monkeypatch.setattr(runner_module.GenerationJob, "__call__", lambda job: calls.append(1) or job_call(job))
+    stats = {}
+    for repeats in ("0", "1"):
+        calls.clear()
+        out = tmp_path / repeats
+        result = runner.invoke(app, ["generate", "--prompt", "3", "--steps", "8", "--repeats", repeats,
+                                     "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        stats[repeats] = json.loads((out / "stats.json").read_text())
+        assert len(calls) == (2 if repeats == "0" else 4), (repeats, len(calls))  # timed: a warm-up each too
+    untimed, timed = stats["0"], stats["1"]
+    assert untimed["psnr_db"] == timed["psnr_db"] and untimed["max_abs_error"] == timed["max_abs_error"]
+    assert untimed["units_computed"] == timed["units_computed"] and untimed["repeats"] == 0
+    plans = [json.loads((tmp_path / repeats / "plan.json").read_text()) for repeats in ("0", "1")]
+    assert plans[0]["actions"] == plans[1]["actions"]  # the same decisions (the files differ in their timestamp)
+    timing = ("measured_speedup", "cpu_speedup", "uncached_seconds", "cached_seconds", "measured_over_ideal")
+    assert all(untimed[key] is None for key in timing) and all(timed[key] > 0 for key in timing)
+    assert "not measured (--repeats 0" in result_output(tmp_path, "0")
+    result = runner.invoke(app, ["generate", "--steps", "4", "--repeats", "-1", "--out", str(tmp_path / "bad")])
+    assert result.exit_code != 0 and "--repeats -1 must be >= 0" in result.output
+
+
+def result_output(tmp_path, repeats: str) -> str:
+    """The summary `dcache generate` prints for the run in tmp_path / repeats (printed again from its stats.json)."""
+    from dcache.pipelines.generate import format_summary
+
+    return format_summary(json.loads((tmp_path / repeats / "stats.json").read_text()))
+
+
 @pytest.mark.parametrize("args, message", [
     (["--prompt", "12"], "class labels 0-9"),
     (["--cache", "fixed_interval", "--speed", "50x"], "no setting of 'fixed_interval' meets speed='50x'"),

@@ -47,7 +47,7 @@ def test_a_folder_without_model_index_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("command", [
-    ["generate", "--repeats", "1"],
+    ["generate", "--repeats", "0"],
     ["calibrate", "--prompt", "a cat"],
     ["eval", "--seeds", "1", "--no-progress"],
     ["search", "--method", "dp", "--no-progress"],

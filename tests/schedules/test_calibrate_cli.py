@@ -36,7 +36,7 @@ def invoke(*args: str):
 
 
 def generate(out: Path, cache: str, *extra: str) -> dict:
-    result = invoke("generate", "--cache", cache, *STEPS, "--repeats", "1", "--out", str(out), *extra)
+    result = invoke("generate", "--cache", cache, *STEPS, "--repeats", "0", "--out", str(out), *extra)
     assert result.exit_code == 0, result.output
     return json.loads((out / "stats.json").read_text())
 
@@ -111,7 +111,7 @@ def other_model(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("method", sorted(PLAN_METHODS))
 def test_an_uncalibrated_model_gets_the_calibrate_command_and_it_works(method, other_model, tmp_path):
-    result = invoke("generate", "--model", str(other_model), "--cache", method, *STEPS, "--repeats", "1",
+    result = invoke("generate", "--model", str(other_model), "--cache", method, *STEPS, "--repeats", "0",
                     "--out", str(tmp_path / "out"))
     assert result.exit_code != 0
     command = f"dcache calibrate --model {other_model} --method {method}"
@@ -123,7 +123,7 @@ def test_an_uncalibrated_model_gets_the_calibrate_command_and_it_works(method, o
     assert calibrated.exit_code == 0, calibrated.output
     assert f"dcache generate --model {other_model} --cache {out}" in calibrated.output
     result = invoke("generate", "--model", str(other_model), "--cache", method, "--set", f"calibration={out}",
-                    *STEPS, "--repeats", "1", "--out", str(tmp_path / "out"))
+                    *STEPS, "--repeats", "0", "--out", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
 
 
