@@ -27,6 +27,9 @@ CFG_MODE_ATOL = 1e-4  # split vs batched CFG: same math, only the matmul batch s
 # ~3 % per step in the middle and ~14 % at the last step; random weights move ~9 % per step, erratically.
 MAX_MEDIAN_STEP_CHANGE = 0.06
 MAX_STEP_CHANGE = 0.3
+# Steps for the checks that compare two generations exactly (CFG modes, seeds): every step runs the same code, so a
+# mismatch shows after a few steps as after 28 (measured: split vs batched differ by 0.0 at 8 and at 28 steps).
+EXACT_CHECK_STEPS = 8
 
 
 @pytest.fixture(scope="module")
@@ -93,31 +96,36 @@ def test_packing_round_trips_and_matches_the_token_grid():
     assert torch.equal(tokens[:, 9], images[:, 0, 2 * row : 2 * row + 2, 2 * col : 2 * col + 2].reshape(3, 4))
 
 
-@pytest.mark.slow  # 50 samples at 28 steps
+@pytest.mark.slow  # 20 samples at 28 steps
 def test_generated_samples_are_the_requested_digits(pipe, classifier):
-    accuracy = generated_accuracy(pipe, classifier, per_class=5, seed=1234)  # 50 samples, default steps and CFG
+    # 20 samples, default steps and CFG: 18 must be right; measured 1.00 (and 1.00 on 50 samples)
+    accuracy = generated_accuracy(pipe, classifier, per_class=2, seed=1234)
     assert accuracy >= MIN_GENERATED_ACCURACY
 
 
-@pytest.mark.slow  # 3 x 10 samples at 28 steps
+@pytest.mark.slow  # 3 x 10 samples at 8 steps
 def test_split_and_batched_cfg_give_the_same_images(pipe):
-    labels = list(range(10))
-    split = pipe(labels, generator=_seeded(3), cfg_mode="split", output_type="pt").images
-    batched = pipe(labels, generator=_seeded(3), cfg_mode="batched", output_type="pt").images
-    no_cfg = pipe(labels, generator=_seeded(3), guidance_scale=1.0, output_type="pt").images
+    labels, steps = list(range(10)), EXACT_CHECK_STEPS
+    split = pipe(labels, num_inference_steps=steps, generator=_seeded(3), cfg_mode="split", output_type="pt").images
+    batched = pipe(labels, num_inference_steps=steps, generator=_seeded(3), cfg_mode="batched",
+                   output_type="pt").images
+    no_cfg = pipe(labels, num_inference_steps=steps, generator=_seeded(3), guidance_scale=1.0,
+                  output_type="pt").images
     assert (split - batched).abs().max().item() <= CFG_MODE_ATOL
-    assert (split - no_cfg).abs().max().item() > 100 * CFG_MODE_ATOL  # guidance does change the samples
+    assert (split - no_cfg).abs().max().item() > 100 * CFG_MODE_ATOL  # guidance does change the samples (by 0.56)
 
 
-@pytest.mark.slow  # 4 x 2 samples at 28 steps
+@pytest.mark.slow  # 4 x 2 samples at 8 steps
 def test_same_seed_gives_identical_images_and_latents_replace_the_noise(pipe):
-    first = pipe([4, 2], generator=_seeded(7), output_type="pt").images
-    again = pipe([4, 2], generator=_seeded(7), output_type="pt").images
-    other = pipe([4, 2], generator=_seeded(8), output_type="pt").images
-    from_latents = pipe([4, 2], latents=torch.randn(2, 1, 16, 16, generator=_seeded(7)), output_type="pt").images
+    steps = EXACT_CHECK_STEPS
+    first = pipe([4, 2], num_inference_steps=steps, generator=_seeded(7), output_type="pt").images
+    again = pipe([4, 2], num_inference_steps=steps, generator=_seeded(7), output_type="pt").images
+    other = pipe([4, 2], num_inference_steps=steps, generator=_seeded(8), output_type="pt").images
+    from_latents = pipe([4, 2], num_inference_steps=steps, latents=torch.randn(2, 1, 16, 16, generator=_seeded(7)),
+                        output_type="pt").images
     assert torch.equal(first, again)
     assert torch.equal(first, from_latents)
-    assert (first - other).abs().max().item() > 0.1
+    assert (first - other).abs().max().item() > 0.1  # measured 0.73
 
 
 def test_output_types(pipe):
