@@ -115,8 +115,13 @@ def invalid_value(k: Knob) -> st.SearchStrategy:
             bad.append(st.text(max_size=10).filter(lambda s: s not in k.choices))
     elif k.kind == "seq":
         bad += [st.text(max_size=5), st.integers(), st.just([1.0, float("nan")]), st.just([float("inf")])]
-    else:
-        bad += [st.lists(st.integers(), max_size=2), st.text(max_size=5), st.just({"ff": float("nan")})]
+    else:  # a dict knob; a forecaster knob also takes a forecaster's name ('foca'), which hypothesis draws from the
+        # string constants of the code it runs, so no name may stand for an invalid text
+        from dcache.schedules.forecasters import FORECASTERS, TAYLOR
+
+        names = {TAYLOR, *FORECASTERS}
+        bad += [st.lists(st.integers(), max_size=2), st.text(max_size=5).filter(lambda s: s not in names),
+                st.just({"ff": float("nan")})]
     return st.one_of(bad)
 
 
