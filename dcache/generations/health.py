@@ -44,6 +44,8 @@ _COMPUTE = Action.COMPUTE.value
 ALL_REUSED = 0.9
 # Below this many calls after the warm-up there is too little evidence to call a cache frozen.
 MIN_CALLS = 4
+# Computed block FLOPs above this multiple of the uncached generation's, with something served: a costly cache.
+COSTLY = 1.0 + 1e-6
 
 
 _QUIET = threading.local()  # .depth > 0: inside quiet() on this thread
@@ -144,7 +146,25 @@ class HealthMonitor:
         self.last = health
         if self.warn and not getattr(_QUIET, "depth", 0):
             self._warn(health, len(calls), len(after))
+            self._warn_costly(calls, served)
         return health
+
+    def _warn_costly(self, calls: list, served: int) -> None:
+        """Served something yet computed more block FLOPs than the uncached generation: what the cache runs to
+        decide (probe blocks, per-sample decisions' batch-1 rows, embedders run again) outweighs what it skipped."""
+        total = sum(c.flops_total for c in calls)
+        computed = sum(c.flops_computed for c in calls)
+        if served == 0 or self._calibrating or total <= 0 or computed <= total * COSTLY:
+            return
+        name = f"dcache[{self.method}]" if self.method else "dcache"
+        knob = self.knob()
+        turn = f"its `{knob}`" if knob else "its main setting"
+        self._once("costly", f"{name} computed {computed / total:.3f}x the block FLOPs of an uncached generation "
+                   f"while serving {served} units from the cache: what it runs to decide (probe blocks; with "
+                   f"per-sample decisions, the default, each row of a batch decides alone at batch 1) costs more "
+                   f"than it skips, so it is slower than no cache. Raise {turn} to reuse more, or, for a batch "
+                   f"whose samples move together, decide once per call: dcache.apply(pipe, {self.method!r}, "
+                   f"decisions='batch').")
 
     def _warn(self, h: Health, calls: int, after: int) -> None:
         knob = self.knob()

@@ -95,3 +95,29 @@ def test_transformer_only_use_reports_at_the_next_generation(method):
         run()
         said = health_warnings(handle.remove)
     assert (len(said) == 1) == (method == "fbcache")
+
+
+def test_a_cache_that_computes_more_than_it_skips_says_so_and_how_to_decide_once():
+    """FBCache on the bundled model, a batch of 4 with per-sample decisions (the default): each row decides alone at
+    batch 1 (embedders and probe block run again per row), and at threshold 0.15 it skips too little to pay for
+    that (measured: 1.044x the uncached FLOPs, 8 units served; 0.927x deciding once per call). It says so once,
+    naming its knob and decisions='batch'; deciding once per call it says nothing of the kind."""
+    from dcache.pipelines.bundled import load_tiny_pipeline
+
+    pipe = load_tiny_pipeline()
+
+    def run():
+        pipe([0, 3, 5, 8], num_inference_steps=12, generator=torch.Generator().manual_seed(0), output_type="pt")
+
+    with dcache.apply(pipe, "fbcache", threshold=0.15) as handle:
+        said = health_warnings(run)
+        stats = handle.stats()
+        assert health_warnings(run) == []  # once per handle
+    assert stats.compute_ratio > 1.0 and stats.units_reused > 0, (stats.compute_ratio, stats.units_reused)
+    costly = [s for s in said if "costs more than it skips" in s]
+    assert len(costly) == 1 and "`threshold`" in costly[0] and "decisions='batch'" in costly[0], said
+    assert f"computed {stats.compute_ratio:.3f}x" in costly[0]
+    with dcache.apply(pipe, "fbcache", threshold=0.15, decisions="batch") as handle:
+        said = health_warnings(run)
+        ratio = handle.stats().compute_ratio
+    assert ratio <= 1.0 and not [s for s in said if "costs more than it skips" in s], (ratio, said)
