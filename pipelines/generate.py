@@ -20,7 +20,8 @@ from .progress import Progress
 from dcache.quality import median, psnr
 
 from .arguments import check_method, check_steps
-from .runner import GenerationJob, check_model, check_threads, interleaved_runs, load_pipeline, use_threads
+from .runner import (ABTiming, GenerationJob, check_model, check_threads, interleaved_runs, load_pipeline,
+                     use_threads)
 from .timing_checks import spread, timing_warnings
 
 TINY_DEFAULT_LABELS = [str(i) for i in range(10)]
@@ -101,16 +102,13 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
             return handles[-1]
 
         timing = interleaved_runs(job, enable, repeats, on_run=bar.step)
-    reference, cached, t_ref, t_cached = (timing.reference, timing.cached, timing.seconds_uncached,
-                                          timing.seconds_cached)
+    reference, cached = timing.reference, timing.cached
     stats, plans = timing.stats, timing.plans
     plan = plans["transformer"]
     batch_size = int(reference.shape[0]) // max(job.frames_per_sample, 1)  # images (videos) per pipeline call
 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ref_s, cached_s = median(t_ref), median(t_cached)
-    cpu_ref, cpu_cached = median(timing.cpu_uncached), median(timing.cpu_cached)
     summary = {
         "model": model or "tiny (bundled)",
         "device": device,
@@ -134,15 +132,7 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         "compute_ratio": stats.compute_ratio,
         "ideal_speedup": stats.ideal_speedup,
         "batch_size": batch_size,
-        "uncached_seconds": ref_s,  # median wall-clock seconds of one pipeline call of the whole batch
-        "cached_seconds": cached_s,
-        "uncached_seconds_spread": spread(t_ref),
-        "cached_seconds_spread": spread(t_cached),
-        "measured_speedup": ref_s / cached_s if cached_s > 0 else float("nan"),
-        "uncached_cpu_seconds": cpu_ref,  # median process CPU seconds (all threads) of the same calls
-        "cached_cpu_seconds": cpu_cached,
-        "cpu_speedup": cpu_ref / cpu_cached if cpu_cached > 0 else float("nan"),
-        "timing_warnings": timing_warnings({"uncached": t_ref, "cached": t_cached}),
+        **_timing_fields(timing, stats.ideal_speedup),
         "psnr_db": psnr(reference, cached),
         "max_abs_error": float((reference - cached).abs().max()),
         "repeats": repeats,
@@ -150,13 +140,6 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         "memory": handles[-1].memory().to_dict(),  # dcache.memory.report.MemoryReport: peak, by kind and branch
         "stats": stats.to_dict(),
     }
-    summary["measured_over_ideal"] = summary["measured_speedup"] / summary["ideal_speedup"]
-    if not repeats:  # nothing was timed: null, not NaN, in stats.json
-        for key in ("uncached_seconds", "cached_seconds", "uncached_seconds_spread", "cached_seconds_spread",
-                    "measured_speedup", "uncached_cpu_seconds", "cached_cpu_seconds", "cpu_speedup",
-                    "measured_over_ideal"):
-            summary[key] = None
-        summary["timing_warnings"] = []
     if job.frames_per_sample:
         save_video(reference, out_dir / "uncached.gif")
         save_video(cached, out_dir / "cached.gif")
@@ -174,6 +157,32 @@ def generate(*, model: str | None = None, prompts: list[str] | None = None, cach
         expert_plan.save(out_dir / file)
     atomic_write_text(out_dir / "stats.json", json.dumps(_finite(summary), indent=1))
     return GenerateResult(out_dir, summary)
+
+
+def _timing_fields(timing: ABTiming, ideal_speedup: float) -> dict[str, Any]:
+    """stats.json's timing fields: medians of the timed runs (one pipeline call of the whole batch), their spreads,
+    the speed-ups and their warnings; null where nothing was timed (--repeats 0)."""
+    t_ref, t_cached = timing.seconds_uncached, timing.seconds_cached
+    if not t_ref:
+        return {**dict.fromkeys(("uncached_seconds", "cached_seconds", "uncached_seconds_spread",
+                                 "cached_seconds_spread", "measured_speedup", "uncached_cpu_seconds",
+                                 "cached_cpu_seconds", "cpu_speedup", "measured_over_ideal")),
+                "timing_warnings": []}
+    ref_s, cached_s = median(t_ref), median(t_cached)
+    cpu_ref, cpu_cached = median(timing.cpu_uncached), median(timing.cpu_cached)
+    measured = ref_s / cached_s if cached_s > 0 else float("nan")
+    return {
+        "uncached_seconds": ref_s,  # median wall-clock seconds of one pipeline call of the whole batch
+        "cached_seconds": cached_s,
+        "uncached_seconds_spread": spread(t_ref),
+        "cached_seconds_spread": spread(t_cached),
+        "measured_speedup": measured,
+        "uncached_cpu_seconds": cpu_ref,  # median process CPU seconds (all threads) of the same calls
+        "cached_cpu_seconds": cpu_cached,
+        "cpu_speedup": cpu_ref / cpu_cached if cpu_cached > 0 else float("nan"),
+        "measured_over_ideal": measured / ideal_speedup,
+        "timing_warnings": timing_warnings({"uncached": t_ref, "cached": t_cached}),
+    }
 
 
 def _names_a_digit(prompt: str) -> bool:

@@ -145,28 +145,12 @@ class HealthMonitor:
         self._seen_branches |= names
         self.last = health
         if self.warn and not getattr(_QUIET, "depth", 0):
-            self._warn(health, len(calls), len(after))
-            self._warn_costly(calls, served)
+            total = sum(c.flops_total for c in calls)  # 0 where FLOPs are not counted (count_flops=False)
+            flop_ratio = sum(c.flops_computed for c in calls) / total if total > 0 else None
+            self._warn(health, len(calls), len(after), flop_ratio)
         return health
 
-    def _warn_costly(self, calls: list, served: int) -> None:
-        """Served something yet computed more block FLOPs than the uncached generation: what the cache runs to
-        decide (probe blocks, per-sample decisions' batch-1 rows, embedders run again) outweighs what it skipped."""
-        total = sum(c.flops_total for c in calls)
-        computed = sum(c.flops_computed for c in calls)
-        if served == 0 or self._calibrating or total <= 0 or computed <= total * COSTLY:
-            return
-        name = f"dcache[{self.method}]" if self.method else "dcache"
-        knob = self.knob()
-        turn = f"its `{knob}`" if knob else "its main setting"
-        self._once("costly", f"{name} computed {computed / total:.3f}x the block FLOPs of an uncached generation "
-                   f"while serving {served} units from the cache: what it runs to decide (probe blocks; with "
-                   f"per-sample decisions, the default, each row of a batch decides alone at batch 1) costs more "
-                   f"than it skips, so it is slower than no cache. Raise {turn} to reuse more, or, for a batch "
-                   f"whose samples move together, decide once per call: dcache.apply(pipe, {self.method!r}, "
-                   f"decisions='batch').")
-
-    def _warn(self, h: Health, calls: int, after: int) -> None:
+    def _warn(self, h: Health, calls: int, after: int, flop_ratio: float | None) -> None:
         knob = self.knob()
         name = f"dcache[{self.method}]" if self.method else "dcache"
         turn = f"its `{knob}`" if knob else "its main setting"
@@ -178,6 +162,13 @@ class HealthMonitor:
             self._once("everything", f"{name} served {h.reused_after_warmup:.0%} of the calls after the first "
                        f"computed one entirely from the cache: the image is mostly frozen from one step and its "
                        f"quality suffers. Lower {turn} (or ask for quality='psnr>=30').")
+        elif flop_ratio is not None and flop_ratio > COSTLY and not h.calibrating:  # something served (above)
+            self._once("costly", f"{name} computed {flop_ratio:.3f}x the block FLOPs of an uncached generation "
+                       f"while serving {h.reuse_fraction:.0%} of its units from the cache: what it runs to decide "
+                       f"(probe blocks; with per-sample decisions, the default, each row of a batch decides alone "
+                       f"at batch 1) costs more than it skips, so it is slower than no cache. Raise {turn} to reuse "
+                       f"more, or, for a batch whose samples move together, decide once per call: "
+                       f"dcache.apply(pipe, {self.method!r}, decisions='batch').")
         if h.missing_branches:
             self._once("branches", f"{name}: the last generation had no {h.missing_branches} calls that earlier "
                        f"generations of this handle had (guidance switched off, or the pipeline stopped naming its "
