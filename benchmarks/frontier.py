@@ -296,6 +296,16 @@ def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_di
                       Search("compute_ratio", "values", values=(0.25, 0.2, 0.15, 0.125, 0.1)),
                       plain("adaptive_keyframe", scope="call"),
                       note="placement chosen at run time from measured errors; defaults from tiny-digits")]
+    even = {name: plan for name, plan in plans.items() if "uncond_keyframes" not in plan}
+    if scenario.branches == 2 and len(even) < len(plans):
+        # With split CFG the band's closest budget is uneven (6 + 5 of 56 calls at 0.2, 4 + 3 at 0.125), so the rows
+        # above never show the even one beside it (6 + 6 = 0.214, 4 + 4 = 0.143): both branches computed on the same
+        # steps, where their forecast errors enter the guided output as g e_c - (g - 1) e_u and largely cancel.
+        out += [keyframe_contender(even, "call", "keyframe call even",
+                                   note=f"the searched even budgets only: both CFG branches on the same keyframes "
+                                        f"({searched_on})"),
+                keyframe_contender({name: foca[name] for name in even}, "call", "keyframe call even foca",
+                                   note=f"the searched even budgets with the FoCa forecaster ({searched_on})")]
     digits_plans = transferred_plans(model, scenario)
     if digits_plans:
         out.append(keyframe_contender(digits_plans, "call", "keyframe call digits-tuned",

@@ -48,3 +48,21 @@ def test_uniform_and_transferred_plans_match_the_budgets(frontier):
     shapes = frontier.ALL["shapes"]["cfg4"]
     moved = frontier.transferred_plans("shapes", shapes)
     assert set(moved) == set(frontier.uniform_plans(shapes)) and moved["5"] == frontier.KEYFRAMES["nocfg"]["5"]
+
+
+def test_split_cfg_scenarios_with_an_uneven_budget_also_report_the_even_ones(frontier):
+    """The band selection takes the budget closest to the band's ratio (6 + 5 at 0.2 with 28 steps), so the even
+    budget beside it (6 + 6: both branches on the same steps) needs its own contender to be shown at all."""
+    def labels(scenario, plans):
+        return {c.method: c for c in frontier.contenders(scenario, plans, quick=False, cache_dit=False,
+                                                         calibration_run=None)}
+
+    cfg3 = frontier.ALL["digits"]["cfg3"]
+    found = labels(cfg3, frontier.KEYFRAMES["cfg3"])
+    for method in ("keyframe call even", "keyframe call even foca"):
+        assert set(found[method].search.values) == {"6+6", "4+4"}  # no plan with uncond_keyframes
+    assert set(found["keyframe call"].search.values) == {"6+5", "6+6", "4+3", "4+4"}
+    nocfg = frontier.ALL["digits"]["nocfg"]  # one decision per step: every budget is "even" already
+    assert "keyframe call even" not in labels(nocfg, frontier.KEYFRAMES["nocfg"])
+    steps10 = frontier.ALL["digits"]["steps10"]  # split CFG, but its budgets are all even
+    assert "keyframe call even" not in labels(steps10, frontier.KEYFRAMES["steps10"])
