@@ -7,8 +7,10 @@ After every generation the engine hands its record here (`HealthMonitor.end_gene
     nothing_reused     True when every call computed every unit: the cache cost its overhead and saved nothing
     calibrating        the generation measured a calibration (a self-calibrating MagCache's first one computes every
                        step on purpose: no warning then)
-    reused_after_warmup  fraction of the calls after each branch's first computed one served whole from the cache;
-                       near 1 means the cache froze the image (quality drops; the threshold is too high)
+    reused_after_warmup  fraction of the calls after each branch's first computed one served whole by plain reuse;
+                       near 1 means the cache froze the image (quality drops; the threshold is too high). A forecast
+                       moves with the step, so calls served by forecasting (keyframe, TaylorSeer, ...) do not count:
+                       a keyframe plan that computes 4 of 28 steps is not frozen
     missing_branches   CFG branches earlier generations of this handle had and this one did not (a pipeline that
                        stopped setting cache_context names, or guidance switched off): decisions may differ
     non_finite_units   cached tensors that hold NaN or infinity at the generation's end ("branch/unit")
@@ -40,7 +42,8 @@ if TYPE_CHECKING:
     from .records import GenerationRecord
 
 _COMPUTE = Action.COMPUTE.value
-# A generation that served at least this share of its post-warm-up calls whole from the cache is "all reused".
+_REUSE = Action.REUSE.value
+# A generation that served at least this share of its post-warm-up calls whole by plain reuse is "all reused".
 ALL_REUSED = 0.9
 # Below this many calls after the warm-up there is too little evidence to call a cache frozen.
 MIN_CALLS = 4
@@ -134,7 +137,7 @@ class HealthMonitor:
             own = [c for c in calls if c.branch == branch]
             first = next((i for i, c in enumerate(own) if set(c.actions) == {_COMPUTE}), None)
             after += own[first + 1:] if first is not None else []
-        whole = sum(1 for c in after if _COMPUTE not in c.actions)
+        whole = sum(1 for c in after if set(c.actions) == {_REUSE})
         names = set(record.branches())
         health = Health(reuse_fraction=served / units if units else 0.0, nothing_reused=served == 0,
                         calibrating=self._calibrating,
@@ -159,9 +162,10 @@ class HealthMonitor:
                        f"computed): the cache costs its overhead and saves no time. Raise {turn} (or ask for a "
                        f"target: dcache.apply(pipe, {self.method!r}, speed='2x', calibration_run=...)).")
         elif after >= MIN_CALLS and h.reused_after_warmup >= ALL_REUSED:
+            fix = f"Lower its `{knob}`" if knob else "Let it compute more steps"
             self._once("everything", f"{name} served {h.reused_after_warmup:.0%} of the calls after the first "
-                       f"computed one entirely from the cache: the image is mostly frozen from one step and its "
-                       f"quality suffers. Lower {turn} (or ask for quality='psnr>=30').")
+                       f"computed one entirely from the cache (plain reuse, no forecast): the image is mostly frozen "
+                       f"from one step and its quality suffers. {fix} (or ask for quality='psnr>=30').")
         elif flop_ratio is not None and flop_ratio > COSTLY and not h.calibrating:  # something served (above)
             self._once("costly", f"{name} computed {flop_ratio:.3f}x the block FLOPs of an uncached generation "
                        f"while serving {h.reuse_fraction:.0%} of its units from the cache: what it runs to decide "

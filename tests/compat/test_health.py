@@ -121,3 +121,19 @@ def test_a_cache_that_computes_more_than_it_skips_says_so_and_how_to_decide_once
         said = health_warnings(run)
         ratio = handle.stats().compute_ratio
     assert ratio <= 1.0 and not [s for s in said if "costs more than it skips" in s], (ratio, said)
+
+
+def test_a_forecasting_plan_that_computes_few_steps_is_not_called_frozen():
+    """Keyframes forecast between their computed steps (the image moves with each step), so serving 10 of the 11
+    calls after the first keyframe is the plan working, not a frozen image; the same plan with plain reuse
+    (order 0) is frozen and says so."""
+    pipe = make_pipeline()
+    with dcache.apply(pipe, "keyframe", keyframes=(0.0, 0.5), order=2) as handle:
+        said = health_warnings(lambda: generate(pipe, steps=12))
+        facts = handle.stats().health
+    assert said == [] and facts["reuse_fraction"] > 0.8 and facts["reused_after_warmup"] == 0.0
+    with dcache.apply(pipe, "keyframe", keyframes=(0.0, 0.5), order=0) as handle:
+        said = health_warnings(lambda: generate(pipe, steps=12))
+        facts = handle.stats().health
+    assert len(said) == 1 and "mostly frozen" in said[0] and "compute more steps" in said[0], said
+    assert facts["reused_after_warmup"] >= 0.9
