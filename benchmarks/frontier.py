@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                                          "instead of using CFG_DIFFERENCE")
     ap.add_argument("--no-robustness", action="store_true", help="skip the plan-replay robustness table")
     ap.add_argument("--no-cache-dit", action="store_true", help="leave cache-dit out")
+    ap.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="measure nothing: write one report from these frontier.json files (the first one's run, "
+                         "plus each scenario it lacks from the next ones, marked with the run that measured it)")
     return ap.parse_args(argv)
 
 
@@ -697,6 +700,27 @@ def _targets(sc: dict) -> dict[float, float]:
     return TARGETS if sc["steps"] == 28 else {}
 
 
+def _provenance(sc: dict) -> list[str]:
+    """A scenario kept from another run when runs' scenarios are merged (merge_runs) says where it is from."""
+    m = sc.get("measured")
+    if not m:
+        return []
+    return [f"Measured by another run, kept unchanged: `{m['command']}` at commit {m['git_commit']}, {m['date']}, "
+            f"load average {m['load_start']} at the start, {m.get('load_end', '?')} at the end.", ""]
+
+
+def merge_runs(new: dict, old: dict) -> dict:
+    """`new` with the scenarios only `old` has, each stamped with old's command, commit, date and load (shown by
+    write_report): how two runs that measured different scenarios make one report."""
+    have = {sc["name"] for sc in new["scenarios"]}
+    keep = {key: old["meta"][key] for key in ("command", "git_commit", "date", "load_start", "load_end")
+            if key in old["meta"]}
+    kept = [{**sc, "measured": sc.get("measured", keep)} for sc in old["scenarios"] if sc["name"] not in have]
+    order = [sc["name"] for sc in old["scenarios"]]
+    merged = sorted(new["scenarios"] + kept, key=lambda sc: order.index(sc["name"]) if sc["name"] in order else 99)
+    return {**new, "scenarios": merged}
+
+
 def write_report(data: dict, out: Path) -> tuple[Path, Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     name = stem(data["meta"].get("model", "digits"))
@@ -729,7 +753,7 @@ def write_report(data: dict, out: Path) -> tuple[Path, Path, Path]:
                   f"Held-out: seeds {sc['heldout_seeds'][0]}..{sc['heldout_seeds'][-1]} x labels "
                   f"{sc['seed_labels'][0]}..{sc['seed_labels'][-1]}; uncached accuracy {sc['uncached_acc']:.2f}; "
                   f"seed-to-seed FD {_fmt(floor, 3)}; {sc['seconds'] / 60:.1f} min. Keyframes: " + "; ".join(
-                      f"`{k}` {v}" for k, v in sc["plans"].items()), "",
+                      f"`{k}` {v}" for k, v in sc["plans"].items()), "", *_provenance(sc),
                   "| library | method | setting | band | ratio | b1 ratio | b1 × wall | m/i wall | m/i CPU | PSNR | "
                   "SSIM | acc | FD | FD % |", "|" + "---|" * 14]
         for r in sc["results"]:
@@ -834,6 +858,11 @@ def pareto_png(data: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
+    if args.merge:
+        data = json.loads(args.merge[0].read_text())
+        for other in args.merge[1:]:
+            data = merge_runs(data, json.loads(other.read_text()))
+        return write_report(data, args.out)[0]
     if not (args.no_cache_dit or args.quick):
         reason = peers.cache_dit_unavailable()
         if reason is not None:

@@ -66,3 +66,22 @@ def test_split_cfg_scenarios_with_an_uneven_budget_also_report_the_even_ones(fro
     assert "keyframe call even" not in labels(nocfg, frontier.KEYFRAMES["nocfg"])
     steps10 = frontier.ALL["digits"]["steps10"]  # split CFG, but its budgets are all even
     assert "keyframe call even" not in labels(steps10, frontier.KEYFRAMES["steps10"])
+
+
+def test_merged_runs_keep_each_scenario_with_the_run_that_measured_it(frontier):
+    def run(commit, names):
+        meta = dict(command=f"python benchmarks/frontier.py # {commit}", git_commit=commit, date="2026-11-29 08:00",
+                    load_start="0.1 0.1 0.1", load_end="0.2 0.2 0.2")
+        return dict(meta=meta, scenarios=[dict(name=n, psnr=commit) for n in names])
+
+    new, old = run("bbbbbbb", ["cfg3"]), run("aaaaaaa", ["cfg1.5", "cfg3", "nocfg"])
+    merged = frontier.merge_runs(new, old)
+    assert merged["meta"] == new["meta"]
+    assert [sc["name"] for sc in merged["scenarios"]] == ["cfg1.5", "cfg3", "nocfg"]  # the old run's order
+    by_name = {sc["name"]: sc for sc in merged["scenarios"]}
+    assert by_name["cfg3"]["psnr"] == "bbbbbbb" and "measured" not in by_name["cfg3"]  # the new run wins
+    assert by_name["nocfg"]["measured"]["git_commit"] == "aaaaaaa"
+    assert "aaaaaaa" in frontier._provenance(by_name["nocfg"])[0] and frontier._provenance(by_name["cfg3"]) == []
+    again = frontier.merge_runs(run("ccccccc", ["cfg1.5"]), merged)  # a scenario keeps the run that measured it
+    assert {sc["name"]: sc.get("measured", {}).get("git_commit") for sc in again["scenarios"]} == {
+        "cfg1.5": None, "cfg3": "bbbbbbb", "nocfg": "aaaaaaa"}
