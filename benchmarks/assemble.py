@@ -296,6 +296,13 @@ def _efficiency(scenario: dict, band: float) -> str:
     return " / ".join(cells)
 
 
+def _kept_scenarios(frontier: dict) -> str:
+    """The scenarios a merged report kept from other runs (benchmarks/frontier.py --merge), with their commits."""
+    kept = [sc for sc in frontier["scenarios"] if sc.get("measured")]
+    return "".join(f"; {sc['name']} kept from the run at commit {sc['measured']['git_commit']} "
+                   f"({sc['measured']['date'][:10]})" for sc in kept)
+
+
 def frontier_part(frontier: dict) -> str:
     """Best row per band and library of every frontier scenario, the targets, the plot and the rerun command."""
     meta = frontier["meta"]
@@ -304,7 +311,7 @@ def frontier_part(frontier: dict) -> str:
         "(8x), at CFG 1.5 (the sweep's setting), CFG 3 and without CFG, and a 10-step generation at 0.5 and 0.3; "
         "each library's knobs searched on the tuning batch for the bands (c / 1.18 .. c x 1.18), held-out PSNR vs "
         f"uncached; measured {meta['date'][:10]} at commit {meta['git_commit']} (load average {meta['load_start']} "
-        f"at the start, {meta.get('load_end', '?')} at the end).", "",
+        f"at the start, {meta.get('load_end', '?')} at the end){_kept_scenarios(frontier)}.", "",
         "![held-out PSNR vs compute ratio per scenario](benchmarks/results/frontier_pareto.png)", "",
         "| scenario | band | dcache | diffusers | cache-dit | dcache batch-1 measured/ideal: call scope / block scope "
         "(wall; CPU time) |", "|" + "---|" * 6,
