@@ -314,10 +314,13 @@ def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_di
         out.append(keyframe_contender(digits_plans, "call", "keyframe call digits-tuned",
                                       note="tiny-digits' searched keyframes (KEYFRAMES) replayed unchanged"))
     if l2p_plans:
-        out.append(keyframe_contender(l2p_plans, "call", "keyframe call l2p",
-                                      note=f"keyframes searched again for L2P, fitted per candidate placement on "
-                                           f"tuning seeds {L2P_FIT_SEEDS}; placement, ridge and (split CFG) "
-                                           f"cfg_difference chosen on {searched_on}"))
+        l2p_note = (f"keyframes searched again for L2P, fitted per candidate placement on tuning seeds "
+                    f"{L2P_FIT_SEEDS}; placement, ridge and (split CFG) cfg_difference chosen on {searched_on}")
+        out.append(keyframe_contender(l2p_plans, "call", "keyframe call l2p", note=l2p_note))
+        l2p_even = {name: l2p_plans[name] for name in even if name in l2p_plans}
+        if scenario.branches == 2 and 0 < len(l2p_even) < len(l2p_plans):  # as the even rows above
+            out.append(keyframe_contender(l2p_even, "call", "keyframe call l2p even",
+                                          note=f"the even budgets only; {l2p_note}"))
     if diff_plans:
         out.insert(1, keyframe_contender(diff_plans, "call", "keyframe call cfg-diff",
                                          note="uneven CFG budgets with the uncond branch served through the CFG "

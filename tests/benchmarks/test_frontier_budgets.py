@@ -53,13 +53,14 @@ def test_uniform_and_transferred_plans_match_the_budgets(frontier):
 def test_split_cfg_scenarios_with_an_uneven_budget_also_report_the_even_ones(frontier):
     """The band selection takes the budget closest to the band's ratio (6 + 5 at 0.2 with 28 steps), so the even
     budget beside it (6 + 6: both branches on the same steps) needs its own contender to be shown at all."""
-    def labels(scenario, plans):
+    def labels(scenario, plans, l2p=None):
         return {c.method: c for c in frontier.contenders(scenario, plans, quick=False, cache_dit=False,
-                                                         calibration_run=None)}
+                                                         calibration_run=None, l2p_plans=l2p)}
 
     cfg3 = frontier.ALL["digits"]["cfg3"]
-    found = labels(cfg3, frontier.KEYFRAMES["cfg3"])
-    for method in ("keyframe call even", "keyframe call even foca"):
+    fitted = {name: {**plan, "forecaster": "l2p-table"} for name, plan in frontier.KEYFRAMES["cfg3"].items()}
+    found = labels(cfg3, frontier.KEYFRAMES["cfg3"], fitted)
+    for method in ("keyframe call even", "keyframe call even foca", "keyframe call l2p even"):
         assert set(found[method].search.values) == {"6+6", "4+4"}  # no plan with uncond_keyframes
     assert set(found["keyframe call"].search.values) == {"6+5", "6+6", "4+3", "4+4"}
     nocfg = frontier.ALL["digits"]["nocfg"]  # one decision per step: every budget is "even" already
