@@ -76,8 +76,10 @@ class KeyframeConfig(MethodConfig):
     presets (`keyframe-5x`, `keyframe-8x`) it is dcache's best setting at ratios 0.196 and 0.125 on the bundled
     model at CFG 1.5 (BENCHMARKS.md, "Beyond 4x"). Being fractions, keyframes replay at other step counts (a step
     plan does not). At a higher guidance scale the uneven presets lose most (keyframe-5x: 44.4 -> 35.0 dB at CFG 3);
-    add `cfg_difference=True` (39.3 dB there) or search the keyframes at that scale (`benchmarks/frontier.py
-    --search`).
+    add `cfg_difference=True` (39.3 dB there), search the keyframes at that scale (`dcache search --method
+    keyframe --guidance 3`), or give both branches the same keyframes for one call more: at CFG 3 the searched
+    4 + 4 keyframes (ratio 0.143) hold 34.1 dB (35.0 with L2P) where 4 + 3 (0.125) gives 28.2 (32.4 with the
+    difference), since equal keyframes keep the two branches' forecast errors cancelling.
 
     The presets are model-specific: they were searched on the bundled tiny-digits model (28 steps, CFG 1.5) and do
     not transfer as they are (BENCHMARKS.md, "Tuned on one model, measured on another"). keyframe-5x loses to
