@@ -300,7 +300,8 @@ def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_di
                       plain("adaptive_keyframe", scope="call"),
                       note="placement chosen at run time from measured errors; defaults from tiny-digits")]
     even = {name: plan for name, plan in plans.items() if "uncond_keyframes" not in plan}
-    if scenario.branches == 2 and len(even) < len(plans):
+    show_even = scenario.branches == 2 and 0 < len(even) < len(plans)  # else every budget's row is already even
+    if show_even:
         # With split CFG the band's closest budget is uneven (6 + 5 of 56 calls at 0.2, 4 + 3 at 0.125), so the rows
         # above never show the even one beside it (6 + 6 = 0.214, 4 + 4 = 0.143): both branches computed on the same
         # steps, where their forecast errors enter the guided output as g e_c - (g - 1) e_u and largely cancel.
@@ -317,9 +318,8 @@ def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_di
         l2p_note = (f"keyframes searched again for L2P, fitted per candidate placement on tuning seeds "
                     f"{L2P_FIT_SEEDS}; placement, ridge and (split CFG) cfg_difference chosen on {searched_on}")
         out.append(keyframe_contender(l2p_plans, "call", "keyframe call l2p", note=l2p_note))
-        l2p_even = {name: l2p_plans[name] for name in even if name in l2p_plans}
-        if scenario.branches == 2 and 0 < len(l2p_even) < len(l2p_plans):  # as the even rows above
-            out.append(keyframe_contender(l2p_even, "call", "keyframe call l2p even",
+        if show_even:  # L2P is fitted per searched budget, so its plans have the same names
+            out.append(keyframe_contender({name: l2p_plans[name] for name in even}, "call", "keyframe call l2p even",
                                           note=f"the even budgets only; {l2p_note}"))
     if diff_plans:
         out.insert(1, keyframe_contender(diff_plans, "call", "keyframe call cfg-diff",
