@@ -102,7 +102,9 @@ peers = methods.peers
 Applied, Contender, Search = peers.Applied, peers.Contender, peers.Search
 
 # Searched on the tuning batch (labels 0-9, seed 0) by `--search`: scenario -> plan name -> keyframe config. A plan's
-# name is its call budget per generation, "<cond>+<uncond>" keyframes with CFG, "<n>" with one branch.
+# name is its call budget per generation, "<cond>+<uncond>" keyframes with CFG, "<n>" with one branch. Every entry is
+# what `--search` finds at commit c31d743 (CFG 3's 6+6 and 4+4 were older placements until then, searched before the
+# keyframe schedule's later changes); search again after a change to what the keyframe schedule serves.
 KEYFRAMES: dict[str, dict[str, dict]] = {
     "cfg1.5": {  # 6+5 = 11 of 56 calls (0.196), 6+6 = 0.214, 4+3 = 0.125, 4+4 = 0.143
         "6+5": dict(keyframes=(0.0, 0.2222, 0.4074, 0.6296, 0.8148, 1.0),
@@ -114,9 +116,9 @@ KEYFRAMES: dict[str, dict[str, dict]] = {
     "cfg3": {
         "6+5": dict(keyframes=(0.0, 0.1852, 0.4074, 0.5926, 0.8148, 1.0),
                     uncond_keyframes=(0.0, 0.1852, 0.4074, 0.5926, 0.8148), order=2),
-        "6+6": dict(keyframes=(0.0, 0.1852, 0.4074, 0.5926, 0.8148, 1.0), order=2),
+        "6+6": dict(keyframes=(0.0, 0.1852, 0.4074, 0.6296, 0.8148, 0.963), order=2),
         "4+3": dict(keyframes=(0.0, 0.2963, 0.7037, 1.0), uncond_keyframes=(0.0, 0.2963, 0.7037), order=2),
-        "4+4": dict(keyframes=(0.0, 0.2963, 0.5556, 0.8519), order=1),
+        "4+4": dict(keyframes=(0.0, 0.2963, 0.6296, 0.8889), order=2),
     },
     "nocfg": {  # one call per step: 5 of 28 (0.179), 6 (0.214), 3 (0.107), 4 (0.143)
         "5": dict(keyframes=(0.0, 0.2222, 0.4074, 0.6667, 0.8889), order=2),
