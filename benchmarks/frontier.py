@@ -515,8 +515,10 @@ def _tuning_psnr(bench, **setting) -> float:
 
 def search_cfg_difference(bench, scenario: Scenario, start: tuple[float, ...], order: int, log) -> dict:
     """Cond keyframes and the one the uncond branch leaves out, with cfg_difference: from `start` (the searched
-    cond keyframes of the budget), try every left-out keyframe, then move one cond keyframe at a time by -2..+2 steps
-    (the uncond keyframes follow) while the tuning PSNR rises by > 0.03 dB, then pick the left-out keyframe again."""
+    cond keyframes of the budget) alone, the keyframe search's left-out ascent (dcache.schedules.tuning.search.
+    keyframe_search.ascend_left_out, at its default rounds and min_gain) scored on the tuning batch."""
+    from dcache.schedules.tuning.search.keyframe_search import KeyframeSearchConfig, ascend_left_out, left_out
+
     n = scenario.steps
     seen: dict[tuple, float] = {}
 
@@ -524,29 +526,11 @@ def search_cfg_difference(bench, scenario: Scenario, start: tuple[float, ...], o
         key = (tuple(sc), drop)
         if key not in seen:
             seen[key] = _tuning_psnr(bench, keyframes=_fractions(sc, n), order=order, cfg_difference=True,
-                                     uncond_keyframes=_fractions(sc[:drop] + sc[drop + 1:], n))
+                                     uncond_keyframes=_fractions(left_out(sc, drop), n))
         return seen[key]
 
-    def best_drop(sc: list[int]) -> tuple[float, int]:
-        return max((score(sc, d), d) for d in range(1, len(sc)))
-
-    sc = sorted({int(round(f * (n - 1))) for f in start})
-    p, drop = best_drop(sc)
-    for _ in range(6):
-        improved = False
-        for i in range(1, len(sc)):
-            for d in (-2, -1, 1, 2):
-                moved = list(sc)
-                moved[i] += d
-                after = moved[i + 1] if i + 1 < len(moved) else n
-                if moved[i - 1] < moved[i] < after and (q := score(moved, drop)) > p + 0.03:
-                    p, sc, improved = q, moved, True
-        q, d = best_drop(sc)
-        if q > p + 0.03:
-            p, drop, improved = q, d, True
-        if not improved:
-            break
-    us = sc[:drop] + sc[drop + 1:]
+    p, sc, drop = ascend_left_out(score, [sorted({int(round(f * (n - 1))) for f in start})], n, KeyframeSearchConfig())
+    us = left_out(sc, drop)
     log(f"    cfg-diff keyframes {len(sc)}+{len(us)} order {order}: cond {sc} uncond {us} -> tuning PSNR {p:.2f} "
         f"({len(seen)} settings)")
     return dict(keyframes=_fractions(sc, n), uncond_keyframes=_fractions(us, n), order=order, cfg_difference=True)

@@ -278,3 +278,25 @@ def test_an_uneven_budget_where_the_difference_scores_worse_keeps_the_own_caches
     setup = json.loads((tmp_path / "setups" / "keyframe-k3u2.setup.json").read_text())
     assert "cfg_difference" not in setup["knobs"]
     assert list(setup["knobs"]["uncond_keyframes"]) == list(uneven["uncond_keyframes"])
+
+
+def test_the_left_out_ascent_finds_the_best_placement_and_left_out_keyframe_of_an_analytic_score():
+    """ascend_left_out on a separable score with one optimum: cond steps at `target`, the keyframe at index 2 left
+    out. From a uniform start it moves every keyframe there (each move one of -2..+2 steps), picks index 2, and
+    takes no move worth <= min_gain; the benchmark's cfg-diff search and the library's uneven budget both use it."""
+    from dcache.schedules.tuning.search.keyframe_search import ascend_left_out, left_out
+
+    n, target = 20, [0, 3, 9, 14, 18]
+    scored = []
+
+    def score(steps: list[int], drop: int) -> float:
+        scored.append((tuple(steps), drop))
+        return -sum((s - t) ** 2 for s, t in zip(steps, target)) - (0.0 if drop == 2 else 0.5)
+
+    config = KeyframeSearchConfig(rounds=6, min_gain=0.03)
+    quality, steps, drop = ascend_left_out(score, [uniform(5, n - 1), [0, 2, 4, 6, 8]], n, config)
+    assert (steps, drop, quality) == (target, 2, 0.0) and left_out(steps, drop) == [0, 3, 14, 18]
+    assert all(d >= 1 for _, d in scored)  # step 0 is never left out
+    # a gain no larger than min_gain is not taken: with min_gain 1 the last unit steps towards the target stay
+    _, coarse, _ = ascend_left_out(score, [uniform(5, n - 1)], n, KeyframeSearchConfig(min_gain=1.0))
+    assert sum((s - t) ** 2 for s, t in zip(coarse, target)) > 0

@@ -294,23 +294,21 @@ def _ascend(score: Callable[[list[int]], float], quality: float, steps: list[int
     return quality, steps
 
 
-def _uneven_budget(calib: Calibration, reference: torch.Tensor, book: ScoreBook, l2p: L2PScores | None,
-                   start: list[int], order: int, n: int, config: KeyframeSearchConfig) -> tuple[dict, dict]:
-    """(found entry, keyframe setting) of the uneven budget: len(start) conditional keyframes, the unconditional
-    branch leaving one of them out, served with cfg_difference=True in call scope (module docstring, step 5)."""
-    def left_out(steps: list[int], drop: int) -> list[int]:
-        return steps[:drop] + steps[drop + 1:]
+def left_out(steps: list[int], drop: int) -> list[int]:
+    """`steps` without its entry at index `drop`: the unconditional keyframes of an uneven budget."""
+    return steps[:drop] + steps[drop + 1:]
 
-    def score(steps: list[int], drop: int) -> float:
-        uncond = left_out(steps, drop)
-        return book.get(_key(order, "call", steps, difference=True, uncond=uncond), lambda: _quality(
-            calib, reference, "call", keyframes=fractions(steps, n), uncond_keyframes=fractions(uncond, n),
-            order=order, cfg_difference=True))
 
-    def best_drop(steps: list[int]) -> tuple[float, int]:  # the first keyframe is never left out (step 0)
+def ascend_left_out(score: Callable[[list[int], int], float], starts: list[list[int]], n: int,
+                    config: KeyframeSearchConfig) -> tuple[float, list[int], int]:
+    """(quality, conditional keyframes, index of the one the unconditional branch leaves out) maximising
+    score(cond steps, left-out index) over n steps: on each start every keyframe but the first (step 0, where both
+    branches compute) is tried as the left-out one and the best start kept; then passes of `_ascend` (the left-out
+    keyframe moving with its index) alternate with choosing the left-out one again, at most `config.rounds` times,
+    while the quality rises by more than `config.min_gain`. Ties go to the later keyframe and the earlier start."""
+    def best_drop(steps: list[int]) -> tuple[float, int]:
         return max((score(steps, d), d) for d in range(1, len(steps)))
 
-    starts = [list(start)] + [u for u in _uniform_starts(len(start), n) if u != list(start)]
     (quality, drop), steps = max(((best_drop(s), s) for s in starts), key=lambda item: item[0])
     for _ in range(config.rounds):
         moved_quality, steps = _ascend(lambda s: score(s, drop), quality, steps, n, config, 1)
@@ -320,6 +318,21 @@ def _uneven_budget(calib: Calibration, reference: torch.Tensor, book: ScoreBook,
             quality, drop, improved = again, other, True
         if not improved:
             break
+    return quality, steps, drop
+
+
+def _uneven_budget(calib: Calibration, reference: torch.Tensor, book: ScoreBook, l2p: L2PScores | None,
+                   start: list[int], order: int, n: int, config: KeyframeSearchConfig) -> tuple[dict, dict]:
+    """(found entry, keyframe setting) of the uneven budget: len(start) conditional keyframes, the unconditional
+    branch leaving one of them out, served with cfg_difference=True in call scope (module docstring, step 5)."""
+    def score(steps: list[int], drop: int) -> float:
+        uncond = left_out(steps, drop)
+        return book.get(_key(order, "call", steps, difference=True, uncond=uncond), lambda: _quality(
+            calib, reference, "call", keyframes=fractions(steps, n), uncond_keyframes=fractions(uncond, n),
+            order=order, cfg_difference=True))
+
+    starts = [list(start)] + [u for u in _uniform_starts(len(start), n) if u != list(start)]
+    quality, steps, drop = ascend_left_out(score, starts, n, config)
     uncond = left_out(steps, drop)
     setting = {"keyframes": fractions(steps, n), "uncond_keyframes": fractions(uncond, n), "order": order,
                "cfg_difference": True}
