@@ -362,15 +362,22 @@ def _fractions(steps: list[int], num_steps: int) -> tuple[float, ...]:
 
 def search_keyframes(bench, scenario: Scenario, cond: int, uncond: int, order: int, log, measure=None,
                      also: tuple[list[int], list[int]] | None = None, served: str = "Taylor") -> dict:
-    """Keyframes for `cond` (+ `uncond`) computed calls maximising the tuning batch's PSNR: start from uniform
-    spacings ending at 80 / 90 / 100 % of the generation (uncond: each start's cond keyframes minus one) and `also`
-    (cond, uncond step indices), then move one keyframe at a time by -2..+2 steps while the PSNR rises by > 0.03 dB.
+    """Keyframes for `cond` (+ `uncond`) computed calls maximising the tuning batch's PSNR, by the keyframe search's
+    own starts and ascent (dcache.schedules.tuning.search.keyframe_search, default rounds and min_gain): uniform
+    spacings ending at 80 / 90 / 100 % of the generation and `also` (cond, uncond step indices), then one keyframe
+    at a time moved by -2..+2 steps while the PSNR rises by > 0.03 dB. With an uncond branch of its own keyframes
+    (an uneven budget), each start's uncond keyframes are its cond ones minus one (every choice tried) or a uniform
+    spacing, and each pass moves the cond keyframes, then the uncond ones.
     measure(setting) -> tuning PSNR of a keyframe setting (default: the Taylor series of `order`, call scope);
     `served` names what it serves in the log."""
+    from dcache.schedules.tuning.search.keyframe_search import (KeyframeSearchConfig, ascend, best_placement,
+                                                                left_out, uniform)
+
     n = scenario.steps
     tied = scenario.branches == 1 or uncond == cond
     seen: dict[tuple, float] = {}
     measure = measure or (lambda setting: _tuning_psnr(bench, **setting))
+    config = KeyframeSearchConfig()
 
     def score(sc: list[int], su: list[int]) -> float:
         key = (tuple(sc), tuple(su))
@@ -381,37 +388,28 @@ def search_keyframes(bench, scenario: Scenario, cond: int, uncond: int, order: i
             seen[key] = measure(setting)
         return seen[key]
 
-    def uniform(k: int, end: int) -> list[int]:
-        return sorted({round(i * end / (k - 1)) for i in range(k)}) if k > 1 else [0]
-
-    best = None
-    for end in (0.8, 0.9, 1.0):
-        sc = uniform(cond, round(end * (n - 1)))
-        starts = [sc] if tied else [sc[:i] + sc[i + 1:] for i in range(1, len(sc))] if uncond == cond - 1 else \
-            [uniform(uncond, round(end * (n - 1)))]
-        for su in starts:
-            p = score(sc, su)
-            if best is None or p > best[0]:
-                best = (p, sc, su)
-    if also is not None and score(*also) > best[0]:
-        best = (score(*also), *also)
-    p, sc, su = best
-    for _ in range(6):
-        improved = False
-        for which in ("c",) if tied else ("c", "u"):
-            for i in range(1, len(sc if which == "c" else su)):
-                for d in (-2, -1, 1, 2):
-                    moved = list(sc if which == "c" else su)
-                    moved[i] += d
-                    after = moved[i + 1] if i + 1 < len(moved) else n
-                    if not moved[i - 1] < moved[i] < after:
-                        continue
-                    nc, nu = (moved, moved if tied else su) if which == "c" else (sc, moved)
-                    q = score(nc, nu)
-                    if q > p + 0.03:
-                        p, sc, su, improved = q, nc, nu, True
-        if not improved:
-            break
+    if tied:
+        p, sc = best_placement(lambda s: score(s, s), cond, n, config, also=None if also is None else list(also[0]))
+        su = sc
+    else:
+        best = None
+        for end in (0.8, 0.9, 1.0):
+            sc = uniform(cond, round(end * (n - 1)))
+            starts = [left_out(sc, i) for i in range(1, len(sc))] if uncond == cond - 1 else \
+                [uniform(uncond, round(end * (n - 1)))]
+            for su in starts:
+                p = score(sc, su)
+                if best is None or p > best[0]:
+                    best = (p, sc, su)
+        if also is not None and score(*also) > best[0]:
+            best = (score(*also), *also)
+        p, sc, su = best
+        for _ in range(config.rounds):
+            q, sc = ascend(lambda s: score(s, su), p, sc, n, config, 1)
+            q, su = ascend(lambda s: score(sc, s), q, su, n, config, 1)
+            improved, p = q > p, q
+            if not improved:
+                break
     log(f"    keyframes {cond}+{uncond if not tied or scenario.branches == 2 else 0} order {order}: cond {sc} uncond "
         f"{su} -> tuning PSNR {p:.2f} ({served}, {len(seen)} settings)")
     return dict(keyframes=_fractions(sc, n), uncond_keyframes=None if tied else _fractions(su, n), order=order,

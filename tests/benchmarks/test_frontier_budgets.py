@@ -86,3 +86,40 @@ def test_merged_runs_keep_each_scenario_with_the_run_that_measured_it(frontier):
     again = frontier.merge_runs(run("ccccccc", ["cfg1.5"]), merged)  # a scenario keeps the run that measured it
     assert {sc["name"]: sc.get("measured", {}).get("git_commit") for sc in again["scenarios"]} == {
         "cfg1.5": None, "cfg3": "bbbbbbb", "nocfg": "aaaaaaa"}
+
+
+def test_the_keyframe_searches_reach_the_optimum_of_an_analytic_score(frontier):
+    """search_keyframes (even and uneven budgets) and search_cfg_difference run the library's starts and ascent
+    (keyframe_search.best_placement / ascend / ascend_left_out) on the tuning score: on a separable score with one
+    optimum they land on it, and the returned fractions are the step indices over N - 1."""
+    scenario = frontier.Scenario("toy", 20, 3.0, (0.2,))
+    cond_t, uncond_t = [0, 3, 9, 14, 18], [0, 5, 12, 17]
+
+    def steps(fractions):
+        return [round(f * 19) for f in fractions]
+
+    def measure(setting):
+        sc = steps(setting["keyframes"])
+        su = steps(setting.get("uncond_keyframes") or setting["keyframes"])
+        cost = sum((s - t) ** 2 for s, t in zip(sc, cond_t))
+        return -cost - (sum((s - t) ** 2 for s, t in zip(su, uncond_t)) if len(su) == len(uncond_t) else 0)
+
+    even = frontier.search_keyframes(None, scenario, 5, 5, 2, lambda _: None, measure=measure)
+    assert steps(even["keyframes"]) == cond_t and even["uncond_keyframes"] is None and even["tune_psnr"] == 0
+    uneven = frontier.search_keyframes(None, scenario, 5, 4, 2, lambda _: None, measure=measure)
+    assert (steps(uneven["keyframes"]), steps(uneven["uncond_keyframes"])) == (cond_t, uncond_t)
+    assert uneven["tune_psnr"] == 0
+
+
+def test_the_cfg_difference_search_picks_the_left_out_keyframe(frontier, monkeypatch):
+    scenario = frontier.Scenario("toy", 20, 3.0, (0.2,))
+    target, drop = [0, 4, 9, 15, 19], 3  # the uncond branch leaves out step 15
+
+    def tuning_psnr(bench, keyframes, uncond_keyframes, order, cfg_difference):
+        sc, su = ([round(f * 19) for f in k] for k in (keyframes, uncond_keyframes))
+        return -sum((s - t) ** 2 for s, t in zip(sc, target)) - (0 if su == target[:drop] + target[drop + 1:] else 1)
+
+    monkeypatch.setattr(frontier, "_tuning_psnr", tuning_psnr)
+    found = frontier.search_cfg_difference(None, scenario, (0.0, 0.25, 0.5, 0.75, 1.0), 2, lambda _: None)
+    assert [round(f * 19) for f in found["keyframes"]] == target and found["cfg_difference"] is True
+    assert [round(f * 19) for f in found["uncond_keyframes"]] == [0, 4, 9, 19]

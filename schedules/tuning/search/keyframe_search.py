@@ -219,7 +219,7 @@ def keyframe_search(calib: Calibration, out_dir: str | os.PathLike,
     with tqdm(total=len(config.budgets) * (2 if config.uneven_cfg else 1), desc="keyframe budgets", leave=False,
               disable=not (progress and is_main_process())) as bar:
         for k in config.budgets:
-            quality, steps = _best_placement(lambda s: score(2, search_scope, s), k, n, config)
+            quality, steps = best_placement(lambda s: score(2, search_scope, s), k, n, config)
             order = 1 if score(1, search_scope, steps) > quality else 2
             scope = search_scope
             if config.scope == "auto" and score(order, "blocks", steps) > score(order, "call", steps):
@@ -227,7 +227,7 @@ def keyframe_search(calib: Calibration, out_dir: str | os.PathLike,
             quality, served = score(order, scope, steps), "taylor"
             taylor_quality, taylor_steps, forecaster = quality, steps, None
             if l2p is not None:
-                fitted, placed = _best_placement(lambda s: l2p.best(order, scope, s)[0], k, n, config, also=steps)
+                fitted, placed = best_placement(lambda s: l2p.best(order, scope, s)[0], k, n, config, also=steps)
                 if fitted > quality + config.min_gain:
                     quality, served, steps, forecaster = fitted, "l2p", placed, l2p.table(order, scope, placed)
             difference = False
@@ -255,8 +255,8 @@ def keyframe_search(calib: Calibration, out_dir: str | os.PathLike,
                                                          "found": found})
 
 
-def _best_placement(score: Callable[[list[int]], float], k: int, n: int, config: KeyframeSearchConfig,
-                    also: list[int] | None = None) -> tuple[float, list[int]]:
+def best_placement(score: Callable[[list[int]], float], k: int, n: int, config: KeyframeSearchConfig,
+                   also: list[int] | None = None) -> tuple[float, list[int]]:
     """(quality, step indices) of the best placement of k keyframes found by uniform starts (and `also`) +
     coordinate ascent from the best start."""
     best: tuple[float, list[int]] | None = None
@@ -265,7 +265,7 @@ def _best_placement(score: Callable[[list[int]], float], k: int, n: int, config:
         q = score(steps)
         if best is None or q > best[0]:
             best = (q, steps)
-    return _ascend(score, *best, n, config, config.rounds)
+    return ascend(score, *best, n, config, config.rounds)
 
 
 def _uniform_starts(k: int, n: int) -> list[list[int]]:
@@ -273,8 +273,8 @@ def _uniform_starts(k: int, n: int) -> list[list[int]]:
     return [uniform(k, max(round(end * (n - 1)), k - 1)) for end in (0.8, 0.9, 1.0)]
 
 
-def _ascend(score: Callable[[list[int]], float], quality: float, steps: list[int], n: int,
-            config: KeyframeSearchConfig, rounds: int) -> tuple[float, list[int]]:
+def ascend(score: Callable[[list[int]], float], quality: float, steps: list[int], n: int,
+           config: KeyframeSearchConfig, rounds: int) -> tuple[float, list[int]]:
     """Coordinate ascent: up to `rounds` passes moving one keyframe (not the first) by -2..+2 steps, a move taken
     where the quality rises by more than min_gain."""
     for _ in range(rounds):
@@ -303,7 +303,7 @@ def ascend_left_out(score: Callable[[list[int], int], float], starts: list[list[
                     config: KeyframeSearchConfig) -> tuple[float, list[int], int]:
     """(quality, conditional keyframes, index of the one the unconditional branch leaves out) maximising
     score(cond steps, left-out index) over n steps: on each start every keyframe but the first (step 0, where both
-    branches compute) is tried as the left-out one and the best start kept; then passes of `_ascend` (the left-out
+    branches compute) is tried as the left-out one and the best start kept; then passes of `ascend` (the left-out
     keyframe moving with its index) alternate with choosing the left-out one again, at most `config.rounds` times,
     while the quality rises by more than `config.min_gain`. Ties go to the later keyframe and the earlier start."""
     def best_drop(steps: list[int]) -> tuple[float, int]:
@@ -311,7 +311,7 @@ def ascend_left_out(score: Callable[[list[int], int], float], starts: list[list[
 
     (quality, drop), steps = max(((best_drop(s), s) for s in starts), key=lambda item: item[0])
     for _ in range(config.rounds):
-        moved_quality, steps = _ascend(lambda s: score(s, drop), quality, steps, n, config, 1)
+        moved_quality, steps = ascend(lambda s: score(s, drop), quality, steps, n, config, 1)
         improved, quality = moved_quality > quality, moved_quality
         again, other = best_drop(steps)
         if again > quality + config.min_gain:
