@@ -78,7 +78,7 @@ class KeyframeConfig(MethodConfig):
     plan does not). At a higher guidance scale the uneven presets lose most (keyframe-5x: 44.4 -> 35.0 dB at CFG 3);
     add `cfg_difference=True` (39.3 dB there), search the keyframes at that scale (`dcache search --method
     keyframe --guidance 3`), or give both branches the same keyframes for one call more: at CFG 3 the searched
-    4 + 4 keyframes (ratio 0.143) hold 34.1 dB (35.0 with L2P) where 4 + 3 (0.125) gives 28.2 (32.1 with the
+    4 + 4 keyframes (ratio 0.143) hold 34.3 dB (35.0 with L2P) where 4 + 3 (0.125) gives 28.2 (32.1 with the
     difference, 32.4 with L2P's), since equal keyframes keep the two branches' forecast errors cancelling.
 
     The presets are model-specific: they were searched on the bundled tiny-digits model (28 steps, CFG 1.5) and do
