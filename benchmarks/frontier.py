@@ -356,22 +356,18 @@ def contenders(scenario: Scenario, plans: dict[str, dict], quick: bool, cache_di
 # Keyframe search (coordinate descent on the tuning batch)
 # ------------------------------------------------------------------------------------------------------------------
 
-def _fractions(steps: list[int], num_steps: int) -> tuple[float, ...]:
-    return tuple(round(s / (num_steps - 1), 4) for s in steps)
-
-
 def search_keyframes(bench, scenario: Scenario, cond: int, uncond: int, order: int, log, measure=None,
                      also: tuple[list[int], list[int]] | None = None, served: str = "Taylor") -> dict:
     """Keyframes for `cond` (+ `uncond`) computed calls maximising the tuning batch's PSNR, by the keyframe search's
     own starts and ascent (dcache.schedules.tuning.search.keyframe_search, default rounds and min_gain): uniform
     spacings ending at 80 / 90 / 100 % of the generation and `also` (cond, uncond step indices), then one keyframe
-    at a time moved by -2..+2 steps while the PSNR rises by > 0.03 dB. With an uncond branch of its own keyframes
-    (an uneven budget), each start's uncond keyframes are its cond ones minus one (every choice tried) or a uniform
-    spacing, and each pass moves the cond keyframes, then the uncond ones.
+    at a time moved by -2..+2 steps while the PSNR rises by > 0.03 dB. With an uncond branch one keyframe short (an
+    uneven budget), each start's uncond keyframes are its cond ones minus one (every choice tried), and each pass
+    moves the cond keyframes, then the uncond ones.
     measure(setting) -> tuning PSNR of a keyframe setting (default: the Taylor series of `order`, call scope);
     `served` names what it serves in the log."""
     from dcache.schedules.tuning.search.keyframe_search import (KeyframeSearchConfig, ascend, best_placement,
-                                                                left_out, uniform)
+                                                                fractions, left_out, uniform_starts)
 
     n = scenario.steps
     tied = scenario.branches == 1 or uncond == cond
@@ -382,9 +378,9 @@ def search_keyframes(bench, scenario: Scenario, cond: int, uncond: int, order: i
     def score(sc: list[int], su: list[int]) -> float:
         key = (tuple(sc), tuple(su))
         if key not in seen:
-            setting = dict(keyframes=_fractions(sc, n), order=order)
+            setting = dict(keyframes=fractions(sc, n), order=order)
             if not tied:
-                setting["uncond_keyframes"] = _fractions(su, n)
+                setting["uncond_keyframes"] = fractions(su, n)
             seen[key] = measure(setting)
         return seen[key]
 
@@ -392,12 +388,12 @@ def search_keyframes(bench, scenario: Scenario, cond: int, uncond: int, order: i
         p, sc = best_placement(lambda s: score(s, s), cond, n, config, also=None if also is None else list(also[0]))
         su = sc
     else:
+        if uncond != cond - 1:
+            raise ValueError(f"search_keyframes: an uneven budget leaves out exactly one uncond keyframe "
+                             f"({cond}+{cond - 1}), not {cond}+{uncond}; fix the scenario's budgets or the plan")
         best = None
-        for end in (0.8, 0.9, 1.0):
-            sc = uniform(cond, round(end * (n - 1)))
-            starts = [left_out(sc, i) for i in range(1, len(sc))] if uncond == cond - 1 else \
-                [uniform(uncond, round(end * (n - 1)))]
-            for su in starts:
+        for sc in uniform_starts(cond, n):
+            for su in (left_out(sc, i) for i in range(1, len(sc))):
                 p = score(sc, su)
                 if best is None or p > best[0]:
                     best = (p, sc, su)
@@ -412,7 +408,7 @@ def search_keyframes(bench, scenario: Scenario, cond: int, uncond: int, order: i
                 break
     log(f"    keyframes {cond}+{uncond if not tied or scenario.branches == 2 else 0} order {order}: cond {sc} uncond "
         f"{su} -> tuning PSNR {p:.2f} ({served}, {len(seen)} settings)")
-    return dict(keyframes=_fractions(sc, n), uncond_keyframes=None if tied else _fractions(su, n), order=order,
+    return dict(keyframes=fractions(sc, n), uncond_keyframes=None if tied else fractions(su, n), order=order,
                 tune_psnr=p)
 
 
@@ -449,6 +445,7 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log,
     place the keyframes for different servings, and the difference's placement suits the difference's table.
     The plan's order stays (the ridge's prior and the fallback)."""
     from dcache.schedules.tuning.l2p_fit import AUTO_RIDGES, delta_grams, l2p_statistics, solve_l2p
+    from dcache.schedules.tuning.search.keyframe_search import fractions
 
     n = scenario.steps
     runs = [lambda seed=seed: bench.run(bench.pipe, bench.tune_labels, seed, bench.mode) for seed in L2P_FIT_SEEDS]
@@ -496,8 +493,8 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log,
                 f"{on_diff:.2f} dB at ridge {fitted[key(diff_placed), True][1]:g} (best so far {psnr:.2f})")
             if on_diff > psnr + 0.03:
                 (psnr, ridge, table), placed = fitted[key(diff_placed), True], {**diff_placed, "cfg_difference": True}
-        on_plan = dict(keyframes=_fractions(sc, n), order=order,
-                       **({} if len(su) == len(sc) else {"uncond_keyframes": _fractions(su, n)}))
+        on_plan = dict(keyframes=fractions(sc, n), order=order,
+                       **({} if len(su) == len(sc) else {"uncond_keyframes": fractions(su, n)}))
         log(f"    l2p {name}: ridge {ridge:g}, keyframes {placed['keyframes']} (tuning PSNR {psnr:.2f}; "
             f"{best_ridge(on_plan):.2f} on the Taylor placement)")
         out[name] = {**placed, "forecaster": table}
@@ -515,7 +512,8 @@ def search_cfg_difference(bench, scenario: Scenario, start: tuple[float, ...], o
     """Cond keyframes and the one the uncond branch leaves out, with cfg_difference: from `start` (the searched
     cond keyframes of the budget) alone, the keyframe search's left-out ascent (dcache.schedules.tuning.search.
     keyframe_search.ascend_left_out, at its default rounds and min_gain) scored on the tuning batch."""
-    from dcache.schedules.tuning.search.keyframe_search import KeyframeSearchConfig, ascend_left_out, left_out
+    from dcache.schedules.tuning.search.keyframe_search import (KeyframeSearchConfig, ascend_left_out, fractions,
+                                                                left_out)
 
     n = scenario.steps
     seen: dict[tuple, float] = {}
@@ -523,15 +521,15 @@ def search_cfg_difference(bench, scenario: Scenario, start: tuple[float, ...], o
     def score(sc: list[int], drop: int) -> float:
         key = (tuple(sc), drop)
         if key not in seen:
-            seen[key] = _tuning_psnr(bench, keyframes=_fractions(sc, n), order=order, cfg_difference=True,
-                                     uncond_keyframes=_fractions(left_out(sc, drop), n))
+            seen[key] = _tuning_psnr(bench, keyframes=fractions(sc, n), order=order, cfg_difference=True,
+                                     uncond_keyframes=fractions(left_out(sc, drop), n))
         return seen[key]
 
     p, sc, drop = ascend_left_out(score, [sorted({int(round(f * (n - 1))) for f in start})], n, KeyframeSearchConfig())
     us = left_out(sc, drop)
     log(f"    cfg-diff keyframes {len(sc)}+{len(us)} order {order}: cond {sc} uncond {us} -> tuning PSNR {p:.2f} "
         f"({len(seen)} settings)")
-    return dict(keyframes=_fractions(sc, n), uncond_keyframes=_fractions(us, n), order=order, cfg_difference=True)
+    return dict(keyframes=fractions(sc, n), uncond_keyframes=fractions(us, n), order=order, cfg_difference=True)
 
 
 def cfg_difference_plans(bench, scenario: Scenario, plans: dict[str, dict], search: bool, log) -> dict[str, dict]:

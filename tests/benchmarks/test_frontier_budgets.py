@@ -109,6 +109,8 @@ def test_the_keyframe_searches_reach_the_optimum_of_an_analytic_score(frontier):
     uneven = frontier.search_keyframes(None, scenario, 5, 4, 2, lambda _: None, measure=measure)
     assert (steps(uneven["keyframes"]), steps(uneven["uncond_keyframes"])) == (cond_t, uncond_t)
     assert uneven["tune_psnr"] == 0
+    with pytest.raises(ValueError, match="leaves out exactly one uncond keyframe"):
+        frontier.search_keyframes(None, scenario, 5, 3, 2, lambda _: None, measure=measure)
 
 
 def test_the_cfg_difference_search_picks_the_left_out_keyframe(frontier, monkeypatch):

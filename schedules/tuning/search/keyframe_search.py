@@ -260,7 +260,7 @@ def best_placement(score: Callable[[list[int]], float], k: int, n: int, config: 
     """(quality, step indices) of the best placement of k keyframes found by uniform starts (and `also`) +
     coordinate ascent from the best start."""
     best: tuple[float, list[int]] | None = None
-    starts = _uniform_starts(k, n)
+    starts = uniform_starts(k, n)
     for steps in starts + ([also] if also is not None and also not in starts else []):
         q = score(steps)
         if best is None or q > best[0]:
@@ -268,7 +268,7 @@ def best_placement(score: Callable[[list[int]], float], k: int, n: int, config: 
     return ascend(score, *best, n, config, config.rounds)
 
 
-def _uniform_starts(k: int, n: int) -> list[list[int]]:
+def uniform_starts(k: int, n: int) -> list[list[int]]:
     """k keyframes spread evenly up to 80, 90 and 100 % of n steps: where each placement search starts."""
     return [uniform(k, max(round(end * (n - 1)), k - 1)) for end in (0.8, 0.9, 1.0)]
 
@@ -331,7 +331,7 @@ def _uneven_budget(calib: Calibration, reference: torch.Tensor, book: ScoreBook,
             calib, reference, "call", keyframes=fractions(steps, n), uncond_keyframes=fractions(uncond, n),
             order=order, cfg_difference=True))
 
-    starts = [list(start)] + [u for u in _uniform_starts(len(start), n) if u != list(start)]
+    starts = [list(start)] + [u for u in uniform_starts(len(start), n) if u != list(start)]
     quality, steps, drop = ascend_left_out(score, starts, n, config)
     uncond = left_out(steps, drop)
     setting = {"keyframes": fractions(steps, n), "uncond_keyframes": fractions(uncond, n), "order": order,
