@@ -346,11 +346,12 @@ class CodedHistory(UnitHistory):
         view = UnitHistory(self.order)
         view.key, view.filled, view.last_step = self.key, self.filled, self.last_step
         view.depth, view.samples = self.depth, self.samples
+        view.fitted = self.fitted  # a forecaster's fits outlive the per-call view (they belong to the samples)
         view.tables = [self.codec.decode(s) for s in self._on_device()] if self.tables is not None else None
         return view
 
     @property
     def nbytes(self) -> int:
-        kept = self.samples_bound()
+        kept = self.samples_bound() + self.fitted_bytes()
         return kept + sum(s.nbytes for s in self.tables or [])
 

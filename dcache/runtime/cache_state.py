@@ -49,6 +49,18 @@ class UnitHistory:
         self.depth = depth  # computed values kept as they are, for a forecaster that reads them (see above)
         self.samples: list[tuple[int, list[torch.Tensor]]] = []
 
+    @property
+    def samples(self) -> list[tuple[int, list[torch.Tensor]]]:
+        """The last `depth` computed values [(step, [tensor per stream]), ...], oldest first."""
+        return self._samples
+
+    @samples.setter
+    def samples(self, value: list[tuple[int, list[torch.Tensor]]]) -> None:
+        # What a forecaster derived from the kept values alone (dcache.schedules.forecasters.base: fit) holds until
+        # they change; every change assigns a new list, so stale fits are dropped here and nowhere else.
+        self._samples = value
+        self.fitted: dict[Any, Any] = {}
+
     def keep_sample(self, tensors: list[torch.Tensor], step: int) -> None:
         """Remember the computed values of `step` (copies: an order-0 table's buffers are rewritten in place)."""
         if self.depth == 0:
@@ -113,9 +125,14 @@ class UnitHistory:
         decodes)."""
         return self
 
+    def fitted_bytes(self) -> int:
+        """Bytes of the tensors a forecaster keeps in `fitted` (e.g. HyCa's per-element choice)."""
+        return sum(t.numel() * t.element_size() for fit in self.fitted.values()
+                   for t in (fit if isinstance(fit, (tuple, list)) else (fit,)) if isinstance(t, torch.Tensor))
+
     @property
     def nbytes(self) -> int:
-        kept = self.samples_bound()
+        kept = self.samples_bound() + self.fitted_bytes()
         return kept + sum(t.numel() * t.element_size() for t in self.tables or [])
 
 

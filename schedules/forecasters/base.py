@@ -11,6 +11,9 @@ hist.samples)
 
 and returns F(step) for a step after s_K. While fewer than `min_samples` values were computed (the first steps of a
 generation) the engine's Taylor table of the schedule's order serves the forecast instead (reuse at order 0).
+A forecaster whose work splits into a part that reads the kept values only (`fit`: HyCa's backtests, DMD's Gram
+matrices and modes) and a part per forecast step (`extrapolate_fitted`) does the first once per computed value: the
+unit's history keeps the fit (`hist.fitted`) until its next computed value, so the forecasts in between share it.
 A sample's forecast never reads another sample of the batch: the linear forecasters weigh whole tensors by scalars,
 the data-dependent ones (HyCa, DMD) decide per element or per sample.
 """
@@ -87,12 +90,40 @@ class HistoryForecaster(Forecaster):
         if len(samples) < self.min_samples:
             return hist.forecast(step)  # the engine's Taylor table (reuse at order 0) until the history is long enough
         steps = [float(s) for s, _ in samples]
-        return [self.extrapolate(steps, [values[i] for _, values in samples], float(step))
-                for i in range(len(samples[-1][1]))]
+        out = []
+        for i in range(len(samples[-1][1])):
+            values = [vals[i] for _, vals in samples]
+            out.append(self.extrapolate_fitted(self._fit(hist, i, steps, values), steps, values, float(step)))
+        return out
+
+    def _fit(self, hist, stream: int, steps: list[float], values: list[torch.Tensor]):
+        """fit(steps, values) of one stream, computed once per set of kept values: the unit's history keeps it in
+        `hist.fitted` until a new value is computed (dcache.runtime.cache_state.UnitHistory.samples), so the forecasts
+        between two computed steps share it."""
+        if type(self).fit is HistoryForecaster.fit:
+            return None
+        fitted = getattr(hist, "fitted", None)
+        if fitted is None:  # a history without the slot (a hand-made one): fit every time
+            return self.fit(steps, values)
+        key = (self, stream)
+        if key not in fitted:
+            fitted[key] = self.fit(steps, values)
+        return fitted[key]
+
+    def fit(self, steps: list[float], values: list[torch.Tensor]):
+        """The part of a forecast that depends on the kept values only, not on the step forecast (None: nothing)."""
+        return None
 
     def extrapolate(self, steps: list[float], values: list[torch.Tensor], target: float) -> torch.Tensor:
         """F(target) from F(steps[k]) = values[k] (steps increasing, target > steps[-1])."""
-        raise NotImplementedError
+        return self.extrapolate_fitted(self.fit(steps, values), steps, values, target)
+
+    def extrapolate_fitted(self, fit, steps: list[float], values: list[torch.Tensor], target: float) -> torch.Tensor:
+        """extrapolate, given `fit` = fit(steps, values). A subclass overrides this one where it has a fit, else
+        `extrapolate`."""
+        if type(self).extrapolate is HistoryForecaster.extrapolate:
+            raise NotImplementedError(f"{type(self).__name__} defines neither extrapolate nor extrapolate_fitted")
+        return self.extrapolate(steps, values, target)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.settings().items())})"

@@ -22,7 +22,8 @@ their mean, an approximation.
 
 When it helps: features that relax exponentially towards a level or oscillate (late denoising steps), at fixed
 cadences; less with uneven keyframes.
-Memory: `window` tensors per cached unit and branch; cost per forecast: 3 Gram matrices (K-1 reductions over D).
+Memory: `window` tensors per cached unit and branch. Cost: 3 Gram matrices (K - 1 reductions over D) once per computed
+value, then one pass X c per forecast.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ class DMDForecaster(HistoryForecaster):
         "rtol": Knob(1e-6, 0.0, 1.0, "singular values below rtol * the largest are dropped (conditioning)"),
     }
 
-    def extrapolate(self, steps: list[float], values: list[torch.Tensor], target: float) -> torch.Tensor:
+    def fit(self, steps: list[float], values: list[torch.Tensor]) -> list[tuple | None]:
+        """Per sample, what does not depend on the forecast step: (V, S^-1, A~, S^-1 V^T X^T F_K) of the kept modes,
+        or None where no singular value passes rtol. Computed once per computed value (the Gram matrices are the
+        K - 1 reductions over D; each forecast after it is one pass X c)."""
         last = values[-1]
         batch = last.shape[0] if last.ndim > 1 else 1
         snaps = torch.stack([v.reshape(batch, -1) for v in values], dim=1).double()  # [B, K, D]
@@ -51,43 +55,86 @@ class DMDForecaster(HistoryForecaster):
         gxx = x @ x.transpose(1, 2)                                                    # X^T X  [B, K-1, K-1]
         gxy = x @ y.transpose(1, 2)                                                    # X^T Y
         gxf = x @ snaps[:, -1].unsqueeze(2)                                            # X^T F_K [B, K-1, 1]
+        # the [K-1, K-1] algebra runs on the host: tiny matrices, one copy per computed value (on CUDA), no device
+        # kernel per mode
+        gxx, gxy, gxf = gxx.cpu(), gxy.cpu(), gxf.cpu()
+        return [self._modes(gxx[b], gxy[b], gxf[b]) for b in range(batch)]
+
+    def extrapolate_fitted(self, fit: list[tuple | None], steps: list[float], values: list[torch.Tensor],
+                           target: float) -> torch.Tensor:
+        last = values[-1]
+        batch = len(fit)
+        x = torch.stack([v.reshape(batch, -1) for v in values[:-1]], dim=1).double()  # X [B, K-1, D]
         h = (steps[-1] - steps[0]) / (len(steps) - 1)
         n = (target - steps[-1]) / h
-        coef = torch.stack([self._coefficients(gxx[b], gxy[b], gxf[b], n) for b in range(batch)])  # [B, K-1, 1]
+        coef = torch.stack([self._coefficients(modes, n, len(values) - 1) for modes in fit]).to(x.device)  # [B,K-1,1]
         step_out = (coef.transpose(1, 2) @ x).reshape(last.shape)                     # X c
         return (last.double() + step_out).to(last.dtype)
 
-    def _coefficients(self, gxx: torch.Tensor, gxy: torch.Tensor, gxf: torch.Tensor, n: float) -> torch.Tensor:
-        """c = V S^-1 (A~^n - I) S^-1 V^T X^T F_K for one sample ([K-1, 1])."""
+    def _modes(self, gxx: torch.Tensor, gxy: torch.Tensor, gxf: torch.Tensor) -> tuple | None:
+        """(V, S^-1, A~ -> A~^n, S^-1 V^T X^T F_K) of the kept modes of one sample, None where none is kept."""
         evals, v = torch.linalg.eigh(gxx)                   # X^T X = V S^2 V^T, ascending
         sing = evals.clamp_min(0.0).sqrt()
         keep = sing > max(self.rtol * float(sing.max()), 1e-300)
         if self.rank:
             keep &= torch.arange(len(sing)) >= len(sing) - self.rank  # the largest `rank`
         if not bool(keep.any()):
-            return torch.zeros_like(gxf)
+            return None
         v, s_inv = v[:, keep], 1.0 / sing[keep]
         a = s_inv[:, None] * (v.T @ gxy @ v) * s_inv[None, :]  # A~ [r, r]
-        eye = torch.eye(len(s_inv), dtype=a.dtype)
-        return v @ (s_inv[:, None] * ((matrix_power(a, n) - eye) @ (s_inv[:, None] * (v.T @ gxf))))
+        return v, s_inv, FractionalPower(a), s_inv[:, None] * (v.T @ gxf)
+
+    @staticmethod
+    def _coefficients(modes: tuple | None, n: float, pairs: int) -> torch.Tensor:
+        """c = V S^-1 (A~^n - I) S^-1 V^T X^T F_K for one sample ([K-1, 1]; zeros without a kept mode)."""
+        if modes is None:
+            return torch.zeros(pairs, 1, dtype=torch.float64)
+        v, s_inv, power, projected = modes
+        return v @ (s_inv[:, None] * ((power(n) - power.eye) @ projected))
 
 
-def matrix_power(a: torch.Tensor, n: float, terms: int = 64) -> torch.Tensor:
-    """A^n for a real n >= 0. Integer n: repeated products. Otherwise, where every eigenvalue of A - I lies inside the
-    unit circle, the binomial series A^n = sum_k C(n, k) (A - I)^k (finite, so exact, for a polynomial trend, whose
-    A - I is nilpotent; an eigendecomposition would fail on that defective A); elsewhere V diag(lambda^n) V^-1."""
-    if float(n).is_integer():
-        return torch.linalg.matrix_power(a, int(n))
-    eye = torch.eye(a.shape[0], dtype=a.dtype)
-    d = a - eye
-    if float(torch.linalg.eigvals(d).abs().max()) < 1.0:
-        out, term, coef = eye.clone(), eye.clone(), 1.0
-        for k in range(1, terms + 1):
+class FractionalPower:
+    """A -> A^n for real n >= 0, with everything that does not depend on n done once (a DMD fit serves every
+    forecast step until the next computed value). Integer n: repeated products. Otherwise, where every eigenvalue of
+    A - I lies inside the unit circle, the binomial series A^n = sum_k C(n, k) (A - I)^k (finite, so exact, for a
+    polynomial trend, whose A - I is nilpotent; an eigendecomposition would fail on that defective A), stopped at the
+    first term below 1e-15; elsewhere V diag(lambda^n) V^-1."""
+
+    TERMS = 64
+
+    def __init__(self, a: torch.Tensor):
+        self.a = a
+        self.eye = torch.eye(a.shape[0], dtype=a.dtype, device=a.device)
+        self.series = float(torch.linalg.eigvals(a - self.eye).abs().max()) < 1.0
+        self._powers: list[tuple[torch.Tensor, float]] = []  # (A - I)^k and its largest |entry|, k = 1, 2, ...
+        self._eig: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def __call__(self, n: float) -> torch.Tensor:
+        if float(n).is_integer():
+            return torch.linalg.matrix_power(self.a, int(n))
+        if not self.series:
+            if self._eig is None:
+                lam, w = torch.linalg.eig(self.a)
+                self._eig = lam, w, torch.linalg.inv(w)
+            lam, w, w_inv = self._eig
+            return (w @ torch.diag(lam ** n) @ w_inv).real
+        out, coef = self.eye.clone(), 1.0
+        for k in range(1, self.TERMS + 1):
             coef *= (n - k + 1) / k
-            term = term @ d
+            term, largest = self._power(k)
             out += coef * term
-            if float(term.abs().max()) * abs(coef) < 1e-15:
+            if largest * abs(coef) < 1e-15:
                 break
         return out
-    lam, w = torch.linalg.eig(a)
-    return (w @ torch.diag(lam ** n) @ torch.linalg.inv(w)).real
+
+    def _power(self, k: int) -> tuple[torch.Tensor, float]:
+        while len(self._powers) < k:
+            prev = self._powers[-1][0] if self._powers else self.eye
+            term = prev @ (self.a - self.eye)
+            self._powers.append((term, float(term.abs().max())))
+        return self._powers[k - 1]
+
+
+def matrix_power(a: torch.Tensor, n: float) -> torch.Tensor:
+    """A^n for a real n >= 0 (FractionalPower, for one n)."""
+    return FractionalPower(a)(n)

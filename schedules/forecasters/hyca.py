@@ -18,7 +18,9 @@ order does. Only solvers with a backtest are candidates: with K values, orders u
 
 When it helps: units whose dimensions mix static and drifting behaviour (stack residuals, call-scope Delta); a fixed
 cadence or keyframes with at least 3 computed values before the first long gap.
-Memory: 3 + B tensors per cached unit and branch; cost per forecast about (B + 1) x 3 weighted sums.
+Memory: 3 + B tensors per cached unit and branch, and the choice (one byte per element), kept from the first
+forecast after a computed value to the next computed value. Cost: the backtests, about B x 3 weighted sums, once per
+computed value (the choice depends on the kept values only); each forecast then about 3 weighted sums.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ class HyCaForecaster(HistoryForecaster):
     def needed_depth(self) -> int:
         return self.max_order + 1 + self.backtests  # the highest solver's points + the values it is scored on
 
-    def extrapolate(self, steps: list[float], values: list[torch.Tensor], target: float) -> torch.Tensor:
+    def fit(self, steps: list[float], values: list[torch.Tensor]) -> tuple[list[int], torch.Tensor]:
+        """The candidate orders and the per-element choice among them (uint8, the values' shape): the backtests read
+        the kept values only, so the forecasts until the next computed value share them."""
         orders = [p for p in range(self.max_order + 1) if p + 2 <= len(steps)]  # each needs p + 1 values + 1 to score
         first = max(orders[-1] + 1, len(steps) - self.backtests)  # the same scored values for every solver
         errors = []
@@ -57,7 +61,12 @@ class HyCaForecaster(HistoryForecaster):
                 guess = solver_forecast(p, steps[:j], values[:j], steps[j])
                 err += (guess.float() - values[j].float()).abs()
             errors.append(err)
-        choice = torch.stack(errors).argmin(dim=0)  # per element; argmin keeps the first (lowest order) on ties
+        # per element; argmin keeps the first (lowest order) on ties; at most 4 candidates, so a byte holds the index
+        return orders, torch.stack(errors).argmin(dim=0).to(torch.uint8)
+
+    def extrapolate_fitted(self, fit: tuple[list[int], torch.Tensor], steps: list[float], values: list[torch.Tensor],
+                           target: float) -> torch.Tensor:
+        orders, choice = fit
         out = solver_forecast(orders[0], steps, values, target)
         for i, p in enumerate(orders[1:], start=1):
             out = torch.where(choice == i, solver_forecast(p, steps, values, target), out)

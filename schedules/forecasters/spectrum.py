@@ -20,6 +20,7 @@ Memory: `window` tensors per cached unit and branch.
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import torch
@@ -38,4 +39,12 @@ class SpectrumForecaster(HistoryForecaster):
 
     def extrapolate(self, steps: list[float], values: list[torch.Tensor], target: float) -> torch.Tensor:
         span = (0.0, float(self.num_steps - 1)) if self.num_steps and self.num_steps > 1 else (steps[0], target)
-        return weighted_sum(chebyshev_ridge_weights(steps, target, self.degree, self.ridge, span), values)
+        return weighted_sum(_weights(tuple(steps), target, self.degree, self.ridge, span), values)
+
+
+@functools.lru_cache(maxsize=1024)
+def _weights(steps: tuple[float, ...], target: float, degree: int, ridge: float,
+             span: tuple[float, float]) -> tuple[float, ...]:
+    """chebyshev_ridge_weights, computed once per (steps, target, settings): every unit forecast at a step shares
+    them (scalars; the solve costs more than the weighted sum on small tensors)."""
+    return tuple(chebyshev_ridge_weights(list(steps), target, degree, ridge, span))

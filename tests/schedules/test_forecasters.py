@@ -289,6 +289,53 @@ def test_cache_memory_counts_the_forecaster_window_from_the_first_step():
     assert hist.nbytes == (2 + 4) * one and len(hist.samples) == 4
 
 
+FITTED = ["hyca", "dmd", {"name": "hyca", "max_order": 3, "backtests": 2}, {"name": "dmd", "rank": 1, "window": 5}]
+
+
+@pytest.mark.parametrize("spec", FITTED, ids=lambda s: s if isinstance(s, str) else "-".join(map(str, s.values())))
+def test_a_fit_is_made_once_per_computed_value_and_every_forecast_until_the_next_is_what_a_fresh_one_gives(spec,
+                                                                                                         monkeypatch):
+    # HyCa's backtests and DMD's Gram matrices depend on the kept values only: the forecasts between two computed
+    # steps share one fit per stream (kept in hist.fitted), and a new computed value makes a new one
+    f = build_forecaster(spec)
+    fits = []
+    fit = type(f).fit
+    monkeypatch.setattr(type(f), "fit", lambda self, steps, values: (fits.append(steps) if self is f else None,
+                                                                     fit(self, steps, values))[1])
+    at = _linear_dynamics(batch=2)
+    hist = UnitHistory(1, depth=f.depth)
+
+    def fresh(target):  # a new forecaster on the same values: nothing kept from before
+        steps = [float(s) for s, _ in hist.samples]
+        return [build_forecaster(spec).extrapolate(steps, [v[i] for _, v in hist.samples], float(target))
+                for i in range(2)]
+
+    computed = list(range(f.depth))
+    for s in computed:
+        hist.update([at(float(s)), 2.0 * at(float(s)) + 1.0], s)  # two streams (hidden, encoder)
+    for target in (f.depth, f.depth + 1, f.depth + 3):
+        for got, want in zip(f(hist, target), fresh(target)):
+            assert torch.equal(got, want)
+    assert len(fits) == 2  # one per stream, for three forecast steps
+    hist.update([at(7.0), 2.0 * at(7.0) + 1.0], 7)
+    for target in (8, 9):
+        for got, want in zip(f(hist, target), fresh(target)):
+            assert torch.equal(got, want)
+    assert len(fits) == 4 and fits[-1][-1] == 7.0
+
+
+def test_hycas_per_element_choice_is_counted_in_the_cache_memory():
+    hist = UnitHistory(1, depth=3)
+    x = torch.zeros(3, 5)
+    for s in range(3):
+        hist.update([x + s * s], s)
+    before = hist.nbytes
+    build_forecaster("hyca")(hist, 4)
+    assert hist.nbytes == before + x.numel()  # one byte per element until the next computed value
+    hist.update([x + 9.0], 3)
+    assert hist.nbytes == before
+
+
 def test_a_low_precision_cache_serves_the_forecaster_its_full_precision_window():
     # cache_dtype stores the Taylor table in bfloat16 (dcache.memory.cache_codec.CodedHistory); the forecaster's window
     # stays in the compute dtype and reaches it through hist.plain()
@@ -302,6 +349,11 @@ def test_a_low_precision_cache_serves_the_forecaster_its_full_precision_window()
     f = build_forecaster({"name": "foca", "calibration": 1.0})
     torch.testing.assert_close(f(hist.plain(), 7)[0], trend(7.0), rtol=1e-9, atol=1e-9)
     assert (hist.forecast(7)[0].double() - trend(7.0)).abs().max() > 1e-3  # the bfloat16 table is not exact
+    hyca = build_forecaster("hyca")
+    hyca(hist.plain(), 7)  # each read decodes a new view; the fit made through it stays with the history
+    assert list(hist.fitted) == [(hyca, 0)]
+    hist.update([trend(5.0)], 5)
+    assert hist.fitted == {}
 
 
 # ------------------------------------------------------------------------------------------------ L2P
