@@ -324,6 +324,24 @@ def test_a_fit_is_made_once_per_computed_value_and_every_forecast_until_the_next
     assert len(fits) == 4 and fits[-1][-1] == 7.0
 
 
+def test_hycas_choice_is_the_first_smallest_backtest_error_per_element():
+    # reference: every candidate's backtest error stacked, argmin over the candidates (the first on ties); values on a
+    # coarse grid so that many elements tie (a constant stretch: every solver is exact there)
+    from dcache.schedules.forecasters.hyca import solver_forecast
+
+    g = torch.Generator().manual_seed(3)
+    steps = [0.0, 2.0, 3.0, 5.0, 8.0, 9.0]
+    values = [torch.randint(0, 3, (4, 50), generator=g).float() for _ in steps]
+    values = [torch.where(torch.arange(50) < 10, torch.ones(4, 50), v) for v in values]
+    f = build_forecaster({"name": "hyca", "max_order": 3, "backtests": 2})
+    orders, choice = f.fit(steps, values)
+    errors = [sum((solver_forecast(p, steps[:j], values[:j], steps[j]) - values[j]).abs() for j in (4, 5))
+              for p in orders]
+    assert orders == [0, 1, 2, 3] and choice.dtype == torch.uint8
+    assert torch.equal(choice.long(), torch.stack(errors).argmin(dim=0))
+    assert (choice[:, :10] == 0).all()  # ties: the lowest order
+
+
 def test_hycas_per_element_choice_is_counted_in_the_cache_memory():
     hist = UnitHistory(1, depth=3)
     x = torch.zeros(3, 5)
