@@ -181,11 +181,15 @@ def _taylor_forecast_triton(table, coefs, out):
 
 
 def taylor_forecast_reference(table, dist_ahead, filled, out=None):
-    """Plain torch, fp32 math: one multiply-add pass per term."""
+    """Plain torch, fp32 math: one multiply and one add pass per term, the product rounded before the add (as the
+    kernel's reference has always done), into one scratch buffer: a fresh tensor per term costs as much as the
+    arithmetic on a large table on CPU (page faults)."""
     coefs = taylor_coefficients(dist_ahead, filled)
     acc = table[0].float() * coefs[0]
+    term = torch.empty_like(acc) if filled > 1 else None
     for k in range(1, filled):
-        acc = acc + table[k].float() * coefs[k]
+        torch.mul(table[k].float(), coefs[k], out=term)
+        acc.add_(term)
     if out is None:
         return acc.to(table.dtype)
     return out.copy_(acc)
