@@ -51,6 +51,7 @@ RERUN = {
     "cfg_difference_check": "python benchmarks/cfg_difference.py --out benchmarks/results/cfg_difference_check",
     "adaptive": "python benchmarks/adaptive.py --out benchmarks/results/adaptive",
     "forecasters": "python benchmarks/forecasters.py --seeds 1 --out benchmarks/results",
+    "forecast_cost": "python benchmarks/forecast_cost.py --out benchmarks/results",
     "kernels": "OMP_NUM_THREADS=1 python benchmarks/kernels.py --out benchmarks/results/kernels_cpu.md",
     "kernels-gpu": "python benchmarks/kernels.py --device cuda --dtype bf16 --out benchmarks/results/kernels_cuda.md",
 }
@@ -582,6 +583,18 @@ def forecasters_part() -> str:
         f"{result['per_class']}, {result['machine']}, {result['seconds']} s. Rerun: `{RERUN['forecasters']}`."])
 
 
+def forecast_cost_part() -> str:
+    """benchmarks/forecast_cost.py's table: what one forecast costs, with the fit kept and made again."""
+    path = RESULTS / "forecast_cost.json"
+    if not path.is_file():
+        return f"Not recorded yet: run `{RERUN['forecast_cost']}`, then `python benchmarks/assemble.py`."
+    result = json.loads(path.read_text())
+    check_provenance(result.get("git_commit"), path, RERUN["forecast_cost"])
+    reading = RESULTS / "forecast_cost_reading.md"
+    return "\n\n".join(["### What a forecast costs"] + ([reading.read_text().strip()] if reading.is_file() else [])
+                        + [(RESULTS / "forecast_cost.md").read_text().strip()])
+
+
 def build() -> str:
     methods, search, frontier = _load("methods.json"), _load("search.json"), _load("frontier.json")
     missing = "Not recorded yet: run `{}`, then `python benchmarks/assemble.py`."
@@ -597,7 +610,7 @@ def build() -> str:
                  + (frontier_part(frontier) if frontier else missing.format(RERUN["frontier"]))
                  + "\n\n" + cfg_difference_part() + "\n\n" + guidance_transfer_part()
                  + "\n\n" + model_frontier_part("frontier_motion") + "\n\n" + model_frontier_part("frontier_shapes"))
-    parts.append("## Forecasters beyond Taylor\n\n" + forecasters_part())
+    parts.append("## Forecasters beyond Taylor\n\n" + forecasters_part() + "\n\n" + forecast_cost_part())
     parts.append("## Tuned on one model, measured on another\n\n" + transfer_part())
     parts.append("## CFG difference: checked against its own baseline\n\n"
                  + script_part("cfg_difference_check", "cfg_difference", CFG_CHECK_INTRO))

@@ -9,8 +9,8 @@
 #
 # Steps (limit in seconds): tests (90), wan (200: Wan2.1 1.3B speed, 480p x 81 frames, 10 steps), offload (120:
 # FLUX.1-dev), qwen (150: Qwen-Image speed, 10 steps), cudagraphs (300: FLUX.1-dev compiled whole with fullgraph
-# and mode="reduce-overhead", 14 steps), compile (200: regional compile), memory (90), kernels (60). Override a
-# limit with e.g. LIMIT_wan=240.
+# and mode="reduce-overhead", 14 steps), compile (200: regional compile), memory (90), kernels (60), forecast_cost
+# (60: benchmarks/forecast_cost.py, bfloat16). Override a limit with e.g. LIMIT_wan=240.
 #
 # On a machine whose python has a CUDA torch but no dcache, build the wheels here first
 # (`pip wheel --no-deps -w whl . && pip download --no-deps -d whl diffusers==0.42.1 importlib_metadata`) and set
@@ -61,7 +61,9 @@ for step in "${steps[@]}"; do
                      --out "$out/compile-flux.1-dev.json" ;;
         memory) run_step memory 90 "${bench[@]}" --part memory --model flux.1-dev --out "$out/memory-flux.1-dev.json" ;;
         kernels) run_step kernels 60 "${bench[@]}" --part kernels --out "$out/kernels.json" ;;
-        *) echo "unknown step '$step': tests wan offload qwen cudagraphs compile memory kernels" | tee -a "$log"
+        forecast_cost) run_step forecast_cost 60 "$python" -P benchmarks/forecast_cost.py --device cuda --out "$out" ;;
+        *) echo "unknown step '$step': tests wan offload qwen cudagraphs compile memory kernels forecast_cost" \
+               | tee -a "$log"
            exit 2 ;;
     esac
 done
