@@ -1,26 +1,13 @@
 """benchmarks/forecast_cost.py on small tensors: it times what it says (the fit kept through the history, or made at
 every forecast, which give the same forecasts) and writes its table with the command and commit."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "forecast_cost.py"
 
-
-def _script():
-    spec = importlib.util.spec_from_file_location("dcache_benchmark_forecast_cost_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_kept_and_refit_serve_the_same_forecast_and_the_table_names_its_run(tmp_path, monkeypatch):
-    cost = _script()
+def test_kept_and_refit_serve_the_same_forecast_and_the_table_names_its_run(tmp_path, monkeypatch, load_benchmark):
+    cost = load_benchmark("forecast_cost")
     for name in cost.FORECASTERS:
         f = cost.build_forecaster(name)
         f.num_steps = 28

@@ -1,22 +1,12 @@
 """benchmarks/frontier.py's scenarios per bundled model: every keyframe budget lands in its band, in the model's own
 CFG mode, and the untuned / transferred keyframe plans have the budget's counts."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-FRONTIER = Path(__file__).resolve().parents[2] / "benchmarks" / "frontier.py"
 
 
 @pytest.fixture(scope="module")
-def frontier():
-    spec = importlib.util.spec_from_file_location("dcache_benchmark_frontier_test", FRONTIER)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def frontier(load_benchmark):
+    return load_benchmark("frontier")
 
 
 @pytest.mark.parametrize("model", ["digits", "motion", "shapes"])

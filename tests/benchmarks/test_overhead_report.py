@@ -1,22 +1,11 @@
 """benchmarks/overhead.py: the achievable-speed-up arithmetic on known timings (no wall clock is asserted)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "overhead.py"
 
 
 @pytest.fixture(scope="module")
-def overhead():
-    spec = importlib.util.spec_from_file_location("dcache_overhead_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+def overhead(load_benchmark):
+    return load_benchmark("overhead")
 
 
 def _cells(line: str) -> list[str]:
