@@ -22,8 +22,8 @@ their mean, an approximation.
 
 When it helps: features that relax exponentially towards a level or oscillate (late denoising steps), at fixed
 cadences; less with uneven keyframes.
-Memory: `window` tensors per cached unit and branch. Cost: 3 Gram matrices (K - 1 reductions over D) once per computed
-value, then one pass X c per forecast.
+Memory: `window` tensors per cached unit and branch. Cost: 3 Gram matrices (K - 1 reductions over D, float64) once per
+computed value, then one weighted sum F_K + X c per forecast (float32 accumulation).
 """
 
 from __future__ import annotations
@@ -64,12 +64,18 @@ class DMDForecaster(HistoryForecaster):
                            target: float) -> torch.Tensor:
         last = values[-1]
         batch = len(fit)
-        x = torch.stack([v.reshape(batch, -1) for v in values[:-1]], dim=1).double()  # X [B, K-1, D]
         h = (steps[-1] - steps[0]) / (len(steps) - 1)
         n = (target - steps[-1]) / h
-        coef = torch.stack([self._coefficients(modes, n, len(values) - 1) for modes in fit]).to(x.device)  # [B,K-1,1]
-        step_out = (coef.transpose(1, 2) @ x).reshape(last.shape)                     # X c
-        return (last.double() + step_out).to(last.dtype)
+        coef = torch.stack([self._coefficients(modes, n, len(values) - 1) for modes in fit])  # [B, K-1, 1], float64
+        # F_K + X c as a weighted sum per sample, accumulated in float32 (at least; the values' dtype if wider): the
+        # weights are solved in float64 above, the pass over the latent-sized values need not be (a float64 copy of X
+        # is 2-4x the values' bytes, and float64 runs at a fraction of the rate on most GPUs)
+        work = torch.promote_types(last.dtype, torch.float32)
+        coef = coef.to(device=last.device, dtype=work)
+        out = last.reshape(batch, -1).to(work, copy=True)                               # [B, D]
+        for j, value in enumerate(values[:-1]):
+            out.add_(value.reshape(batch, -1).to(work) * coef[:, j])                   # + c_j X_j
+        return out.reshape(last.shape).to(last.dtype)
 
     def _modes(self, gxx: torch.Tensor, gxy: torch.Tensor, gxf: torch.Tensor) -> tuple | None:
         """(V, S^-1, A~ -> A~^n, S^-1 V^T X^T F_K) of the kept modes of one sample, None where none is kept."""
