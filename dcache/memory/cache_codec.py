@@ -352,6 +352,6 @@ class CodedHistory(UnitHistory):
 
     @property
     def nbytes(self) -> int:
-        kept = self.samples_bound() + self.fitted_bytes()
+        kept = self.samples_bound()
         return kept + sum(s.nbytes for s in self.tables or [])
 

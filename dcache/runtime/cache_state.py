@@ -35,7 +35,7 @@ MAX_FORECAST_ORDER = 8
 class UnitHistory:
     """Cached tensors of one unit in one branch (e.g. the [hidden, encoder] residuals of a block)."""
 
-    def __init__(self, order: int, depth: int = 0):
+    def __init__(self, order: int, depth: int = 0, fit_bytes: int = 0):
         if type(order) is not int or not 0 <= order <= MAX_FORECAST_ORDER:  # noqa: E721 - bool is not an order
             raise ValueError(f"forecast_order={order!r} must be an int in 0..{MAX_FORECAST_ORDER} (the Taylor "
                              f"order of forecasts; order k keeps k + 1 cached tensors per unit).")
@@ -47,6 +47,7 @@ class UnitHistory:
         self.filled = 0
         self.last_step: int | None = None
         self.depth = depth  # computed values kept as they are, for a forecaster that reads them (see above)
+        self.fit_bytes = fit_bytes  # bytes per element of one computed value its fit keeps (Forecaster.fit_bytes)
         self.samples: list[tuple[int, list[torch.Tensor]]] = []
 
     @property
@@ -71,10 +72,13 @@ class UnitHistory:
         self.samples.append((step, [t.detach().clone() for t in tensors]))
 
     def samples_bound(self) -> int:
-        """Bytes the kept values reach once `depth` steps computed: depth x one step's values (from the first computed
+        """Bytes the kept values reach once `depth` steps computed: depth x one step's values, plus what the
+        forecaster's fit keeps per element (`fit_bytes`; from the first computed
         step on, so that a memory estimate after one call, dcache.memory.estimate and dcache.memory.budget, sees the
         peak)."""
-        return self.depth * sum(t.numel() * t.element_size() for t in self.samples[-1][1]) if self.samples else 0
+        if not self.samples:
+            return 0
+        return sum((self.depth * t.element_size() + self.fit_bytes) * t.numel() for t in self.samples[-1][1])
 
     def update(self, tensors: list[torch.Tensor], step: int) -> None:
         self.keep_sample(tensors, step)
@@ -125,14 +129,9 @@ class UnitHistory:
         decodes)."""
         return self
 
-    def fitted_bytes(self) -> int:
-        """Bytes of the tensors a forecaster keeps in `fitted` (e.g. HyCa's per-element choice)."""
-        return sum(t.numel() * t.element_size() for fit in self.fitted.values()
-                   for t in (fit if isinstance(fit, (tuple, list)) else (fit,)) if isinstance(t, torch.Tensor))
-
     @property
     def nbytes(self) -> int:
-        kept = self.samples_bound() + self.fitted_bytes()
+        kept = self.samples_bound()
         return kept + sum(t.numel() * t.element_size() for t in self.tables or [])
 
 
@@ -154,6 +153,7 @@ class BranchState:
     call_layout: OutputLayout | PlainLayout | None = None
     codec: CacheCodec | None = None  # the codec of a low-precision cache (None: the compute dtype)
     depth: int = 0  # computed values each unit keeps for the schedule's forecaster (UnitHistory.samples)
+    fit_bytes: int = 0  # bytes per element of one computed value its fit keeps (UnitHistory.fit_bytes)
     provided: dict[str, dict[str, Any]] = field(default_factory=dict)  # each signal provider's memory, by its name
     # call scope with a schedule's cfg_difference (dcache.runtime.cfg_difference): the conditional branch's (step,
     # Delta, computed) of the running step; the unconditional branch's history of D = Delta_c - Delta_u
@@ -164,7 +164,7 @@ class BranchState:
         hist = self.units.get(key)
         if hist is None:
             hist = self.units[key] = UnitHistory(order) if self.codec is None else self.codec.history(order)
-            hist.key, hist.depth = key, self.depth
+            hist.key, hist.depth, hist.fit_bytes = key, self.depth, self.fit_bytes
         return hist
 
     @property

@@ -40,7 +40,7 @@ from .decision import decide
 from ..generations.health import HealthMonitor
 from .executors import EXECUTORS, executor_kind
 from .flops import FlopBook
-from .forecast import history_depth
+from .forecast import history_depth, history_fit_bytes
 from ..generations.records import CallRecord, GenerationRecord, StepTracker
 from .lanes import Lanes, check_decisions
 from .hooks import (HOOK_NAME, TransformerHook, install_outer_hook, refuse_other_cache, remove_outer_hook,
@@ -287,8 +287,8 @@ class Engine:
         branch = self.tracker.branch_name(record)
         bstate = self.branches.get(branch)
         if bstate is None:
-            bstate = self.branches[branch] = BranchState(codec=self.cache_codec,
-                                                         depth=history_depth(self.schedule))
+            bstate = self.branches[branch] = BranchState(codec=self.cache_codec, depth=history_depth(self.schedule),
+                                                         fit_bytes=history_fit_bytes(self.schedule))
         runtime.call = CallState(record, record.step, branch, len(record.calls), timestep, bstate,
                                  self.executor.new_call())
         if runtime.meter.providers:

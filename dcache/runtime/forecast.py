@@ -42,6 +42,7 @@ class Forecaster:
 
     name = "forecaster"
     depth = 0  # computed values per unit the engine keeps in hist.samples for this forecaster
+    fit_bytes = 0  # bytes per element of one computed value that its fit keeps beside them (hist.fitted)
     any_history = False  # True: extrapolates any unit's history (not trained on particular units)
 
     def reset(self, generation: "GenerationInfo") -> None:
@@ -68,6 +69,11 @@ def register_forecaster(name: str, loader: Callable[[dict, "Plan"], Forecaster])
 def history_depth(schedule: object) -> int:
     """How many computed values per unit the engine keeps for the schedule's forecaster (0 without one)."""
     return int(getattr(getattr(schedule, "forecaster", None), "depth", 0) or 0)
+
+
+def history_fit_bytes(schedule: object) -> int:
+    """Bytes per element of one computed value that the schedule's forecaster keeps in its fit (0 without one)."""
+    return int(getattr(getattr(schedule, "forecaster", None), "fit_bytes", 0) or 0)
 
 
 def forecaster_from_plan(plan: "Plan") -> Forecaster | None:

@@ -44,7 +44,7 @@ def merge_branches(states: list[BranchState], computes_all: bool) -> tuple[Branc
            or s.chained != first.chained or s.depth != first.depth for s in states):
         return None
     merged = BranchState(chained=set(first.chained), last_compute_step=first.last_compute_step,
-                         call_layout=first.call_layout, depth=first.depth)
+                         call_layout=first.call_layout, depth=first.depth, fit_bytes=first.fit_bytes)
     for key in {k for s in states for k in s.units}:
         hists = [s.units.get(key) for s in states]
         plain = all(h is not None and type(h) is UnitHistory and h.tables is not None for h in hists)

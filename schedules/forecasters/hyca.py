@@ -41,6 +41,7 @@ def solver_forecast(order: int, steps: list[float], values: list[torch.Tensor], 
 class HyCaForecaster(HistoryForecaster):
     name = "hyca"
     min_samples = 3
+    fit_bytes = 1  # the per-element choice (uint8), kept until the next computed value
     knobs: ClassVar[dict[str, Knob]] = {
         "max_order": Knob(1, 1, 3, "highest solver order among the candidates (reuse, line, quadratic, cubic)"),
         "backtests": Knob(1, 1, 8, "B: how many of the last computed values each solver is scored on"),

@@ -342,16 +342,40 @@ def test_hycas_choice_is_the_first_smallest_backtest_error_per_element():
     assert (choice[:, :10] == 0).all()  # ties: the lowest order
 
 
-def test_hycas_per_element_choice_is_counted_in_the_cache_memory():
-    hist = UnitHistory(1, depth=3)
+def test_hycas_per_element_choice_is_counted_in_the_cache_memory_from_the_first_step():
+    # the choice (one byte per element) is kept from the first forecast after a computed value; a memory estimate
+    # after one call (dcache.memory.estimate, the memory budget) must already see it, as it sees the window's peak
+    from dcache.runtime.cache_state import BranchState
+    from dcache.runtime.forecast import history_fit_bytes
+
+    hyca = build_forecaster("hyca")
+    schedule = dcache.config_for("keyframe", forecaster="hyca").build(_quadratic_toy())
+    assert history_fit_bytes(schedule) == hyca.fit_bytes == 1
+    assert history_fit_bytes(dcache.config_for("keyframe", forecaster="dmd").build(_quadratic_toy())) == 0
+    hist = BranchState(depth=hyca.depth, fit_bytes=hyca.fit_bytes).history("stack", 1)
     x = torch.zeros(3, 5)
-    for s in range(3):
+    hist.update([x], 0)
+    one = x.numel() * x.element_size()
+    expected = (2 + hyca.depth) * one + x.numel()  # the order-1 table, the window, the choice
+    assert hist.nbytes == expected
+    for s in range(1, 3):
         hist.update([x + s * s], s)
-    before = hist.nbytes
-    build_forecaster("hyca")(hist, 4)
-    assert hist.nbytes == before + x.numel()  # one byte per element until the next computed value
-    hist.update([x + 9.0], 3)
-    assert hist.nbytes == before
+    hyca(hist, 4)
+    assert hist.fitted and hist.nbytes == expected
+
+
+def test_the_engine_counts_hycas_choice_in_the_cache_bytes_it_reports():
+    # HyCa and FoCa keep the same window (3 values); HyCa's fit adds one byte per element of the cached Delta
+    model = _quadratic_toy()
+    inputs = toy.toy_inputs(0, len(QUADRATIC_T))
+    peak = {}
+    for name in ("foca", "hyca"):
+        with dcache.apply(model, "keyframe", num_steps=len(QUADRATIC_T), scope="call", keyframes=KEYFRAMES,
+                          forecaster=name) as handle, torch.no_grad():
+            for t in QUADRATIC_T:
+                out = model(**{**inputs, "timestep": torch.tensor([t], dtype=torch.float64)})
+            peak[name] = handle.stats().cache_bytes
+    assert peak["hyca"] - peak["foca"] == out.numel()
 
 
 def test_a_low_precision_cache_serves_the_forecaster_its_full_precision_window():
