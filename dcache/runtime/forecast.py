@@ -68,12 +68,16 @@ def register_forecaster(name: str, loader: Callable[[dict, "Plan"], Forecaster])
 
 def history_depth(schedule: object) -> int:
     """How many computed values per unit the engine keeps for the schedule's forecaster (0 without one)."""
-    return int(getattr(getattr(schedule, "forecaster", None), "depth", 0) or 0)
+    return _forecaster_int(schedule, "depth")
 
 
 def history_fit_bytes(schedule: object) -> int:
     """Bytes per element of one computed value that the schedule's forecaster keeps in its fit (0 without one)."""
-    return int(getattr(getattr(schedule, "forecaster", None), "fit_bytes", 0) or 0)
+    return _forecaster_int(schedule, "fit_bytes")
+
+
+def _forecaster_int(schedule: object, attribute: str) -> int:
+    return int(getattr(getattr(schedule, "forecaster", None), attribute, 0) or 0)
 
 
 def forecaster_from_plan(plan: "Plan") -> Forecaster | None:

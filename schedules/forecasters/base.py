@@ -102,13 +102,10 @@ class HistoryForecaster(Forecaster):
         between two computed steps share it."""
         if type(self).fit is HistoryForecaster.fit:
             return None
-        fitted = getattr(hist, "fitted", None)
-        if fitted is None:  # a history without the slot (a hand-made one): fit every time
-            return self.fit(steps, values)
         key = (self, stream)
-        if key not in fitted:
-            fitted[key] = self.fit(steps, values)
-        return fitted[key]
+        if key not in hist.fitted:
+            hist.fitted[key] = self.fit(steps, values)
+        return hist.fitted[key]
 
     def fit(self, steps: list[float], values: list[torch.Tensor]):
         """The part of a forecast that depends on the kept values only, not on the step forecast (None: nothing)."""

@@ -111,7 +111,8 @@ class FractionalPower:
     def __init__(self, a: torch.Tensor):
         self.a = a
         self.eye = torch.eye(a.shape[0], dtype=a.dtype, device=a.device)
-        self.series = float(torch.linalg.eigvals(a - self.eye).abs().max()) < 1.0
+        self.d = a - self.eye  # A - I, whose powers the binomial series sums
+        self.series = float(torch.linalg.eigvals(self.d).abs().max()) < 1.0
         self._powers: list[tuple[torch.Tensor, float]] = []  # (A - I)^k and its largest |entry|, k = 1, 2, ...
         self._eig: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
@@ -136,7 +137,7 @@ class FractionalPower:
     def _power(self, k: int) -> tuple[torch.Tensor, float]:
         while len(self._powers) < k:
             prev = self._powers[-1][0] if self._powers else self.eye
-            term = prev @ (self.a - self.eye)
+            term = prev @ self.d
             self._powers.append((term, float(term.abs().max())))
         return self._powers[k - 1]
 
