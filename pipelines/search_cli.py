@@ -175,6 +175,20 @@ def make_calibration(pipe: Any, is_tiny: bool, prompts: list[str], *, steps: int
                        settings=settings)
 
 
+L2P_FIT_SEED_OFFSET = 1  # L2P is fitted on the calibration prompts at seed + 1 and scored at seed
+
+
+def add_fit_runs(calib, pipe: Any, is_tiny: bool, prompts: list[str], *, steps: int | None, seed: int,
+                 scales: list[float]) -> None:
+    """Give the calibration set runs to fit a forecaster on: its prompts at `seed` (not the scored seed), at each of
+    its guidance scales, recorded in its settings (so a search's saved scores from in-sample fits are not reused)."""
+    from .runner import GenerationJob
+
+    calib.fit_runs = [GenerationJob(pipe, is_tiny, prompts=list(prompts), steps=steps, guidance=g, seed=seed)
+                      for g in (scales or [None])]
+    calib.settings["l2p_fit_seed"] = seed
+
+
 def parse_budget(budget: str, num_steps: int) -> tuple[list[float], tuple[int, ...]]:
     """'0.5,0.33' (compute ratios) or '14,9' (computed steps) -> (ratios, computed-step counts)."""
     try:
@@ -422,11 +436,14 @@ def run_search(method: str, pipe: Any, is_tiny: bool, *, budget: str = "0.5,0.33
     if len(scales) > 1:
         check_same_branches(pipe, is_tiny, prompt_list, steps=steps, seed=seed, scales=scales)
     calib = make_calibration(pipe, is_tiny, prompt_list, steps=steps, seed=seed, guidance=scales or None)
+    if method == "keyframe" and forecaster == "l2p":
+        add_fit_runs(calib, pipe, is_tiny, prompt_list, steps=steps, seed=seed + L2P_FIT_SEED_OFFSET, scales=scales)
     from dcache.schedules.tuning.search.core import is_main_process
 
     with Progress(enabled=progress and is_main_process()).bar(total=None, desc=f"{method} search",
                                                              unit=" generations") as bar:
         calib.generate = CountedGenerations(calib.generate, bar)
+        calib.fit_runs = [CountedGenerations(run, bar) for run in calib.fit_runs]
         return _search_front(method, pipe, is_tiny, calib, search, budget=budget, out=out, steps=steps,
                              prompt_list=prompt_list, seed=seed, scales=scales, pop_size=pop_size,
                              generations=generations, resume=resume, max_span=max_span, iterations=iterations,

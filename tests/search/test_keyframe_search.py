@@ -121,14 +121,47 @@ def test_dcache_search_l2p_ridges_sets_the_ridges_each_placement_is_scored_at(tm
     args = ["search", "--method", "keyframe", "--steps", "6", "--budget", "3", "--prompts", "1", "--scope", "call"]
     result = CliRunner().invoke(app, args + ["--forecaster", "l2p", "--l2p-ridges", "0", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    scores = json.loads((out / SCORES_FILE).read_text())["scores"]
-    assert {key.rsplit("=", 1)[1] for key in scores if "|l2p=" in key} == {"0"}  # plain least squares alone
+    saved = json.loads((out / SCORES_FILE).read_text())
+    assert {key.rsplit("=", 1)[1] for key in saved["scores"] if "|l2p=" in key} == {"0"}  # plain least squares alone
+    # fitted on the prompts at seed 1, scored at seed 0: said in the front, the plan and the score file's settings
+    assert json.loads((out / "front.json").read_text())["config"]["l2p_fitted_on"].startswith("fit runs held out")
+    plan = json.loads((out / "plans" / "keyframe-k3.plan.json").read_text())
+    assert plan["provenance"]["calibration"]["l2p_fit_seed"] == 1 == saved["settings"]["l2p_fit_seed"]
     for bad, says in ((["--forecaster", "l2p", "--l2p-ridges", "1,-1"], ">= 0"),
                       (["--forecaster", "l2p", "--l2p-ridges", "ten"], "comma-separated numbers"),
                       (["--l2p-ridges", "1"], "--forecaster l2p only")):
         result = CliRunner().invoke(app, args + bad + ["--out", str(tmp_path / "bad")])
         assert result.exit_code == 2 and "--l2p-ridges" in result.output and says in result.output, result.output
         assert not (tmp_path / "bad").exists()
+
+
+def test_l2p_tables_are_fitted_on_the_fit_runs_and_scored_on_the_calibration_set(tmp_path, tiny_pipe):
+    """With fit runs (the calibration prompts at another seed) a placement's L2P table is the one fitted on them,
+    not on the scored samples: the ridge and the L2P-or-Taylor choice are made on samples the fit never saw."""
+    from dcache.schedules.tuning.l2p_fit import l2p_statistics, solve_l2p
+    from dcache.schedules.tuning.search.keyframe_search import L2PScores, ScoreBook, fractions
+
+    calib = make_calibration(tiny_pipe, steps=STEPS, guidance=5.0)
+    held_out = make_calibration(tiny_pipe, steps=STEPS, guidance=5.0, seed=1).generate
+    calib.fit_runs, calib.generate = [Counted(held_out)], Counted(calib.generate)
+    reference = calib.reference()
+    scores = L2PScores(calib, reference, ScoreBook(tmp_path / SCORES_FILE, {"num_steps": STEPS}), STEPS, (1.0,))
+    steps = [0, 3, 6]
+    table, quality = scores.table(2, "call", steps), scores.best(2, "call", steps)[0]
+
+    def fitted(run) -> dict:
+        return solve_l2p(l2p_statistics(tiny_pipe, [run], "keyframe", order=2, progress=False,
+                                        keyframes=fractions(steps, STEPS)), 1.0)
+
+    def gap(a: dict, b: dict) -> float:
+        assert a["weights"].keys() == b["weights"].keys()
+        return max(abs(x - y) for key in a["weights"] for x, y in zip(a["weights"][key], b["weights"][key]))
+
+    assert gap(table, fitted(held_out)) < 1e-9 < 1e-3 < gap(table, fitted(calib.generate.generate))
+    assert calib.fit_runs[0].calls == 2  # recorded uncached once, one cadence generation
+    assert calib.generate.calls == 2  # the reference and the one scored generation
+    with dcache.apply(tiny_pipe, "keyframe", scope="call", keyframes=fractions(steps, STEPS), forecaster=table):
+        assert calib.quality_fn(calib.generate().float().cpu(), reference) == pytest.approx(quality, abs=1e-6)
 
 
 # On the bundled model at 8 steps (labels 1 and 7): at its guidance 1.5 L2P wins one budget and the Taylor series the

@@ -49,6 +49,9 @@ class Calibration:
     metrics_fn: optional (images, reference) -> dict of extra numbers to report (e.g. classifier accuracy).
     settings:   what the calibration set is (prompts, seed, steps, guidance ...); JSON values, recorded in the
                 provenance of every plan the search writes.
+    fit_runs:   callables a fitted forecaster (L2P) is fitted on: the same kind of inputs as `generate` at other
+                seeds, so the ridge and the forecaster a search keeps are chosen on samples the fit never saw.
+                Empty: fitted on `generate` itself, and every score of a fitted forecaster is in-sample (optimistic).
     """
 
     pipe: Any
@@ -56,6 +59,7 @@ class Calibration:
     quality_fn: QualityFn
     metrics_fn: MetricsFn | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    fit_runs: list[Callable[[], Any]] = field(default_factory=list)
     _reference: torch.Tensor | None = field(default=None, repr=False)
 
     def reference(self) -> torch.Tensor:

@@ -10,8 +10,9 @@ branch this search
      (coordinate ascent, at most `rounds` passes),
   3. tries the placement with order 1 and keeps the better order,
   4. with `forecaster="l2p"`, searches the placement again (the same uniform starts and the step-3 placement,
-     then the same ascent) scoring each with the L2P forecaster fitted on the calibration set for it: the
-     calibration run is recorded uncached once (dcache.schedules.tuning.l2p_fit.delta_grams), each placement's
+     then the same ascent) scoring each with the L2P forecaster fitted for it on the calibration's `fit_runs`
+     (other seeds; without them on the scored run itself, in-sample): the fit runs are recorded uncached once
+     (dcache.schedules.tuning.l2p_fit.delta_grams), each placement's
      table is solved from those Gram matrices for every ridge of `l2p_ridges` and scored (one cadence generation and
      one generation per ridge), the best ridge is the placement's score; L2P is kept where it beats the Taylor
      series by more than `min_gain`. Searched apart because the placement that suits a Taylor series need not suit a
@@ -251,8 +252,10 @@ def keyframe_search(calib: Calibration, out_dir: str | os.PathLike,
                 found.append(entry)
                 save(f"keyframe-k{k}u{k - 1}", setting, "call", f"{k}+{k - 1}")
                 bar.update(1)
+    fitted_on = {} if l2p is None else {"l2p_fitted_on": "fit runs held out from the scoring" if calib.fit_runs
+                                        else "the scored calibration set (in-sample)"}
     return write_front(out, "keyframe", points, config={**asdict(config), "budgets": list(config.budgets),
-                                                         "found": found})
+                                                         "found": found, **fitted_on})
 
 
 def best_placement(score: Callable[[list[int]], float], k: int, n: int, config: KeyframeSearchConfig,
@@ -382,11 +385,17 @@ class L2PScores:
         self._grams: list | None = None
         self._statistics: dict[tuple, dict] = {}
 
+    @property
+    def runs(self) -> list:
+        """What the tables are fitted on: the calibration's fit runs (other seeds than the scored ones), or, where it
+        has none, the scored calibration run itself (then every L2P score is in-sample)."""
+        return list(self.calib.fit_runs) or [self.calib.generate]
+
     def grams(self) -> list:
-        """The calibration run's Gram matrices (recorded uncached on first use)."""
+        """The fit runs' Gram matrices (recorded uncached on first use)."""
         if self._grams is None:
             with quiet(), torch.no_grad():
-                self._grams = delta_grams(self.calib.pipe, [self.calib.generate], progress=False)
+                self._grams = delta_grams(self.calib.pipe, self.runs, progress=False)
         return self._grams
 
     def statistics(self, order: int, steps: list[int], uncond: list[int] | None = None) -> dict:
@@ -396,7 +405,7 @@ class L2PScores:
             grams = self.grams()
             with quiet(), torch.no_grad():
                 self._statistics[key] = l2p_statistics(
-                    self.calib.pipe, [self.calib.generate], "keyframe", order=order,
+                    self.calib.pipe, self.runs, "keyframe", order=order,
                     progress=False, grams=grams, **self._placement(steps, uncond))
         return self._statistics[key]
 
