@@ -77,7 +77,7 @@ class CfgDifference:
         self.runtime = runtime
         self._record: GenerationRecord | None = None  # the generation the scores below belong to
         self._own = self._difference = 0.0  # summed squared sample errors of each path at the checked steps
-        self._checks = 0
+        self._checks = self._unchecked_serves = 0  # checked steps; uncond calls served before any check
         self._coupled_ran = False  # an unconditional call ran in this generation
 
     @staticmethod
@@ -95,12 +95,7 @@ class CfgDifference:
             return None
         self._new_generation()
         if self._checks == 0 or self._difference >= self._own:  # no evidence yet, or measured worse: own cache
-            steps = getattr(call.record, "num_steps", None) or 0
-            if not self._checks and steps and call.step >= steps // 2:
-                self._say("unchecked", "cfg_difference found no step after the first where both branches computed, "
-                          "so it could not check the difference against the branches' own caches and did not use "
-                          "it: give the 'uncond' branch keyframes that are a subset of the 'cond' ones (e.g. the cond "
-                          "keyframes minus one, as keyframe-5x does), or set cfg_difference=False.")
+            self._unchecked_serves += self._checks == 0
             if self._checks:
                 self._say("fallback", f"cfg_difference measured worse than the branches' own caches in this "
                           f"generation (squared sample error {self._difference:.3g} vs {self._own:.3g} over "
@@ -125,8 +120,18 @@ class CfgDifference:
                 self._say("no_branches", NO_BRANCHES)
             return
         self._coupled_ran = True
-        if not computed:
-            return
+        if computed:
+            self._check(call, bstate, delta)
+        steps = getattr(call.record, "num_steps", None) or 0
+        if steps and call.step >= steps - 1 and self._unchecked_serves and not self._checks:  # the generation's end
+            self._say("unchecked", "cfg_difference found no step after the first where both branches computed, "
+                      "so it could not check the difference against the branches' own caches and did not use "
+                      "it: give the 'uncond' branch keyframes that are a subset of the 'cond' ones (e.g. the cond "
+                      "keyframes minus one, as keyframe-5x does), or set cfg_difference=False.")
+
+    def _check(self, call: CallState, bstate: BranchState, delta: torch.Tensor) -> None:
+        """A computed unconditional call: where the conditional call computed at the same step, score both paths'
+        forecasts of this step and add D = Delta_c - Delta_u to the difference's history."""
         reference = self._reference(call.step)
         if reference is None or not reference[2] or reference[1].shape != delta.shape:
             return
@@ -171,7 +176,7 @@ class CfgDifference:
         if self._record is not self.runtime.record:
             self._record = self.runtime.record
             self._own = self._difference = 0.0
-            self._checks = 0
+            self._checks = self._unchecked_serves = 0  # checked steps; uncond calls served before any check
             self._coupled_ran = False
 
     def _say(self, kind: str, message: str) -> None:

@@ -187,6 +187,23 @@ def test_a_difference_that_cannot_be_checked_is_not_served_and_is_said():
         assert torch.equal(a, c) and torch.equal(b, d)
 
 
+def test_a_difference_first_checked_late_is_served_after_its_check_and_not_called_unchecked():
+    # the uncond branch shares its second keyframe with the cond one only at step 6 of 8: its calls before that are
+    # served from its own cache (no evidence yet), the check at step 6 finds the difference better (D is linear in
+    # t here), step 7 is served through it, and nothing says the difference could not be checked
+    model = CfgToy()
+    late = dict(keyframes=fractions(COND_STEPS), uncond_keyframes=fractions((0, 6)), order=1, scope="call",
+                num_steps=N)
+    with dcache.apply(model, "keyframe", **late):
+        separate = run(model)
+    with dcache.apply(model, "keyframe", **late, cfg_difference=True) as handle:
+        coupled = run(model)
+    assert "cfg_difference_unchecked" not in handle.stats().health["notes"]
+    for i in range(7):
+        assert torch.equal(separate[i][1], coupled[i][1]), i
+    assert not torch.equal(separate[7][1], coupled[7][1])
+
+
 class CubicDifferenceBlock(nn.Module):
     """Delta_u = t, Delta_c = t + e (t + 1)^3: the CFG difference D = (t + 1)^3 (times ones) is no polynomial of
     first order in the step, but D(t) = ((t + 1) / (s + 1))^3 D(s) is linear in its history with one scalar weight,
