@@ -443,11 +443,13 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log,
     An uneven budget with a cfg-diff plan (`diff_plans["<name> cfg-diff"]`, placed for the difference) also scores
     L2P with its difference table on that placement, kept where it beats both by more than 0.03 dB: the two searches
     place the keyframes for different servings, and the difference's placement suits the difference's table. Last,
-    an uneven budget is searched once more served by L2P with the difference (`search_l2p_difference`, from the
-    plan's, the band's even budget's, the cfg-diff and L2P's own cond keyframes), kept where it gains 0.03 dB more.
+    an uneven budget is searched once more served by L2P with the difference (`search_left_out`, from the plan's,
+    the band's even budget's, the cfg-diff and L2P's own cond keyframes), kept where it gains 0.03 dB more: the
+    cfg-diff search places the keyframes for the Taylor forecast of the difference, and the fitted difference table
+    wants its own (on tiny-digits at CFG 3, 4 + 3: tuning 31.61 dB on the cfg-diff keyframes, 34.09 searched).
     The plan's order stays (the ridge's prior and the fallback)."""
     from dcache.schedules.tuning.l2p_fit import AUTO_RIDGES, delta_grams, l2p_statistics, solve_l2p
-    from dcache.schedules.tuning.search.keyframe_search import fractions
+    from dcache.schedules.tuning.search.keyframe_search import fractions, step_indices
 
     n = scenario.steps
     runs = [lambda seed=seed: bench.run(bench.pipe, bench.tune_labels, seed, bench.mode) for seed in L2P_FIT_SEEDS]
@@ -475,8 +477,8 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log,
     out = {}
     for name, setting in plans.items():
         order = setting.get("order", 2)
-        sc = [round(f * (n - 1)) for f in setting["keyframes"]]
-        su = [round(f * (n - 1)) for f in setting.get("uncond_keyframes") or setting["keyframes"]]
+        sc = step_indices(setting["keyframes"], n)
+        su = step_indices(setting.get("uncond_keyframes") or setting["keyframes"], n)
         found = search_keyframes(bench, scenario, len(sc), len(su), order, log, measure=best_ridge, also=(sc, su),
                                  served="L2P")
         placed = {k: v for k, v in found.items() if k != "tune_psnr" and v is not None}
@@ -497,8 +499,8 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log,
                 (psnr, ridge, table), placed = fitted[key(diff_placed), True], {**diff_placed, "cfg_difference": True}
         if len(su) < len(sc) and table.get("difference_weights"):  # the uneven budget searched for L2P + difference
             even = plans.get(f"{len(sc)}+{len(sc)}")  # the band's even budget: both branches on its keyframes
-            starts = [sc] + [steps_of(p["keyframes"], n) for p in (even, diff_placed, placed) if p]
-            joint = search_l2p_difference(scenario, starts, order, lambda s: best_ridge(s, True), log)
+            starts = [sc] + [step_indices(p["keyframes"], n) for p in (even, diff_placed, placed) if p]
+            joint = search_left_out(scenario, starts, order, lambda s: best_ridge(s, True), "l2p cfg-diff", log)
             if fitted[key(joint), True][0] > psnr + 0.03:
                 (psnr, ridge, table), placed = fitted[key(joint), True], {**joint, "cfg_difference": True}
         on_plan = dict(keyframes=fractions(sc, n), order=order,
@@ -509,32 +511,6 @@ def l2p_plans(bench, scenario: Scenario, plans: dict[str, dict], log,
     return out
 
 
-def steps_of(keyframes, n: int) -> list[int]:
-    """Normalised keyframes -> step indices of an n-step generation."""
-    return sorted({int(round(f * (n - 1))) for f in keyframes})
-
-
-def search_l2p_difference(scenario: Scenario, starts: list[list[int]], order: int, score, log) -> dict:
-    """Cond keyframes and the one the uncond branch leaves out, scored served by L2P with its table for the CFG
-    difference (`score(setting)`: the tuning PSNR at the best ridge, L2P fitted for that placement): the left-out
-    ascent of the keyframe search from each distinct start. The cfg-diff search places the keyframes for the
-    difference forecast by the Taylor series and L2P's own search for each branch on its own; the fitted difference
-    table suits neither (on tiny-digits at CFG 3, 4 + 3: tuning 31.61 dB on the cfg-diff keyframes, 34.09 here)."""
-    from dcache.schedules.tuning.search.keyframe_search import (KeyframeSearchConfig, ascend_left_out, fractions,
-                                                                left_out)
-
-    n = scenario.steps
-
-    def setting(sc: list[int], drop: int) -> dict:
-        return dict(keyframes=fractions(sc, n), uncond_keyframes=fractions(left_out(sc, drop), n), order=order)
-
-    distinct = [s for i, s in enumerate(starts) if s not in starts[:i]]
-    p, sc, drop = ascend_left_out(lambda s, d: score(setting(s, d)), distinct, n, KeyframeSearchConfig())
-    log(f"    l2p cfg-diff keyframes {len(sc)}+{len(sc) - 1}: cond {sc} uncond {left_out(sc, drop)} -> tuning PSNR "
-        f"{p:.2f}")
-    return setting(sc, drop)
-
-
 def _tuning_psnr(bench, **setting) -> float:
     import dcache
 
@@ -542,28 +518,40 @@ def _tuning_psnr(bench, **setting) -> float:
         return methods.psnr(bench.tune(bench.pipe, bench.mode), bench.refs[("tune", bench.mode)])
 
 
-def search_cfg_difference(bench, scenario: Scenario, start: tuple[float, ...], order: int, log) -> dict:
-    """Cond keyframes and the one the uncond branch leaves out, with cfg_difference: from `start` (the searched
-    cond keyframes of the budget) alone, the keyframe search's left-out ascent (dcache.schedules.tuning.search.
-    keyframe_search.ascend_left_out, at its default rounds and min_gain) scored on the tuning batch."""
+def search_left_out(scenario: Scenario, starts: list[list[int]], order: int, score, label: str, log) -> dict:
+    """Cond keyframes and the one the uncond branch leaves out, as a setting (keyframes, uncond_keyframes, order)
+    maximising `score(setting)` (memoised per placement): the keyframe search's left-out ascent (dcache.schedules.
+    tuning.search.keyframe_search.ascend_left_out, at its default rounds and min_gain) from each distinct start."""
     from dcache.schedules.tuning.search.keyframe_search import (KeyframeSearchConfig, ascend_left_out, fractions,
                                                                 left_out)
 
     n = scenario.steps
     seen: dict[tuple, float] = {}
 
-    def score(sc: list[int], drop: int) -> float:
-        key = (tuple(sc), drop)
-        if key not in seen:
-            seen[key] = _tuning_psnr(bench, keyframes=fractions(sc, n), order=order, cfg_difference=True,
-                                     uncond_keyframes=fractions(left_out(sc, drop), n))
-        return seen[key]
+    def setting(sc: list[int], drop: int) -> dict:
+        return dict(keyframes=fractions(sc, n), uncond_keyframes=fractions(left_out(sc, drop), n), order=order)
 
-    p, sc, drop = ascend_left_out(score, [sorted({int(round(f * (n - 1))) for f in start})], n, KeyframeSearchConfig())
-    us = left_out(sc, drop)
-    log(f"    cfg-diff keyframes {len(sc)}+{len(us)} order {order}: cond {sc} uncond {us} -> tuning PSNR {p:.2f} "
-        f"({len(seen)} settings)")
-    return dict(keyframes=fractions(sc, n), uncond_keyframes=fractions(us, n), order=order, cfg_difference=True)
+    def scored(sc: list[int], drop: int) -> float:
+        if (tuple(sc), drop) not in seen:
+            seen[tuple(sc), drop] = score(setting(sc, drop))
+        return seen[tuple(sc), drop]
+
+    distinct = [s for i, s in enumerate(starts) if s not in starts[:i]]
+    p, sc, drop = ascend_left_out(scored, distinct, n, KeyframeSearchConfig())
+    log(f"    {label} keyframes {len(sc)}+{len(sc) - 1} order {order}: cond {sc} uncond {left_out(sc, drop)} -> "
+        f"tuning PSNR {p:.2f} ({len(seen)} settings)")
+    return setting(sc, drop)
+
+
+def search_cfg_difference(bench, scenario: Scenario, start: tuple[float, ...], order: int, log) -> dict:
+    """Cond keyframes and the one the uncond branch leaves out, with cfg_difference (the Taylor forecast of the
+    difference): `search_left_out` from `start` (the searched cond keyframes of the budget) alone, scored on the
+    tuning batch."""
+    from dcache.schedules.tuning.search.keyframe_search import step_indices
+
+    found = search_left_out(scenario, [step_indices(start, scenario.steps)], order,
+                            lambda setting: _tuning_psnr(bench, **setting, cfg_difference=True), "cfg-diff", log)
+    return {**found, "cfg_difference": True}
 
 
 def cfg_difference_plans(bench, scenario: Scenario, plans: dict[str, dict], search: bool, log) -> dict[str, dict]:

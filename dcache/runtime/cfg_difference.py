@@ -77,7 +77,8 @@ class CfgDifference:
         self.runtime = runtime
         self._record: GenerationRecord | None = None  # the generation the scores below belong to
         self._own = self._difference = 0.0  # summed squared sample errors of each path at the checked steps
-        self._checks = self._unchecked_serves = 0  # checked steps; uncond calls served before any check
+        self._checks = 0  # steps where both paths were scored
+        self._served_unchecked = False  # an uncond call was served from its own cache before any check
         self._coupled_ran = False  # an unconditional call ran in this generation
 
     @staticmethod
@@ -95,7 +96,7 @@ class CfgDifference:
             return None
         self._new_generation()
         if self._checks == 0 or self._difference >= self._own:  # no evidence yet, or measured worse: own cache
-            self._unchecked_serves += self._checks == 0
+            self._served_unchecked |= self._checks == 0
             if self._checks:
                 self._say("fallback", f"cfg_difference measured worse than the branches' own caches in this "
                           f"generation (squared sample error {self._difference:.3g} vs {self._own:.3g} over "
@@ -113,17 +114,17 @@ class CfgDifference:
             self._say("no_branches", NO_BRANCHES)
             return
         self._new_generation()
+        steps = getattr(call.record, "num_steps", None) or 0
+        last = bool(steps) and call.step >= steps - 1  # the generation's last step
         if call.branch == REFERENCE:
             bstate.cfg_reference = (call.step, delta, computed, self._own_error(call, delta) if computed else None)
-            steps = getattr(call.record, "num_steps", None) or 0
-            if not self._coupled_ran and steps and call.step >= steps - 1:  # guidance off: "cond" calls only
+            if not self._coupled_ran and last:  # guidance off: "cond" calls only
                 self._say("no_branches", NO_BRANCHES)
             return
         self._coupled_ran = True
         if computed:
             self._check(call, bstate, delta)
-        steps = getattr(call.record, "num_steps", None) or 0
-        if steps and call.step >= steps - 1 and self._unchecked_serves and not self._checks:  # the generation's end
+        if last and self._served_unchecked and not self._checks:
             self._say("unchecked", "cfg_difference found no step after the first where both branches computed, "
                       "so it could not check the difference against the branches' own caches and did not use "
                       "it: give the 'uncond' branch keyframes that are a subset of the 'cond' ones (e.g. the cond "
@@ -176,8 +177,8 @@ class CfgDifference:
         if self._record is not self.runtime.record:
             self._record = self.runtime.record
             self._own = self._difference = 0.0
-            self._checks = self._unchecked_serves = 0  # checked steps; uncond calls served before any check
-            self._coupled_ran = False
+            self._checks = 0
+            self._served_unchecked = self._coupled_ran = False
 
     def _say(self, kind: str, message: str) -> None:
         self.runtime.health.note(f"cfg_difference_{kind}", message)

@@ -117,22 +117,24 @@ def test_the_cfg_difference_search_picks_the_left_out_keyframe(frontier, monkeyp
     assert [round(f * 19) for f in found["uncond_keyframes"]] == [0, 4, 9, 19]
 
 
-def test_the_l2p_difference_search_climbs_to_the_best_uneven_placement_of_an_analytic_score(frontier):
-    """search_l2p_difference scores settings (cond keyframes, uncond = cond minus one) and returns the best the
-    left-out ascent reaches from its distinct starts: here cond steps at `target`, the uncond branch leaving out the
-    third keyframe."""
+def test_the_left_out_search_climbs_to_the_best_uneven_placement_of_an_analytic_score(frontier):
+    """search_left_out scores settings (cond keyframes, uncond = cond minus one; each placement once) and returns the
+    best the left-out ascent reaches from its distinct starts: here cond steps at `target`, the uncond branch leaving
+    out the third keyframe."""
+    from dcache.schedules.tuning.search.keyframe_search import step_indices
+
     scenario = frontier.ALL["digits"]["cfg3"]
     n, target = scenario.steps, [0, 7, 16, 22]
     scored = []
 
     def score(setting: dict) -> float:
-        cond = frontier.steps_of(setting["keyframes"], n)
-        uncond = frontier.steps_of(setting["uncond_keyframes"], n)
-        scored.append(setting)
+        cond, uncond = (step_indices(setting[key], n) for key in ("keyframes", "uncond_keyframes"))
+        scored.append((tuple(cond), tuple(uncond)))
         assert len(uncond) == len(cond) - 1 and set(uncond) < set(cond) and setting["order"] == 2
         return -sum((c - t) ** 2 for c, t in zip(cond, target)) - (0.0 if 16 not in uncond else 0.5)
 
-    found = frontier.search_l2p_difference(scenario, [[0, 8, 17, 24], [0, 8, 17, 24], [0, 10, 20, 24]], 2, score,
-                                           lambda line: None)
-    assert frontier.steps_of(found["keyframes"], n) == target
-    assert frontier.steps_of(found["uncond_keyframes"], n) == [0, 7, 22]
+    found = frontier.search_left_out(scenario, [[0, 8, 17, 24], [0, 8, 17, 24], [0, 10, 20, 24]], 2, score,
+                                     "l2p cfg-diff", lambda line: None)
+    assert step_indices(found["keyframes"], n) == target and "cfg_difference" not in found
+    assert step_indices(found["uncond_keyframes"], n) == [0, 7, 22]
+    assert len(scored) == len(set(scored))  # every placement scored once

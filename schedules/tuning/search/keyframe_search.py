@@ -112,6 +112,11 @@ def fractions(steps: list[int], num_steps: int) -> tuple[float, ...]:
     return tuple(round(s / (num_steps - 1), 4) for s in steps)
 
 
+def step_indices(keyframes, num_steps: int) -> list[int]:
+    """Keyframes in normalised time -> sorted step indices of a num_steps generation (the inverse of `fractions`)."""
+    return sorted({round(f * (num_steps - 1)) for f in keyframes})
+
+
 def uniform(k: int, last: int) -> list[int]:
     """k step indices spread evenly over 0..last (fewer when steps coincide)."""
     return sorted({round(i * last / (k - 1)) for i in range(k)}) if k > 1 else [0]
