@@ -5,6 +5,7 @@ calibration set, a plan and a setup file that replay it (the setup at any step c
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from search_testkit import make_calibration
 from typer.testing import CliRunner
 
 import dcache
+from dcache.generations.health import DCacheHealthWarning
 from dcache.pipelines.cli import app
 from dcache.schedules.tuning.search import KeyframeSearchConfig, keyframe_search
 from dcache.schedules.tuning.search.core import make_template
@@ -279,7 +281,10 @@ def test_uneven_cfg_leaves_one_uncond_keyframe_out_served_through_the_difference
     with dcache.apply(tiny_pipe, "keyframe", scope="call", **knobs):
         without = calib.quality_fn(calib.generate().float().cpu(), reference)
     assert uneven["quality"] > without + 1.0  # the difference beats the same keyframes without it
-    assert uneven["own_caches_quality"] == pytest.approx(without, abs=1e-6) == scores[placed]  # scored, not kept
+    assert scores[placed] == pytest.approx(without, abs=1e-6)  # the Taylor series' own caches: scored, not kept
+    own_l2p = [v for key, v in scores.items() if key.startswith(f"{placed}|l2p=") and not key.endswith("|cfg-diff")]
+    assert bool(own_l2p) == (uneven["forecaster"] == "l2p")  # L2P's own tables: the baseline where L2P serves D
+    assert uneven["own_caches_quality"] == pytest.approx(max([without, *own_l2p]), abs=1e-6)
     name = f"keyframe-k{k}u{k - 1}"
     point = next(p for p in front["points"] if p["name"] == name)
     assert point["compute_ratio"] == pytest.approx((2 * k - 1) / (2 * steps), abs=0.01)
@@ -323,6 +328,31 @@ def test_an_uneven_budget_where_the_difference_scores_worse_keeps_the_own_caches
     setup = json.loads((tmp_path / "setups" / "keyframe-k3u2.setup.json").read_text())
     assert "cfg_difference" not in setup["knobs"]
     assert list(setup["knobs"]["uncond_keyframes"]) == list(uneven["uncond_keyframes"])
+
+
+def test_an_uneven_budget_never_carries_a_difference_that_serves_nothing(tmp_path, tiny_pipe):
+    """k = 2 with L2P: the unconditional branch computes step 0 only, so cfg_difference finds no later step where both
+    branches computed, cannot check the difference and never serves it. Scored with the difference, the setting is
+    then just L2P's own tables (which beat the Taylor series' here); compared with the Taylor own caches only, it used
+    to keep cfg_difference=True in the plan and setup, and every replay warned that it did nothing. The baseline is
+    now the same forecaster's own caches: the setup leaves the difference off, keeps L2P's tables and replays its
+    quality without a warning."""
+    calib = make_calibration(tiny_pipe, steps=STEPS, guidance=3.0)
+    config = KeyframeSearchConfig(budgets=(2,), scope="call", rounds=1, uneven_cfg=True, forecaster="l2p",
+                                  l2p_ridges=(1.0, 0.0))
+    front = keyframe_search(calib, tmp_path, config, progress=False)
+    uneven = front["config"]["found"][1]
+    assert uneven["uncond_steps"] == [0] and uneven["cfg_difference"] is False
+    assert uneven["quality"] == uneven["own_caches_quality"] >= uneven["taylor_quality"]
+    setup = json.loads((tmp_path / "setups" / "keyframe-k2u1.setup.json").read_text())
+    assert "cfg_difference" not in setup["knobs"]
+    assert ("forecaster" in setup["knobs"]) == (uneven["forecaster"] == "l2p")
+    point = next(p for p in front["points"] if p["name"] == "keyframe-k2u1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DCacheHealthWarning)  # e.g. cfg_difference_unchecked
+        with dcache.apply(tiny_pipe, str(tmp_path / "setups" / "keyframe-k2u1.setup.json")):
+            images = calib.generate().float().cpu()
+    assert calib.quality_fn(images, calib.reference()) == pytest.approx(point["quality"], abs=1e-6)
 
 
 def test_the_left_out_ascent_finds_the_best_placement_and_left_out_keyframe_of_an_analytic_score():

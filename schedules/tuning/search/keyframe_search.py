@@ -31,11 +31,13 @@ branch this search
      scores better by more than `min_gain` (the placement that suits the Taylor forecast of the difference need not
      suit the fitted one: on the bundled digit model at guidance 3, 4 + 3 of 56 calls, 32.4 dB held out on the
      Taylor-placed keyframes, 33.6 dB on keyframes searched for L2P's difference); finally the placement is scored
-     with each branch served from its own cache, and kept that way where the difference did not score better (it
-     never ends below that). An uneven budget is the only way to reach (2k - 1) / 2N of the calls with split CFG,
-     and without the difference the branch one keyframe short stops the two branches' forecast errors from
-     cancelling in the guidance sum (benchmarks/frontier.py, bundled digit model, guidance 3, held out: 6 + 5 of 56
-     calls 34.1 dB on keyframes searched without the difference, 39.0 dB with it on keyframes searched for it),
+     with each branch served from its own cache (by the Taylor series, and by L2P's branch tables where L2P serves
+     the difference), and kept that way where the difference did not score better (it never ends below that, and a
+     setup never carries a difference that serves nothing). An uneven budget is the only way to reach (2k - 1) / 2N
+     of the calls with split CFG, and without the difference the branch one keyframe short stops the two branches'
+     forecast errors from cancelling in the guidance sum (benchmarks/frontier.py, bundled digit model, guidance 3,
+     held out: 6 + 5 of 56 calls 34.1 dB on keyframes searched without the difference, 39.0 dB with it on keyframes
+     searched for it),
 
 scoring each setting by one calibration generation (the calibration's quality_fn, e.g. PSNR to the uncached images;
 the worst guidance scale with several). Every score is saved to <out>/keyframe-scores.json as it is measured, so a
@@ -356,13 +358,22 @@ def _uneven_budget(calib: Calibration, reference: torch.Tensor, book: ScoreBook,
             setting.update(keyframes=fractions(steps, n), uncond_keyframes=fractions(uncond, n),
                            forecaster=l2p.table(order, "call", steps, difference=True, uncond=uncond))
     # never below its own baseline: the same placement with each branch served from its own cache (the run-time
-    # check of the difference scores the served calls, the calibration scores the finished samples)
+    # check of the difference scores the served calls, the calibration scores the finished samples), by the Taylor
+    # series and, where L2P serves the difference, by L2P's branch tables too: a difference that L2P serves no better
+    # than its own tables (e.g. one it can never check: no step after the first where both branches compute) is
+    # left off, so the setup does not carry a cfg_difference that does nothing
+    own_setting = {key: setting[key] for key in ("keyframes", "uncond_keyframes", "order")}
     own = book.get(_key(order, "call", steps, uncond=uncond), lambda: _quality(
         calib, reference, "call", keyframes=setting["keyframes"], uncond_keyframes=setting["uncond_keyframes"],
         order=order))
+    own_served = "taylor"
+    if served == "l2p":
+        fitted_own = l2p.best(order, "call", steps, uncond=uncond)[0]
+        if fitted_own > own:
+            own, own_served = fitted_own, "l2p"
+            own_setting["forecaster"] = l2p.table(order, "call", steps, uncond=uncond)
     if own >= quality:
-        quality, served = own, "taylor"
-        setting = {key: setting[key] for key in ("keyframes", "uncond_keyframes", "order")}
+        quality, served, setting = own, own_served, own_setting
     entry = {"budget": len(steps), "uncond_budget": len(uncond), "steps": steps, "uncond_steps": uncond,
              "scope": "call", "forecaster": served, "cfg_difference": "cfg_difference" in setting,
              "keyframes": setting["keyframes"], "uncond_keyframes": setting["uncond_keyframes"], "order": order,
