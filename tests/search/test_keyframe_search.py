@@ -283,7 +283,7 @@ def test_uneven_cfg_leaves_one_uncond_keyframe_out_served_through_the_difference
     assert uneven["quality"] > without + 1.0  # the difference beats the same keyframes without it
     assert scores[placed] == pytest.approx(without, abs=1e-6)  # the Taylor series' own caches: scored, not kept
     own_l2p = [v for key, v in scores.items() if key.startswith(f"{placed}|l2p=") and not key.endswith("|cfg-diff")]
-    assert bool(own_l2p) == (uneven["forecaster"] == "l2p")  # L2P's own tables: the baseline where L2P serves D
+    assert uneven["forecaster"] != "l2p" or own_l2p  # L2P's own tables: a baseline wherever L2P served D
     assert uneven["own_caches_quality"] == pytest.approx(max([without, *own_l2p]), abs=1e-6)
     name = f"keyframe-k{k}u{k - 1}"
     point = next(p for p in front["points"] if p["name"] == name)
