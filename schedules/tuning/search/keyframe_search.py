@@ -67,6 +67,7 @@ from dcache.generations.health import quiet
 from dcache.files.atomic import read_json
 from dcache.api.setup_file import Setup
 from dcache.files.state_file import StateFileError
+from dcache.schedules.keyframe import keyframe_steps
 from dcache.schedules.tuning.l2p_fit import AUTO_RIDGES, delta_grams, l2p_statistics, solve_l2p
 
 from .core import Calibration, FrontPoint, Template, is_main_process, make_template, measure, write_front, write_json
@@ -115,8 +116,9 @@ def fractions(steps: list[int], num_steps: int) -> tuple[float, ...]:
 
 
 def step_indices(keyframes, num_steps: int) -> list[int]:
-    """Keyframes in normalised time -> sorted step indices of a num_steps generation (the inverse of `fractions`)."""
-    return sorted({round(f * (num_steps - 1)) for f in keyframes})
+    """Keyframes in normalised time -> the sorted steps a num_steps generation computes (the keyframe schedule's
+    own rule; the inverse of `fractions`)."""
+    return sorted(keyframe_steps(tuple(keyframes), num_steps))
 
 
 def uniform(k: int, last: int) -> list[int]:
